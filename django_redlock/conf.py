@@ -1,0 +1,71 @@
+"""Settings: read lazily, validated once, rebuilt when they change.
+
+Nothing is read at import time and nothing is written back into
+``django.conf.settings`` (debug-toolbar's ``get_config()`` pattern): the manager is
+built on first use from ``REDLOCK_NODES`` and ``REDLOCK``, and thrown away when a
+``setting_changed`` signal (``override_settings`` in tests) touches them or
+``CACHES``.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from django.conf import settings
+from django.core.exceptions import ImproperlyConfigured
+from django.core.signals import setting_changed
+from django.dispatch import receiver
+
+from .core.config import resolve_options
+
+_lock = threading.Lock()
+_manager: Any = None
+
+WATCHED_SETTINGS = frozenset({"REDLOCK_NODES", "REDLOCK", "CACHES"})
+
+
+def get_options() -> dict[str, Any]:
+    """The ``REDLOCK`` dict merged with the documented defaults (upper-case keys)."""
+    return resolve_options(getattr(settings, "REDLOCK", None) or {})
+
+
+def get_manager() -> Any:
+    """The :class:`LockManager` built from settings; built on first call.
+
+    Raises ``ImproperlyConfigured`` (with the ``redlock.E0xx`` ids that
+    ``manage.py check`` reports) when the settings are invalid.
+    """
+    global _manager
+    manager = _manager
+    if manager is not None:
+        return manager
+    with _lock:
+        if _manager is None:
+            from .manager import LockManager
+
+            nodes = getattr(settings, "REDLOCK_NODES", None)
+            if nodes is None:
+                raise ImproperlyConfigured(
+                    "redlock.E001: REDLOCK_NODES is not set; django-redlock needs at least one "
+                    "Redis node.")
+            options = getattr(settings, "REDLOCK", None) or {}
+            if not isinstance(options, dict):
+                raise ImproperlyConfigured("redlock.E007: REDLOCK must be a dict.")
+            _manager = LockManager(nodes, **{k.lower(): v for k, v in options.items()})
+        return _manager
+
+
+def reset_manager() -> None:
+    """Close and forget the settings' manager (the next ``get_manager()`` rebuilds it)."""
+    global _manager
+    with _lock:
+        manager, _manager = _manager, None
+    if manager is not None:
+        manager.close()
+
+
+@receiver(setting_changed)
+def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
+    if setting in WATCHED_SETTINGS:
+        reset_manager()

@@ -1,0 +1,300 @@
+"""A lock on one name: acquire, renew, release, and an honest account of loss.
+
+Timeline of the race this object is built to survive::
+
+    t0  A acquires "stock:1" (fence 41), lease 10 s, starts its work
+    t1  A is paused (GC, SIGSTOP, a swapped-out VM) for 15 s
+    t10 A's lease expires on the nodes; its renewal could not run
+    t11 B acquires "stock:1" (fence 42) and writes
+    t16 A resumes. Its renewal finds B's token on the nodes: A's lock is *lost*.
+        A's ``owned()`` is False, ``lock_lost`` fires, and the ``with`` block
+        raises ``LockLost`` when it ends. A's release compares tokens and leaves
+        B's key alone. If A writes before noticing, its fence (41) is lower than
+        B's (42), and a fenced write refuses it.
+
+Renewal happens on the manager's watchdog thread at about TTL/3. A renewal that
+fails to reach a quorum is retried while the lease lasts; when the lease runs out
+or a majority says the key is no longer ours, the lock is marked lost. Nothing
+about a loss is silent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+from types import EllipsisType, TracebackType
+from typing import TYPE_CHECKING, Any
+
+from . import signals
+from .core.keys import fence_key, lock_key, validate_name
+from .core.owner import new_token, owner_json
+from .exceptions import LockLost, LockNotAcquired, LockNotOwned, QuorumUnavailable, RedlockError
+
+if TYPE_CHECKING:
+    from .manager import LockManager
+
+logger = logging.getLogger("django_redlock.lock")
+
+_UNLOCKED, _HELD, _LOST = "unlocked", "held", "lost"
+
+
+class Lock:
+    """A distributed lock on ``name``; created by :meth:`LockManager.lock`, not yet acquired.
+
+    One object is one holder: use it from one thread at a time (the manager and
+    its connections are shared safely between threads; create one ``Lock`` per
+    critical section). Locks are not reentrant.
+    """
+
+    def __init__(self, manager: "LockManager", name: str, *, ttl: float,
+                 timeout: float | None, auto_renew: bool, fencing: bool = True,
+                 max_hold: float | None = None, label: str | None = None) -> None:
+        self.manager = manager
+        self.name = validate_name(name)
+        self.key = lock_key(manager.key_prefix, name)
+        self._key_b = self.key.encode()
+        self._fence_key_b = fence_key(self.key).encode()
+        self.ttl = float(ttl)
+        self.timeout = timeout
+        self.auto_renew = auto_renew
+        self.fencing = fencing
+        self.max_hold = max_hold
+        self.label = label
+        self.fence = 0
+        self.retry_after = 0.0
+        self._state = _UNLOCKED
+        self._token = ""
+        self._valid_until = 0.0
+        self._acquired_at = 0.0
+        self._pid = 0
+        self._lost_reason = ""
+        self._io = threading.RLock()
+
+    def __repr__(self) -> str:
+        return f"<Lock {self.name!r} {self._state} fence={self.fence}>"
+
+    # -- state ---------------------------------------------------------------
+    @property
+    def validity(self) -> float:
+        """Seconds of lease left (0.0 when not held, lost, or in a forked child)."""
+        if self._state != _HELD or self._pid != os.getpid():
+            return 0.0
+        return max(0.0, self._valid_until - self.manager.clock())
+
+    def owned(self) -> bool:
+        """True while this object holds the lock on a quorum with lease left.
+
+        This is the local view, kept current by acquire, extend and the renewal
+        thread; it costs no round trip. False in a child process after ``fork()``.
+        """
+        return self.validity > 0.0
+
+    def locked(self) -> bool:
+        """Whether anyone holds the lock (its key is on a quorum of nodes); one round trip."""
+        return self.manager._holders(self._key_b) >= self.manager.quorum
+
+    # -- acquire ---------------------------------------------------------------
+    def acquire(self, blocking: bool = True, timeout: float | None | EllipsisType = ...) -> bool:
+        """Acquire the lock; True when held, False when the wait ran out.
+
+        ``timeout``: None waits forever, 0 tries once, a number waits that many
+        seconds; left out, the lock's (then the manager's) timeout applies.
+        ``blocking=False`` is the same as ``timeout=0``. Raises
+        :class:`QuorumUnavailable` when fewer than a quorum of nodes answer.
+        """
+        if self._state == _HELD and self._pid == os.getpid():
+            raise RedlockError(f"lock {self.name!r} is already held by this object "
+                               f"(locks are not reentrant)", lock_name=self.name)
+        mgr = self.manager
+        wait_for = self.timeout if timeout is ... else timeout
+        if not blocking:
+            wait_for = 0
+        clock = mgr.clock
+        started = clock()
+        deadline = None if wait_for is None else started + float(wait_for)
+        token = new_token()
+        owner = owner_json(self.label)
+        ttl_ms = max(1, int(self.ttl * 1000))
+        subscription = None
+        try:
+            while True:
+                result = mgr._acquire_round(self._key_b, self._fence_key_b, token, ttl_ms,
+                                            owner, self.fencing, self.ttl, lock_name=self.name)
+                if result.acquired:
+                    self._on_acquired(token, result.fence, result.valid_until, started)
+                    return True
+                now = clock()
+                remaining = None if deadline is None else deadline - now
+                if remaining is not None and remaining <= 0:
+                    self.retry_after = result.holder_ttl if result.holder_ttl is not None \
+                        else mgr.retry_delay
+                    return False
+                if subscription is None:
+                    # Subscribe before the final attempt, so a release that lands
+                    # between that attempt and the wait still wakes us.
+                    confirm = mgr.node_timeout if remaining is None else min(mgr.node_timeout, remaining)
+                    subscription = mgr.notifier.subscribe(self._key_b, confirm)
+                    continue
+                subscription.wait(mgr.next_wait(remaining, result.holder_ttl))
+                subscription.clear()
+        finally:
+            if subscription is not None:
+                subscription.close()
+
+    def _on_acquired(self, token: str, fence: int, valid_until: float, started: float) -> None:
+        mgr = self.manager
+        with self._io:
+            self._token = token
+            self.fence = fence
+            self._valid_until = valid_until
+            self._acquired_at = mgr.clock()
+            self._pid = os.getpid()
+            self._state = _HELD
+            self._lost_reason = ""
+        if self.auto_renew:
+            mgr.watchdog.schedule(self, self._next_renewal(self._acquired_at))
+        signals.send(signals.lock_acquired, Lock, lock=self, name=self.name, fence=fence,
+                     wait=self._acquired_at - started)
+
+    def _next_renewal(self, now: float) -> float:
+        return now + self.ttl / 3.0
+
+    # -- release ---------------------------------------------------------------
+    def release(self) -> None:
+        """Release the lock on every node.
+
+        Raises :class:`LockNotOwned` when this object does not hold it (never
+        acquired, already released, or a child process after ``fork()``), and
+        :class:`LockLost` when the lease had run out or the lock was taken before
+        this call: the key is still deleted wherever it is ours, but the caller
+        learns that its critical section was not protected to the end.
+        """
+        mgr = self.manager
+        with self._io:
+            if self._state == _UNLOCKED or self._pid != os.getpid():
+                raise LockNotOwned(f"lock {self.name!r} is not held by this object",
+                                   lock_name=self.name)
+            was_lost = self._state == _LOST or self._valid_until <= mgr.clock()
+            reason = self._lost_reason or "the lease ran out before release"
+            token, fence = self._token, self.fence
+            self._state = _UNLOCKED
+            self._token = ""
+            self._valid_until = 0.0
+            held = mgr.clock() - self._acquired_at
+        mgr._release_round(self._key_b, self._fence_key_b, token, fence)
+        if was_lost:
+            self._report_lost(reason, held, already_marked=self._lost_reason != "")
+            raise LockLost(f"lock {self.name!r} was lost before release: {reason}",
+                           lock_name=self.name, fence=fence)
+        signals.send(signals.lock_released, Lock, lock=self, name=self.name, fence=fence,
+                     held=held)
+
+    # -- extend / renew --------------------------------------------------------
+    def extend(self, ttl: float | EllipsisType = ...) -> None:
+        """Reset the lease to ``ttl`` seconds (default: the lock's TTL) on a quorum.
+
+        Raises :class:`LockNotOwned` when not held; :class:`LockLost` when the
+        lease already ran out or a majority no longer has our key;
+        :class:`QuorumUnavailable` when too few nodes answered (the lock is still
+        held until its current lease ends; the renewal thread keeps trying).
+        """
+        new_ttl = self.ttl if ttl is ... else float(ttl)
+        with self._io:
+            if self._state != _HELD or self._pid != os.getpid():
+                raise LockNotOwned(f"lock {self.name!r} is not held by this object",
+                                   lock_name=self.name)
+            status, reason = self._extend_locked(new_ttl)
+        if status == "lost":
+            raise LockLost(f"lock {self.name!r} could not be extended: {reason}",
+                           lock_name=self.name, fence=self.fence)
+        if status == "retry":
+            raise QuorumUnavailable(f"lock {self.name!r} was not extended: {reason}",
+                                    lock_name=self.name, needed=self.manager.quorum)
+
+    def _extend_locked(self, ttl: float) -> tuple[str, str]:
+        """Extend while holding ``_io``: ("ok", ""), ("lost", why) or ("retry", why)."""
+        mgr = self.manager
+        if self._valid_until <= mgr.clock():
+            reason = "the lease ran out before it could be extended"
+            self._mark_lost(reason)
+            return "lost", reason
+        result = mgr._extend_round(self._key_b, self._fence_key_b, self._token, self.fence, ttl,
+                                   lock_name=self.name)
+        if result.extended:
+            self._valid_until = result.valid_until
+            return "ok", ""
+        if result.lost or self._valid_until <= mgr.clock():
+            self._mark_lost(result.reason)
+            return "lost", result.reason
+        return "retry", result.reason
+
+    def _watchdog_tick(self) -> float | None:
+        """Called by the watchdog thread; returns the next due time or None."""
+        mgr = self.manager
+        if not self._io.acquire(blocking=False):
+            return mgr.clock() + min(0.05, self.ttl / 10)  # a release/extend is running
+        try:
+            if self._state != _HELD or self._pid != os.getpid():
+                return None
+            now = mgr.clock()
+            ttl = self.ttl
+            if self.max_hold is not None:
+                cap_left = self._acquired_at + self.max_hold - now
+                if cap_left <= 0:
+                    if self._valid_until <= now:
+                        self._mark_lost(f"MAX_HOLD ({self.max_hold:g} s) reached")
+                        return None
+                    return self._valid_until  # come back to report the expiry
+                ttl = min(ttl, cap_left)
+            status, _ = self._extend_locked(ttl)
+            if status == "ok":
+                return self._next_renewal(now)
+            if status == "lost":
+                return None  # _mark_lost reported it
+            # Transient failure: try again soon, while the lease lasts.
+            left = self._valid_until - mgr.clock()
+            return mgr.clock() + max(0.01, min(ttl / 10, left / 3))
+        finally:
+            self._io.release()
+
+    def _mark_lost(self, reason: str) -> None:
+        if self._state != _HELD:
+            return
+        self._state = _LOST
+        self._lost_reason = reason
+        held = self.manager.clock() - self._acquired_at
+        self._report_lost(reason, held)
+
+    def _report_lost(self, reason: str, held: float, *, already_marked: bool = False) -> None:
+        if already_marked:
+            return
+        logger.warning("lock %r (fence %d) lost after %.3f s: %s", self.name, self.fence, held,
+                       reason)
+        signals.send(signals.lock_lost, Lock, lock=self, name=self.name, fence=self.fence,
+                     held=held, reason=reason)
+
+    # -- context manager -------------------------------------------------------
+    def __enter__(self) -> "Lock":
+        if not self.acquire():
+            raise LockNotAcquired(
+                f"lock {self.name!r} is busy: not acquired within "
+                f"{'no' if self.timeout is None else format(self.timeout, 'g')} s",
+                lock_name=self.name, retry_after=self.retry_after)
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._state == _UNLOCKED or self._pid != os.getpid():
+            return  # released by hand inside the block, or a forked child
+        try:
+            self.release()
+        except LockLost:
+            if exc_type is None:
+                raise
+            # The body already failed; its exception propagates, the loss is logged.
+            logger.warning("lock %r was lost while the body raised %s", self.name,
+                           exc_type.__name__)
+
+    def __getstate__(self) -> Any:
+        raise TypeError("Lock objects cannot be pickled: a lock belongs to one process")

@@ -1,0 +1,311 @@
+"""The lock manager: the nodes, the options, and the Redlock rounds.
+
+A :class:`LockManager` is cheap to share: one per process (``get_manager()``
+builds it from settings) serves every thread. It owns one connection pool per
+node, one renewal thread (started on first use) and one pub/sub listener
+(started when someone first waits).
+
+Each round follows the Redlock page and SAFETY.md:
+
+* acquire: one script per node, all nodes asked in parallel; the lock counts
+  only with ``N // 2 + 1`` yes answers *and* validity ``ttl - elapsed - drift`` > 0
+  (node-redlock skips the second test and hands out expired locks); otherwise it
+  is released on every node that may have it, including the silent ones;
+* extend: compare-and-pexpire on every node, counted the same way;
+* release: compare-and-delete on every node, which also wakes the waiters.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import threading
+import time
+import weakref
+from dataclasses import dataclass, field
+from types import EllipsisType
+from typing import Any, Callable, Iterable, Mapping
+
+from django.core.exceptions import ImproperlyConfigured
+
+from .core import quorum as q
+from .core.config import NodeSpec, check_options, parse_nodes, resolve_options
+from .core.keys import lock_key, validate_name
+from .core.retry import next_wait
+from .exceptions import QuorumUnavailable
+from .lock import Lock
+from .transport.notify import ReleaseNotifier
+from .transport.resp import ACQUIRE, EXTEND, FORCE_RELEASE, RELEASE, Call, Command
+from .transport.sync import NodeClient, NodeError, SyncTransport
+from .watchdog import Watchdog
+
+logger = logging.getLogger("django_redlock.manager")
+
+#: How long a fencing counter outlives the clock passing it (ms). See core/keys.py.
+FENCE_GRACE_MS = 3_600_000
+_FENCE_GRACE_B = b"%d" % FENCE_GRACE_MS
+
+_managers: "weakref.WeakSet[LockManager]" = weakref.WeakSet()
+
+
+def _after_fork_in_child() -> None:
+    for manager in list(_managers):
+        manager._reset_after_fork()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+@dataclass
+class AcquireResult:
+    acquired: bool
+    fence: int = 0
+    valid_until: float = 0.0
+    reachable: bool = True
+    holder_ttl: float | None = None
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class ExtendResult:
+    extended: bool
+    valid_until: float = 0.0
+    lost: bool = False
+    reason: str = ""
+
+
+def _default_pool_factory(spec: NodeSpec) -> Any:
+    """The connection pool of a ``cache:<alias>`` node: the django-redis cache's own."""
+    from django_redis import get_redis_connection
+
+    try:
+        client = get_redis_connection(spec.alias)
+    except Exception as e:  # noqa: BLE001 - django-redis raises several types; all mean "unusable"
+        raise ImproperlyConfigured(
+            f"REDLOCK_NODES: cache {spec.alias!r} cannot lend a Redis connection pool: {e}") from e
+    return client.connection_pool
+
+
+class LockManager:
+    """Locks on a set of independent Redis masters.
+
+    ``nodes`` takes the same forms as ``REDLOCK_NODES``; ``options`` are the
+    ``REDLOCK`` keys in lower case (``ttl=``, ``key_prefix=``, ``timeout=``,
+    ``auto_renew=``, ``retry_delay=``, ``drift_factor=``, ``busy_status=``,
+    ``node_timeout=``, ``max_hold=``). Bad values raise ``ImproperlyConfigured``
+    with the same wording as ``manage.py check``.
+    """
+
+    def __init__(self, nodes: Iterable[Any], *, clock: Callable[[], float] = time.monotonic,
+                 rng: random.Random | None = None,
+                 pool_factory: Callable[[NodeSpec], Any] | None = None,
+                 **options: Any) -> None:
+        upper = {k.upper(): v for k, v in options.items()}
+        problems = [p for p in check_options(upper) if p.is_error]
+        specs, node_problems = parse_nodes(list(nodes) if not isinstance(nodes, (str, bytes)) else nodes)
+        problems += [p for p in node_problems if p.is_error]
+        if problems:
+            raise ImproperlyConfigured("; ".join(f"redlock.{p.id}: {p.msg}" for p in problems))
+        conf = resolve_options(upper)
+        self.options: Mapping[str, Any] = conf
+        self.key_prefix: str = conf["KEY_PREFIX"]
+        self.ttl: float = float(conf["TTL"])
+        self.timeout: float | None = conf["TIMEOUT"]
+        self.auto_renew: bool = conf["AUTO_RENEW"]
+        self.retry_delay: float = float(conf["RETRY_DELAY"])
+        self.drift_factor: float = float(conf["DRIFT_FACTOR"])
+        self.busy_status: int = conf["BUSY_STATUS"]
+        self.node_timeout: float = float(conf["NODE_TIMEOUT"])
+        self.max_hold: float | None = conf["MAX_HOLD"]
+        self.clock = clock
+        self.rng = rng or random.Random()
+        factory = pool_factory or _default_pool_factory
+        self.nodes = [NodeClient(spec, node_timeout=self.node_timeout,
+                                 pool_factory=factory if spec.kind == "cache" else pool_factory)
+                      for spec in specs]
+        self.quorum = q.quorum(len(self.nodes))
+        self.transport = SyncTransport(self.nodes, clock=clock)
+        self._watchdog: Watchdog | None = None
+        self._notifier: ReleaseNotifier | None = None
+        self._lazy_lock = threading.Lock()
+        self._closed = False
+        _managers.add(self)
+
+    def __repr__(self) -> str:
+        return f"<LockManager {len(self.nodes)} nodes, quorum {self.quorum}, prefix {self.key_prefix!r}>"
+
+    # -- public ----------------------------------------------------------------
+    def lock(self, name: str, *, ttl: float | EllipsisType = ...,
+             timeout: float | None | EllipsisType = ..., auto_renew: bool | EllipsisType = ...,
+             fencing: bool = True, max_hold: float | None | EllipsisType = ...,
+             label: str | None = None) -> Lock:
+        """A lock on ``name`` (not yet acquired). Options left out use the manager's."""
+        if ttl is not ... and not (isinstance(ttl, (int, float)) and ttl > 0):
+            raise ValueError(f"ttl must be a positive number of seconds, not {ttl!r}")
+        if timeout is not ... and timeout is not None and not (
+                isinstance(timeout, (int, float)) and timeout >= 0):
+            raise ValueError(f"timeout must be None, 0 or a positive number, not {timeout!r}")
+        return Lock(self, name,
+                    ttl=self.ttl if ttl is ... else float(ttl),
+                    timeout=self.timeout if timeout is ... else timeout,
+                    auto_renew=self.auto_renew if auto_renew is ... else bool(auto_renew),
+                    fencing=fencing,
+                    max_hold=self.max_hold if max_hold is ... else max_hold,
+                    label=label)
+
+    def close(self) -> None:
+        """Stop the renewal and listener threads and close our connection pools."""
+        self._closed = True
+        if self._watchdog is not None:
+            self._watchdog.close()
+        if self._notifier is not None:
+            self._notifier.close()
+        self.transport.close()
+
+    def __enter__(self) -> "LockManager":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def key(self, name: str) -> str:
+        return lock_key(self.key_prefix, validate_name(name))
+
+    # -- lazily started helpers ------------------------------------------------
+    @property
+    def watchdog(self) -> Watchdog:
+        if self._watchdog is None:
+            with self._lazy_lock:
+                if self._watchdog is None:
+                    self._watchdog = Watchdog(self.clock)
+        return self._watchdog
+
+    @property
+    def notifier(self) -> ReleaseNotifier:
+        if self._notifier is None:
+            with self._lazy_lock:
+                if self._notifier is None:
+                    self._notifier = ReleaseNotifier(self.nodes)
+        return self._notifier
+
+    def _reset_after_fork(self) -> None:
+        """In a forked child: forget the parent's threads; its locks are not ours."""
+        self._watchdog = None
+        self._notifier = None
+        self._lazy_lock = threading.Lock()
+        for node in self.nodes:
+            node.reset_backoff()
+
+    def next_wait(self, remaining: float | None, holder_ttl: float | None) -> float:
+        return next_wait(remaining=remaining, max_delay=self.retry_delay, holder_ttl=holder_ttl,
+                         rng=self.rng)
+
+    # -- rounds ----------------------------------------------------------------
+    def _quorum_error(self, what: str, answered: int, errors: dict[str, str],
+                      lock_name: str | None) -> QuorumUnavailable:
+        detail = "; ".join(f"{node}: {why}" for node, why in errors.items())
+        return QuorumUnavailable(
+            f"{what}: {answered} of {len(self.nodes)} nodes answered, {self.quorum} needed"
+            + (f" ({detail})" if detail else ""),
+            lock_name=lock_name, answered=answered, needed=self.quorum, errors=errors)
+
+    def _acquire_round(self, key: bytes, fkey: bytes, token: str, ttl_ms: int, owner: str,
+                       fencing: bool, ttl: float, *, lock_name: str) -> AcquireResult:
+        call = Call(ACQUIRE, (key, fkey),
+                    (token, ttl_ms, owner, b"1" if fencing else b"0", _FENCE_GRACE_B))
+        n = len(self.nodes)
+        start = self.clock()
+        replies = self.transport.round([call] * n)
+        elapsed = self.clock() - start
+        ok = 0
+        fence = 0
+        busy_ttls: list[float] = []
+        errors: dict[str, str] = {}
+        maybe_ours: list[bool] = [False] * n
+        for i, reply in enumerate(replies):
+            if isinstance(reply, list) and len(reply) == 2:
+                if reply[0] == 1:
+                    ok += 1
+                    fence = max(fence, int(reply[1]))
+                    maybe_ours[i] = True
+                else:
+                    busy_ttls.append(max(0, int(reply[1])) / 1000.0)
+            elif isinstance(reply, NodeError):
+                errors[reply.node] = reply.reason
+                maybe_ours[i] = reply.sent
+            else:
+                errors[self.nodes[i].name] = f"unexpected reply: {reply!r}"[:160]
+        valid = q.validity(ttl, elapsed, self.drift_factor)
+        if ok >= self.quorum and valid > 0:
+            return AcquireResult(True, fence=fence, valid_until=start + valid)
+        if any(maybe_ours):
+            # Release wherever the key may be ours, including nodes that went
+            # silent after the request left: a leftover would block others.
+            self._release_round(key, fkey, token, 0, only=maybe_ours)
+        answered = ok + len(busy_ttls)
+        if answered < self.quorum:
+            raise self._quorum_error(f"cannot acquire lock {lock_name!r}", answered, errors,
+                                     lock_name)
+        holder_ttl = sorted(busy_ttls)[len(busy_ttls) // 2] if busy_ttls else None
+        if ok >= self.quorum:
+            logger.info("lock %r: quorum reached but the round took %.3f s of a %.3f s lease; "
+                        "retrying", lock_name, elapsed, ttl)
+        return AcquireResult(False, holder_ttl=holder_ttl, errors=errors)
+
+    def _release_round(self, key: bytes, fkey: bytes, token: str, fence: int, *,
+                       only: list[bool] | None = None) -> int:
+        call = Call(RELEASE, (key, fkey), (token, fence, _FENCE_GRACE_B))
+        requests = [call if only is None or only[i] else None for i in range(len(self.nodes))]
+        replies = self.transport.round(requests, skip_backoff=only is None)
+        released = sum(1 for r in replies if r == 1)
+        failed = [r for r in replies if isinstance(r, NodeError)]
+        if failed:
+            logger.info("release of %r did not reach %d node(s): %s; the key expires there "
+                        "with its lease", key.decode(), len(failed),
+                        "; ".join(str(e) for e in failed))
+        return released
+
+    def _extend_round(self, key: bytes, fkey: bytes, token: str, fence: int, ttl: float, *,
+                      lock_name: str) -> ExtendResult:
+        call = Call(EXTEND, (key, fkey), (token, max(1, int(ttl * 1000)), fence, _FENCE_GRACE_B))
+        start = self.clock()
+        replies = self.transport.round([call] * len(self.nodes))
+        elapsed = self.clock() - start
+        ok = sum(1 for r in replies if r == 1)
+        not_ours = sum(1 for r in replies if r == 0)
+        errors = [str(r) for r in replies if isinstance(r, (NodeError, Exception))]
+        valid = q.validity(ttl, elapsed, self.drift_factor)
+        if ok >= self.quorum and valid > 0:
+            return ExtendResult(True, valid_until=start + valid)
+        if not_ours > len(self.nodes) - self.quorum:
+            return ExtendResult(False, lost=True, reason=(
+                f"{not_ours} of {len(self.nodes)} nodes no longer have this holder's key "
+                f"(it expired or was taken)"))
+        reason = f"{ok} of {len(self.nodes)} nodes extended, {self.quorum} needed"
+        if errors:
+            reason += " (" + "; ".join(errors) + ")"
+        return ExtendResult(False, reason=reason)
+
+    def _holders(self, key: bytes) -> int:
+        """How many nodes have ``key``; raises QuorumUnavailable when too few answer."""
+        replies = self.transport.round([Command(b"EXISTS", key)] * len(self.nodes))
+        answered = [r for r in replies if isinstance(r, int)]
+        if len(answered) < self.quorum:
+            errors = {r.node: r.reason for r in replies if isinstance(r, NodeError)}
+            raise self._quorum_error(f"cannot tell whether {key.decode()!r} is locked",
+                                     len(answered), errors, None)
+        return sum(answered)
+
+    def force_release(self, name: str) -> list[Any]:
+        """Delete lock ``name`` on every node whoever holds it; wake its waiters.
+
+        Returns each node's deleted value (bytes), None where there was none, or a
+        :class:`NodeError`. For operators (``manage.py locks release --force``);
+        the holder finds out at its next renewal.
+        """
+        key = self.key(name).encode()
+        return self.transport.round([Call(FORCE_RELEASE, (key,), ())] * len(self.nodes),
+                                    skip_backoff=False)
+

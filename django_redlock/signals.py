@@ -1,0 +1,36 @@
+"""Signals sent by every lock, whatever started it (API, decorator, ORM helper).
+
+All are sent with ``sender=Lock`` (the class) and these keyword arguments:
+
+``lock_acquired``
+    ``lock``, ``name``, ``fence``, ``wait`` (seconds spent acquiring)
+``lock_released``
+    ``lock``, ``name``, ``fence``, ``held`` (seconds held)
+``lock_lost``
+    ``lock``, ``name``, ``fence``, ``held``, ``reason`` (str). Sent from the thread
+    that noticed: the renewal thread, or the caller at release time.
+
+A receiver that raises does not break the lock: exceptions are logged.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any
+
+from django.dispatch import Signal
+
+lock_acquired = Signal()
+lock_released = Signal()
+lock_lost = Signal()
+
+logger = logging.getLogger("django_redlock.signals")
+
+
+def send(signal: Signal, sender: Any, **kwargs: Any) -> None:
+    """Send ``signal``; a failing receiver is logged, never propagated into lock code."""
+    if not signal.has_listeners(sender):
+        return
+    for receiver, result in signal.send_robust(sender, **kwargs):
+        if isinstance(result, Exception):
+            logger.error("receiver %r of %s failed", receiver, kwargs.get("name"), exc_info=result)

@@ -1,0 +1,332 @@
+"""Release notices: waking blocked acquirers when a lock is released.
+
+The release script publishes on a channel named like the lock key. One listener
+thread per lock manager holds one pub/sub connection per node and wakes the
+waiters of that key. A waiter subscribes *before* its final attempt and waits for
+the node's confirmation, so a release that happens between its failed attempt and
+its wait cannot be missed (Redisson's #1763 missed exactly that and slept out the
+whole lease). Notices can still be lost (a node down, a connection reset): the
+waiter's timed, jittered retry is the fallback, never the main mechanism.
+
+All socket I/O of the listener happens on its own thread; waiters only queue
+requests and wait on events, so no connection is ever used by two threads.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import selectors
+import socket
+import ssl
+import threading
+import time
+from typing import Any, Sequence
+
+from .resp import pack
+from .sync import NODE_DOWN_ERRORS, NodeClient
+
+logger = logging.getLogger("django_redlock.notify")
+
+RECONNECT_FIRST = 0.05
+RECONNECT_MAX = 2.0
+_POLL = 0.5
+_DRAIN_MAX = 1000
+
+
+class Subscription:
+    """A waiter's interest in one channel. Not thread-shared: one per waiting call."""
+
+    def __init__(self, notifier: "ReleaseNotifier", channel: bytes) -> None:
+        self.notifier = notifier
+        self.channel = channel
+        self.event = threading.Event()
+        self.closed = False
+
+    def clear(self) -> None:
+        self.event.clear()
+
+    def wait(self, timeout: float) -> bool:
+        """True when a release notice arrived (since the last :meth:`clear`)."""
+        return self.event.wait(timeout)
+
+    def close(self) -> None:
+        if not self.closed:
+            self.closed = True
+            self.notifier._remove(self)
+
+    def __enter__(self) -> "Subscription":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class PushParser:
+    """Incremental parser for the replies a subscribed connection receives.
+
+    The listener reads the raw socket itself (after redis-py did the connect,
+    TLS and AUTH handshake) because redis-py versions differ in how they surface
+    pub/sub messages (some hand them to an internal push handler). Handles the
+    RESP2 and RESP3 types a pub/sub connection can see.
+    """
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, data: bytes) -> list[Any]:
+        self._buf += data
+        out = []
+        while self._buf:
+            parsed = self._parse(0)
+            if parsed is None:
+                break
+            value, pos = parsed
+            self._buf = self._buf[pos:]
+            out.append(value)
+        return out
+
+    def _parse(self, pos: int) -> tuple[Any, int] | None:
+        end = self._buf.find(b"\r\n", pos)
+        if end < 0:
+            return None
+        kind, line = self._buf[pos:pos + 1], self._buf[pos + 1:end]
+        nxt = end + 2
+        if kind in (b"+", b"-"):
+            return line, nxt
+        if kind == b":":
+            return int(line), nxt
+        if kind == b"_":
+            return None, nxt
+        if kind in (b"$", b"="):
+            size = int(line)
+            if size < 0:
+                return None, nxt
+            if len(self._buf) < nxt + size + 2:
+                return None
+            return self._buf[nxt:nxt + size], nxt + size + 2
+        if kind in (b"*", b">", b"~", b"%"):
+            count = int(line) * (2 if kind == b"%" else 1)
+            items = []
+            for _ in range(max(count, 0)):
+                parsed = self._parse(nxt)
+                if parsed is None:
+                    return None
+                item, nxt = parsed
+                items.append(item)
+            return items, nxt
+        raise ValueError(f"unexpected RESP type {kind!r}")
+
+
+class _Link:
+    """The listener's pub/sub connection to one node."""
+
+    def __init__(self, node: NodeClient) -> None:
+        self.node = node
+        self.conn: Any = None
+        self.sock: Any = None
+        self.parser = PushParser()
+        self.next_connect = 0.0
+        self.failures = 0
+
+
+class ReleaseNotifier:
+    def __init__(self, nodes: Sequence[NodeClient]) -> None:
+        self._links = [_Link(node) for node in nodes]
+        self._lock = threading.Lock()
+        self._subs: dict[bytes, set[Subscription]] = {}
+        self._confirmed: dict[bytes, threading.Event] = {}
+        self._ops: collections.deque[tuple[str, bytes]] = collections.deque()
+        self._wake_r, self._wake_w = socket.socketpair()
+        self._wake_r.setblocking(False)
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+
+    # -- waiter side --------------------------------------------------------
+    def subscribe(self, channel: bytes, confirm_timeout: float) -> Subscription:
+        """Register a waiter and wait (bounded) until a node confirmed the subscription."""
+        sub = Subscription(self, channel)
+        with self._lock:
+            subs = self._subs.setdefault(channel, set())
+            subs.add(sub)
+            confirmed = self._confirmed.get(channel)
+            if confirmed is None:
+                confirmed = self._confirmed[channel] = threading.Event()
+                self._ops.append(("subscribe", channel))
+                self._ensure_thread()
+                self._wake()
+        if not confirmed.wait(confirm_timeout):
+            logger.debug("no node confirmed the subscription to %r in time; "
+                         "the waiter falls back to timed retries", channel)
+        return sub
+
+    def _remove(self, sub: Subscription) -> None:
+        with self._lock:
+            subs = self._subs.get(sub.channel)
+            if subs is None:
+                return
+            subs.discard(sub)
+            if not subs:
+                del self._subs[sub.channel]
+                self._confirmed.pop(sub.channel, None)
+                self._ops.append(("unsubscribe", sub.channel))
+                self._wake()
+
+    def _wake(self) -> None:
+        try:
+            self._wake_w.send(b"x")
+        except OSError:  # buffer full: the listener is awake anyway
+            pass
+
+    def _ensure_thread(self) -> None:
+        if self._thread is None or not self._thread.is_alive():
+            self._thread = threading.Thread(target=self._run, name="redlock-notify", daemon=True)
+            self._thread.start()
+
+    def close(self) -> None:
+        self._stopping = True
+        self._wake()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=2.0)
+        for link in self._links:
+            self._drop(link, reconnect=False)
+        self._wake_r.close()
+        self._wake_w.close()
+
+    # -- listener thread ----------------------------------------------------
+    def _run(self) -> None:
+        sel = selectors.DefaultSelector()
+        sel.register(self._wake_r, selectors.EVENT_READ, None)
+        try:
+            while not self._stopping:
+                self._apply_ops()
+                self._connect_due()
+                self._sync_selector(sel)
+                for key, _ in sel.select(timeout=self._next_timeout()):
+                    if key.data is None:
+                        try:
+                            while self._wake_r.recv(4096):
+                                pass
+                        except (BlockingIOError, InterruptedError):
+                            pass
+                    else:
+                        self._drain(key.data)
+        except Exception:  # noqa: BLE001 - the listener must never die silently
+            logger.exception("release listener stopped; waiters fall back to timed retries")
+        finally:
+            sel.close()
+
+    def _sync_selector(self, sel: selectors.BaseSelector) -> None:
+        """Register the live links' sockets; forget the dropped ones."""
+        desired = {link.sock: link for link in self._links if link.sock is not None}
+        current = {key.fileobj: key.data for key in list(sel.get_map().values())
+                   if key.data is not None}
+        for sock in current.keys() - desired.keys():
+            try:
+                sel.unregister(sock)
+            except (KeyError, ValueError):
+                pass
+        for sock in desired.keys() - current.keys():
+            sel.register(sock, selectors.EVENT_READ, desired[sock])
+
+    def _next_timeout(self) -> float:
+        now = time.monotonic()
+        due = [link.next_connect - now for link in self._links if link.sock is None]
+        return max(0.0, min([_POLL, *due]))
+
+    def _apply_ops(self) -> None:
+        while True:
+            with self._lock:
+                if not self._ops:
+                    return
+                op, channel = self._ops.popleft()
+                if op == "unsubscribe" and channel in self._subs:
+                    continue  # re-subscribed meanwhile
+            for link in self._links:
+                if link.sock is not None:
+                    self._send(link, op.upper(), channel)
+
+    def _send(self, link: _Link, *args: Any) -> None:
+        try:
+            link.sock.sendall(pack(*args))
+        except (BlockingIOError, *NODE_DOWN_ERRORS):
+            self._drop(link)
+
+    def _connect_due(self) -> None:
+        now = time.monotonic()
+        for link in self._links:
+            if link.sock is not None or now < link.next_connect:
+                continue
+            with self._lock:
+                channels = list(self._subs)
+            if not channels:
+                continue  # connect lazily, when someone waits
+            try:
+                conn = link.node.new_connection()
+                conn.connect()  # TCP/TLS, AUTH, SELECT: redis-py's handshake
+                sock = conn._sock
+                sock.setblocking(True)
+                sock.settimeout(link.node.timeout)
+                sock.sendall(pack("SUBSCRIBE", *channels))
+                sock.setblocking(False)
+            except NODE_DOWN_ERRORS as e:
+                link.failures += 1
+                link.next_connect = now + min(RECONNECT_MAX, RECONNECT_FIRST * 2 ** link.failures)
+                logger.debug("pub/sub connect to %s failed: %s", link.node.name, e)
+                continue
+            link.conn, link.sock, link.parser = conn, sock, PushParser()
+            link.failures = 0
+
+    def _drain(self, link: _Link) -> None:
+        for _ in range(_DRAIN_MAX):
+            try:
+                data = link.sock.recv(65536)
+            except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
+                return
+            except NODE_DOWN_ERRORS:
+                self._drop(link)
+                return
+            if not data:
+                self._drop(link)
+                return
+            try:
+                replies = link.parser.feed(data)
+            except ValueError:
+                logger.warning("unexpected data on the pub/sub connection to %s", link.node.name)
+                self._drop(link)
+                return
+            for reply in replies:
+                self._handle(reply)
+
+    def _handle(self, reply: Any) -> None:
+        if not isinstance(reply, list) or len(reply) < 3:
+            return
+        kind, channel = reply[0], reply[1]
+        if kind == b"message":
+            with self._lock:
+                subs = list(self._subs.get(channel, ()))
+            for sub in subs:
+                sub.event.set()
+        elif kind == b"subscribe":
+            with self._lock:
+                confirmed = self._confirmed.get(channel)
+            if confirmed is not None:
+                confirmed.set()
+
+    def _drop(self, link: _Link, *, reconnect: bool = True) -> None:
+        conn, link.conn, link.sock = link.conn, None, None
+        if conn is not None:
+            try:
+                conn.disconnect()
+            except NODE_DOWN_ERRORS:
+                pass
+        if reconnect:
+            link.failures += 1
+            link.next_connect = time.monotonic() + min(
+                RECONNECT_MAX, RECONNECT_FIRST * 2 ** link.failures)
+            # Waiters may have missed a notice while the link was down.
+            with self._lock:
+                subs = [s for group in self._subs.values() for s in group]
+            for sub in subs:
+                sub.event.set()

@@ -1,0 +1,91 @@
+"""RESP command packing and the Lua scripts.
+
+Commands are packed once into bytes by a small packer of our own: the hot path
+(acquire + release) sends pre-packed ``EVALSHA`` commands straight to the socket.
+Scripts are sent by SHA; a node that answers ``NOSCRIPT`` (it restarted empty, or
+its script cache was flushed) gets the full ``EVAL`` once on the same connection.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from importlib import resources
+from typing import Union
+
+Arg = Union[bytes, str, int, float]
+
+
+def _encode(arg: Arg) -> bytes:
+    if isinstance(arg, bytes):
+        return arg
+    if isinstance(arg, str):
+        return arg.encode("utf-8")
+    if isinstance(arg, bool):
+        raise TypeError("bool is not a Redis argument")
+    if isinstance(arg, int):
+        return b"%d" % arg
+    if isinstance(arg, float):
+        return repr(arg).encode("ascii")
+    raise TypeError(f"cannot send {type(arg).__name__} to Redis")
+
+
+def pack(*args: Arg) -> bytes:
+    """One command in RESP2: ``*<n>\\r\\n`` then ``$<len>\\r\\n<bytes>\\r\\n`` per argument."""
+    out = [b"*%d\r\n" % len(args)]
+    for arg in args:
+        data = _encode(arg)
+        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
+    return b"".join(out)
+
+
+class Script:
+    """A Lua script shipped with the package, addressed by its SHA1."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self.source = (resources.files("django_redlock") / "lua" / f"{name}.lua").read_bytes()
+        self.sha = hashlib.sha1(self.source).hexdigest().encode("ascii")
+
+    def evalsha(self, keys: tuple[Arg, ...], args: tuple[Arg, ...]) -> bytes:
+        return pack(b"EVALSHA", self.sha, len(keys), *keys, *args)
+
+    def eval(self, keys: tuple[Arg, ...], args: tuple[Arg, ...]) -> bytes:
+        return pack(b"EVAL", self.source, len(keys), *keys, *args)
+
+
+class Call:
+    """One script invocation, packed both ways (EVALSHA first, EVAL on NOSCRIPT)."""
+
+    __slots__ = ("script", "keys", "args", "_evalsha")
+
+    def __init__(self, script: Script, keys: tuple[Arg, ...], args: tuple[Arg, ...]) -> None:
+        self.script = script
+        self.keys = keys
+        self.args = args
+        self._evalsha: bytes | None = None
+
+    @property
+    def packed(self) -> bytes:
+        if self._evalsha is None:
+            self._evalsha = self.script.evalsha(self.keys, self.args)
+        return self._evalsha
+
+    @property
+    def packed_eval(self) -> bytes:
+        return self.script.eval(self.keys, self.args)
+
+
+class Command:
+    """A plain command (no script), for inspection and health checks."""
+
+    __slots__ = ("packed",)
+    packed_eval = None
+
+    def __init__(self, *args: Arg) -> None:
+        self.packed = pack(*args)
+
+
+ACQUIRE = Script("acquire")
+RELEASE = Script("release")
+EXTEND = Script("extend")
+FORCE_RELEASE = Script("force_release")

@@ -1,0 +1,225 @@
+"""The synchronous transport: every node asked in parallel, from the calling thread.
+
+A round sends one command to every node first and only then reads the replies, so
+the nodes work at the same time and a round costs about one round trip to the
+slowest node, not the sum over nodes (redlock-py and pottery's per-call thread
+pools pay much more). No thread is created per request.
+
+Each node has its own deadline (its timeout from the start of the round). A node
+that does not answer in time (dead, SIGSTOPped, partitioned) is reported as a
+:class:`NodeError` and its connection is dropped, so a late reply can never be
+read as the answer to a later command. A node that failed is skipped for a short,
+growing back-off, so a dead node does not cost every round a connect timeout.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import redis
+from redis.exceptions import ConnectionError as RedisConnectionError
+from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeoutError
+
+from ..core.config import NodeSpec
+from .resp import Call, Command
+
+logger = logging.getLogger("django_redlock.transport")
+
+#: Errors that mean "this node did not answer", as opposed to a Redis-level error
+#: reply. OSError covers a socket torn down under us.
+NODE_DOWN_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+
+BACKOFF_FIRST = 0.05
+BACKOFF_MAX = 1.0
+
+_GET_NEEDS_NAME = (
+    inspect.signature(redis.ConnectionPool.get_connection).parameters["command_name"].default
+    is inspect.Parameter.empty)
+
+
+class NodeError(Exception):
+    """One node's failure in a round: unreachable, timed out, or skipped (back-off)."""
+
+    def __init__(self, node: str, reason: str, *, sent: bool = True) -> None:
+        super().__init__(f"{node}: {reason}")
+        self.node = node
+        self.reason = reason
+        #: False when the request never left (the node was skipped or the connect
+        #: failed): the node certainly did not execute it.
+        self.sent = sent
+
+
+def _short(exc: BaseException) -> str:
+    text = str(exc) or type(exc).__name__
+    return text if len(text) < 160 else text[:157] + "..."
+
+
+class NodeClient:
+    """One node: a connection pool, a timeout and a failure back-off.
+
+    For a ``cache:<alias>`` node the pool is the django-redis cache's own (borrowed,
+    never disconnected by us); otherwise the pool is ours, built from the URL with
+    the node timeout as socket timeouts.
+    """
+
+    def __init__(self, spec: NodeSpec, *, node_timeout: float,
+                 pool_factory: Callable[[NodeSpec], Any] | None = None) -> None:
+        self.spec = spec
+        self.name = spec.display
+        options = dict(spec.options)
+        self.timeout: float = float(options.get("socket_timeout", node_timeout))
+        self._connect_timeout = float(options.get("socket_connect_timeout", self.timeout))
+        self._pool_factory = pool_factory
+        self._pool: Any = None
+        self._pool_lock = threading.Lock()
+        self._borrowed = spec.kind == "cache"
+        self._failures = 0
+        self.down_until = 0.0
+
+    # -- pool ---------------------------------------------------------------
+    @property
+    def pool(self) -> Any:
+        if self._pool is None:
+            with self._pool_lock:
+                if self._pool is None:
+                    self._pool = self._build_pool()
+        return self._pool
+
+    def _build_pool(self) -> Any:
+        if self._pool_factory is not None:
+            return self._pool_factory(self.spec)
+        kwargs = dict(self.spec.options)
+        kwargs["socket_timeout"] = self.timeout
+        kwargs["socket_connect_timeout"] = self._connect_timeout
+        kwargs.setdefault("client_name", "django-redlock")
+        return redis.ConnectionPool.from_url(self.spec.url, **kwargs)
+
+    def get(self) -> Any:
+        return self.pool.get_connection("_") if _GET_NEEDS_NAME else self.pool.get_connection()
+
+    def put(self, conn: Any) -> None:
+        self.pool.release(conn)
+
+    def new_connection(self) -> Any:
+        """A connection outside the pool's accounting (for the pub/sub listener)."""
+        pool = self.pool
+        return pool.connection_class(**pool.connection_kwargs)
+
+    def close(self) -> None:
+        if self._pool is not None and not self._borrowed:
+            self._pool.disconnect()
+        self._pool = None
+
+    # -- health -------------------------------------------------------------
+    def backing_off(self, now: float) -> bool:
+        return now < self.down_until
+
+    def mark_failed(self, now: float) -> None:
+        self._failures += 1
+        self.down_until = now + min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (self._failures - 1))
+
+    def mark_ok(self) -> None:
+        if self._failures:
+            logger.info("node %s answers again", self.name)
+        self._failures = 0
+        self.down_until = 0.0
+
+    def reset_backoff(self) -> None:
+        self._failures = 0
+        self.down_until = 0.0
+
+
+Request = Call | Command | None
+
+
+class SyncTransport:
+    """Sends one request per node and gathers the replies within the node timeouts."""
+
+    def __init__(self, nodes: Sequence[NodeClient], *, clock: Callable[[], float] = time.monotonic) -> None:
+        self.nodes = list(nodes)
+        self.clock = clock
+
+    def round(self, requests: Sequence[Request], *, skip_backoff: bool = True) -> list[Any]:
+        """Ask node i ``requests[i]`` (None: do not ask it); return answers or errors.
+
+        Each result is the node's reply, a :class:`NodeError` (no answer in time) or
+        a ``redis.ResponseError`` (the node answered with an error).
+        """
+        nodes = self.nodes
+        n = len(nodes)
+        results: list[Any] = [None] * n
+        conns: list[Any] = [None] * n
+        start = self.clock()
+        try:
+            for i in range(n):
+                request = requests[i]
+                if request is None:
+                    continue
+                node = nodes[i]
+                if skip_backoff and node.backing_off(start):
+                    results[i] = NodeError(node.name, "skipped: failed recently", sent=False)
+                    continue
+                conn = None
+                try:
+                    conn = node.get()
+                    conn.send_packed_command((request.packed,), check_health=False)
+                    conns[i] = conn
+                except NODE_DOWN_ERRORS as e:
+                    node.mark_failed(self.clock())
+                    results[i] = NodeError(node.name, _short(e), sent=False)
+                    if conn is not None:
+                        conn.disconnect()
+                        node.put(conn)
+            for i in range(n):
+                conn = conns[i]
+                if conn is None:
+                    continue
+                node = nodes[i]
+                results[i] = self._read(node, conn, requests[i], start + node.timeout)
+        finally:
+            for i in range(n):
+                if conns[i] is not None:
+                    nodes[i].put(conns[i])
+        return results
+
+    def _read(self, node: NodeClient, conn: Any, request: Request, deadline: float) -> Any:
+        for _ in range(2):  # the second pass only after NOSCRIPT
+            try:
+                if not conn.can_read(timeout=max(deadline - self.clock(), 0.0)):
+                    conn.disconnect()
+                    node.mark_failed(self.clock())
+                    return NodeError(node.name, f"no answer within {node.timeout:g} s")
+                reply = conn.read_response()
+            except NoScriptError:
+                assert request is not None and request.packed_eval is not None
+                try:
+                    conn.send_packed_command((request.packed_eval,), check_health=False)
+                except NODE_DOWN_ERRORS as e:
+                    conn.disconnect()
+                    node.mark_failed(self.clock())
+                    return NodeError(node.name, _short(e))
+                continue
+            except ResponseError as e:
+                node.mark_ok()
+                return e
+            except NODE_DOWN_ERRORS as e:
+                conn.disconnect()
+                node.mark_failed(self.clock())
+                return NodeError(node.name, _short(e))
+            except BaseException:
+                # Interrupted (KeyboardInterrupt, a timeout signal): the reply may
+                # still arrive, so this connection must never be reused.
+                conn.disconnect()
+                raise
+            node.mark_ok()
+            return reply
+        return NodeError(node.name, "script could not be loaded")
+
+    def close(self) -> None:
+        for node in self.nodes:
+            node.close()

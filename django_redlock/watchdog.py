@@ -1,0 +1,81 @@
+"""The renewal thread: one per lock manager, however many locks are held.
+
+A thread per lock (python-redis-lock) costs a thread start per acquire; one
+shared thread with a timer heap costs nothing on the hot path. The heap holds
+weak references, so a lock object that is dropped without release does not keep
+renewing forever (its key then simply expires). The thread waits on a condition,
+never spins, and exits when the manager is closed.
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import logging
+import threading
+import time
+import weakref
+from typing import Callable, Protocol
+
+logger = logging.getLogger("django_redlock.watchdog")
+
+
+class Renewable(Protocol):
+    def _watchdog_tick(self) -> float | None:
+        """Renew if due; return the next due time (monotonic) or None to stop."""
+
+
+class Watchdog:
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._heap: list[tuple[float, int, weakref.ref[Renewable]]] = []
+        self._seq = itertools.count()
+        self._cond = threading.Condition()
+        self._thread: threading.Thread | None = None
+        self._stopping = False
+
+    def schedule(self, lock: Renewable, due: float) -> None:
+        with self._cond:
+            heapq.heappush(self._heap, (due, next(self._seq), weakref.ref(lock)))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="redlock-watchdog",
+                                                daemon=True)
+                self._thread.start()
+            self._cond.notify()
+
+    def close(self) -> None:
+        with self._cond:
+            self._stopping = True
+            self._heap.clear()
+            self._cond.notify()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout=5.0)
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while not self._stopping:
+                    if not self._heap:
+                        self._cond.wait()
+                        continue
+                    delay = self._heap[0][0] - self._clock()
+                    if delay <= 0:
+                        break
+                    self._cond.wait(timeout=delay)
+                if self._stopping:
+                    return
+                _, _, ref = heapq.heappop(self._heap)
+            lock = ref()
+            if lock is None:
+                continue
+            try:
+                due = lock._watchdog_tick()
+            except Exception:  # noqa: BLE001 - one lock's failure must not stop the others' renewal
+                logger.exception("renewal of a lock failed unexpectedly")
+                due = None
+            del lock
+            if due is not None:
+                with self._cond:
+                    if not self._stopping:
+                        heapq.heappush(self._heap, (due, next(self._seq), ref))
