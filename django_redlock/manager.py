@@ -17,6 +17,7 @@ Each round follows the Redlock page and SAFETY.md:
 
 from __future__ import annotations
 
+import difflib
 import logging
 import os
 import random
@@ -25,12 +26,12 @@ import time
 import weakref
 from dataclasses import dataclass, field
 from types import EllipsisType
-from typing import Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from django.core.exceptions import ImproperlyConfigured
 
 from .core import quorum as q
-from .core.config import NodeSpec, check_options, parse_nodes, resolve_options
+from .core.config import DEFAULTS, NodeSpec, check_options, parse_nodes, resolve_options
 from .core.keys import lock_key, validate_name
 from .core.retry import next_wait
 from .exceptions import QuorumUnavailable
@@ -39,6 +40,9 @@ from .transport.notify import ReleaseNotifier
 from .transport.resp import ACQUIRE, EXTEND, FORCE_RELEASE, RELEASE, Call, Command
 from .transport.sync import NodeClient, NodeError, SyncTransport
 from .watchdog import Watchdog
+
+if TYPE_CHECKING:
+    from .aio import AsyncLock
 
 logger = logging.getLogger("django_redlock.manager")
 
@@ -102,6 +106,15 @@ class LockManager:
                  rng: random.Random | None = None,
                  pool_factory: Callable[[NodeSpec], Any] | None = None,
                  **options: Any) -> None:
+        unknown = [k for k in options if k != k.lower() or k.upper() not in DEFAULTS]
+        if unknown:
+            known = ", ".join(sorted(k.lower() for k in DEFAULTS))
+            hints = {k: difflib.get_close_matches(k.lower(), [d.lower() for d in DEFAULTS], n=1)
+                     for k in unknown}
+            raise ImproperlyConfigured("; ".join(
+                f"redlock.E008: unknown LockManager option {k!r}"
+                + (f" (did you mean {hints[k][0]!r}?)" if hints[k] else "") for k in unknown)
+                + f". Known options: {known}.")
         upper = {k.upper(): v for k, v in options.items()}
         problems = [p for p in check_options(upper) if p.is_error]
         specs, node_problems = parse_nodes(list(nodes) if not isinstance(nodes, (str, bytes)) else nodes)
@@ -129,6 +142,7 @@ class LockManager:
         self.transport = SyncTransport(self.nodes, clock=clock)
         self._watchdog: Watchdog | None = None
         self._notifier: ReleaseNotifier | None = None
+        self._async_transport: Any = None  # transport.aio.AsyncTransport, made by alock()
         self._lazy_lock = threading.Lock()
         self._closed = False
         _managers.add(self)
@@ -155,6 +169,24 @@ class LockManager:
                     max_hold=self.max_hold if max_hold is ... else max_hold,
                     label=label)
 
+    def alock(self, name: str, *, ttl: float | EllipsisType = ...,
+              timeout: float | None | EllipsisType = ..., auto_renew: bool | EllipsisType = ...,
+              fencing: bool = True, max_hold: float | None | EllipsisType = ...,
+              label: str | None = None) -> AsyncLock:
+        """An :class:`~django_redlock.aio.AsyncLock` on ``name``, for asyncio code."""
+        from .aio import AsyncLock
+        from .transport.aio import AsyncTransport
+
+        opts = self.lock(name, ttl=ttl, timeout=timeout, auto_renew=auto_renew, fencing=fencing,
+                         max_hold=max_hold, label=label)  # validates like lock(); no I/O
+        if self._async_transport is None:
+            with self._lazy_lock:
+                if self._async_transport is None:
+                    self._async_transport = AsyncTransport(self.nodes, clock=self.clock)
+        return AsyncLock(self, self._async_transport, opts.name, ttl=opts.ttl,
+                         timeout=opts.timeout, auto_renew=opts.auto_renew, fencing=fencing,
+                         max_hold=opts.max_hold, label=label)
+
     def close(self) -> None:
         """Stop the renewal and listener threads and close our connection pools."""
         self._closed = True
@@ -163,6 +195,14 @@ class LockManager:
         if self._notifier is not None:
             self._notifier.close()
         self.transport.close()
+        if self._async_transport is not None:
+            self._async_transport.close()
+
+    async def aclose(self) -> None:
+        """:meth:`close`, closing the running event loop's connections before returning."""
+        if self._async_transport is not None:
+            await self._async_transport.aclose()
+        self.close()
 
     def __enter__(self) -> "LockManager":
         return self

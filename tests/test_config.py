@@ -1,0 +1,129 @@
+"""Settings validation and the system checks, one test per check id."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from django.core.checks import Error, Warning
+from django.core.exceptions import ImproperlyConfigured
+from django.core.management import call_command
+from django.core.management.base import SystemCheckError
+
+from django_redlock.checks import check_settings
+from django_redlock.core.config import DEFAULTS, mask_url
+
+
+def ids(settings: Any) -> list[str]:
+    return [m.id for m in check_settings()]
+
+
+def test_valid_settings_have_no_problems(settings: Any) -> None:
+    settings.REDLOCK_NODES = ["redis://127.0.0.1:6379/0", "rediss://:pw@10.0.0.2:6380/0",
+                              {"URL": "redis://10.0.0.3:6379/0", "OPTIONS": {"socket_timeout": 0.05}}]
+    settings.REDLOCK = {"TTL": 5, "TIMEOUT": None, "AUTO_RENEW": False}
+    assert ids(settings) == []
+
+
+@pytest.mark.parametrize("nodes,expected", [
+    (None, "redlock.E001"),
+    ([], "redlock.E001"),
+    ("redis://127.0.0.1:6379/0", "redlock.E002"),
+    ([42], "redlock.E003"),
+    ([{"OPTIONS": {}}], "redlock.E003"),
+    (["cache:"], "redlock.E003"),
+    (["http://127.0.0.1:6379/0"], "redlock.E004"),
+    (["redis://127.0.0.1:99999/0"], "redlock.E004"),
+    (["redis://127.0.0.1:6379/abc"], "redlock.E004"),
+    (["redis:///0"], "redlock.E004"),
+    (["redis://127.0.0.1:6379/0", "redis://127.0.0.1:6379"], "redlock.E005"),
+    (["cache:nope"], "redlock.E006"),
+    ([{"URL": "redis://127.0.0.1:6379/0", "OPTIONS": {"sokcet_timeout": 1}}], "redlock.E011"),
+    ([{"URL": "redis://127.0.0.1:6379/0", "OPTIONS": {"socket_timeout": -1}}], "redlock.E011"),
+    (["redis://127.0.0.1:6379/0", "redis://127.0.0.1:6380/0"], "redlock.W001"),
+])
+def test_node_problems(settings: Any, nodes: Any, expected: str) -> None:
+    if nodes is None:
+        del settings.REDLOCK_NODES
+    else:
+        settings.REDLOCK_NODES = nodes
+    assert expected in ids(settings)
+
+
+def test_cache_alias_must_be_django_redis(settings: Any) -> None:
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    settings.REDLOCK_NODES = ["cache:default"]
+    messages = check_settings()
+    assert [m.id for m in messages] == ["redlock.E006"]
+    assert "not django-redis" in messages[0].msg
+
+
+@pytest.mark.parametrize("options,expected", [
+    ([1], "redlock.E007"),
+    ({"TTLL": 5}, "redlock.E008"),
+    ({"TTL": "10"}, "redlock.E009"),
+    ({"AUTO_RENEW": 1}, "redlock.E009"),
+    ({"BUSY_STATUS": True}, "redlock.E009"),
+    ({"TTL": 0}, "redlock.E010"),
+    ({"TIMEOUT": -1}, "redlock.E010"),
+    ({"DRIFT_FACTOR": 0.9}, "redlock.E010"),
+    ({"BUSY_STATUS": 200}, "redlock.E010"),
+    ({"KEY_PREFIX": "has space"}, "redlock.E010"),
+    ({"TTL": 0.5, "NODE_TIMEOUT": 0.1}, "redlock.W002"),
+])
+def test_option_problems(settings: Any, options: Any, expected: str) -> None:
+    settings.REDLOCK = options
+    assert expected in ids(settings)
+
+
+def test_unknown_key_suggests_the_right_one(settings: Any) -> None:
+    settings.REDLOCK = {"TTLL": 5}
+    (message,) = check_settings()
+    assert isinstance(message, Error)
+    assert "'TTL'" in (message.hint or "")
+
+
+def test_even_nodes_is_a_warning_not_an_error(settings: Any) -> None:
+    settings.REDLOCK_NODES = ["redis://127.0.0.1:6379/0", "redis://127.0.0.1:6380/0"]
+    (message,) = check_settings()
+    assert isinstance(message, Warning)
+
+
+def test_manage_py_check_reports_and_fails(settings: Any) -> None:
+    settings.REDLOCK = {"TTL": -3}
+    with pytest.raises(SystemCheckError, match=r"redlock\.E010"):
+        call_command("check")
+
+
+def test_passwords_never_appear_in_messages(settings: Any) -> None:
+    settings.REDLOCK_NODES = ["redis://:hunter2@127.0.0.1:6379/0", "redis://:hunter2@127.0.0.1:6379/0",
+                              {"URL": "redis://u:hunter2@h:1/x", "OPTIONS": {"password": 5}}]
+    text = " ".join(f"{m.msg} {m.hint}" for m in check_settings())
+    assert "redlock.E005" in ids(settings)
+    assert "hunter2" not in text
+    assert mask_url("rediss://user:secret@h:6380/0?password=secret") == \
+        "rediss://user:***@h:6380/0?password=***"
+
+
+def test_lock_manager_raises_the_same_problems() -> None:
+    from django_redlock import LockManager
+
+    with pytest.raises(ImproperlyConfigured, match=r"redlock\.E008.*'tll'"):
+        LockManager(["redis://127.0.0.1:6379/0"], tll=3)
+    with pytest.raises(ImproperlyConfigured, match=r"redlock\.E001"):
+        LockManager([])
+
+
+def test_defaults_are_complete_and_valid(settings: Any) -> None:
+    settings.REDLOCK = dict(DEFAULTS)
+    assert ids(settings) == []
+
+
+def test_get_manager_is_rebuilt_when_settings_change(settings: Any) -> None:
+    from django_redlock import get_manager
+
+    first = get_manager()
+    assert get_manager() is first
+    settings.REDLOCK = {"TTL": 7.5}
+    second = get_manager()
+    assert second is not first and second.ttl == 7.5

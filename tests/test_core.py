@@ -1,0 +1,133 @@
+"""Unit tests of the pure core: no Redis, no clock, no randomness of their own."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from django_redlock.core import quorum as q
+from django_redlock.core.keys import (
+    MAX_NAME_LENGTH,
+    InvalidLockName,
+    fence_key,
+    lock_key,
+    name_from_key,
+    validate_name,
+)
+from django_redlock.core.owner import new_token, owner_json, parse_value
+from django_redlock.core.retry import jittered_delay, next_wait
+from django_redlock.transport.resp import ACQUIRE, pack
+
+
+@pytest.mark.parametrize("n,need", [(1, 1), (2, 2), (3, 2), (4, 3), (5, 3), (6, 4), (7, 4)])
+def test_quorum_is_an_integer_majority(n: int, need: int) -> None:
+    assert q.quorum(n) == need
+    assert isinstance(q.quorum(n), int)
+    assert q.max_failures(n) == n - need
+
+
+def test_quorum_of_three_is_two_not_three() -> None:
+    # redlock-py's float `len / 2 + 1` demands 2.5 -> all three nodes.
+    assert q.has_quorum(2, 3)
+    assert not q.has_quorum(1, 3)
+
+
+def test_quorum_rejects_zero_nodes() -> None:
+    with pytest.raises(ValueError):
+        q.quorum(0)
+
+
+def test_validity_subtracts_elapsed_and_drift() -> None:
+    # ttl 10 s, drift factor 0.01 -> drift 0.1 + 0.002 s
+    assert q.drift(10.0, 0.01) == pytest.approx(0.102)
+    assert q.validity(10.0, 0.5, 0.01) == pytest.approx(10.0 - 0.5 - 0.102)
+
+
+def test_validity_can_be_negative_when_the_round_was_too_slow() -> None:
+    assert q.validity(1.0, 0.999, 0.01) < 0
+
+
+class FixedRandom:
+    """Returns the upper bound: makes the schedule deterministic."""
+
+    def uniform(self, a: float, b: float) -> float:
+        return b
+
+
+class LowRandom:
+    def uniform(self, a: float, b: float) -> float:
+        return a
+
+
+def test_jitter_stays_within_half_to_full_delay() -> None:
+    rng = random.Random(7)
+    draws = [jittered_delay(0.2, rng) for _ in range(200)]
+    assert min(draws) >= 0.1 and max(draws) <= 0.2
+    assert len({round(d, 6) for d in draws}) > 100  # actually random
+
+
+def test_next_wait_is_bounded_by_deadline_and_holder_lease() -> None:
+    assert next_wait(remaining=None, max_delay=0.2, holder_ttl=None, rng=FixedRandom()) == 0.2
+    assert next_wait(remaining=0.05, max_delay=0.2, holder_ttl=None, rng=FixedRandom()) == 0.05
+    # The holder's lease ends in 30 ms: no reason to sleep the full delay.
+    assert next_wait(remaining=None, max_delay=0.2, holder_ttl=0.03,
+                     rng=FixedRandom()) == pytest.approx(0.031)
+    assert next_wait(remaining=-1.0, max_delay=0.2, holder_ttl=None, rng=LowRandom()) == 0.0
+
+
+def test_lock_key_and_fence_key_share_a_cluster_slot() -> None:
+    assert lock_key("redlock", "stock:1") == "redlock:stock:1"
+    assert fence_key("redlock:stock:1") == "{redlock:stock:1}:fence"
+    # A name with its own hash tag keeps it: the first {...} decides the slot.
+    assert fence_key("redlock:{user1}:cart") == "redlock:{user1}:cart:fence"
+    assert name_from_key("redlock", "redlock:stock:1") == "stock:1"
+    assert name_from_key("redlock", "other:stock:1") is None
+
+
+@pytest.mark.parametrize("bad,why", [
+    ("", "empty"),
+    ("x" * (MAX_NAME_LENGTH + 1), "limit"),
+    ("stock:\n1", "control"),
+    ("stock:\x001", "control"),
+    (" stock:1", "whitespace"),
+    (42, "str"),
+])
+def test_bad_names_are_rejected_with_a_reason(bad: object, why: str) -> None:
+    with pytest.raises(InvalidLockName, match=why):
+        validate_name(bad)
+
+
+def test_good_names_pass_unchanged() -> None:
+    for name in ["stock:1", "order:abc@example.com", "a" * MAX_NAME_LENGTH, "café:1"]:
+        assert validate_name(name) == name
+
+
+def test_tokens_are_random_and_separator_free() -> None:
+    tokens = {new_token() for _ in range(1000)}
+    assert len(tokens) == 1000
+    assert all(len(t) == 22 and "|" not in t for t in tokens)
+
+
+def test_value_round_trip() -> None:
+    owner = owner_json("view:shop.buy", since=1700000000.25)
+    stored = parse_value(f"tok|42|{owner}".encode())
+    assert stored is not None
+    assert stored.token == "tok" and stored.fence == 42
+    assert stored.owner["label"] == "view:shop.buy" and stored.owner["since"] == 1700000000.25
+    assert {"host", "pid", "thread"} <= set(stored.owner)
+    assert parse_value(b"garbage") is None
+    assert parse_value(b"tok|notanumber|{}") is None
+
+
+def test_pack_is_resp2() -> None:
+    assert pack(b"SET", "k", 1) == b"*3\r\n$3\r\nSET\r\n$1\r\nk\r\n$1\r\n1\r\n"
+    with pytest.raises(TypeError):
+        pack(True)
+
+
+def test_script_sha_matches_source() -> None:
+    import hashlib
+
+    assert ACQUIRE.sha == hashlib.sha1(ACQUIRE.source).hexdigest().encode()
+    assert b"KEYS[1]" in ACQUIRE.source

@@ -1,0 +1,406 @@
+"""The lock engine against real Redis nodes: the contract of Lock and LockManager."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from typing import Any, Callable
+
+import pytest
+
+from django_redlock import (
+    LockLost,
+    LockNotAcquired,
+    LockNotOwned,
+    RedlockError,
+    signals,
+)
+from django_redlock.core.keys import fence_key
+from django_redlock.core.owner import parse_value
+from django_redlock.testing import RedisNodes
+
+MakeManager = Callable[..., Any]
+
+
+@pytest.fixture(params=[1, 3, 5], ids=["1node", "3nodes", "5nodes"])
+def cluster(request: Any, nodes3: RedisNodes, nodes5: RedisNodes) -> list[str]:
+    n = request.param
+    if n == 1:
+        return nodes3.urls[:1]
+    return (nodes3 if n == 3 else nodes5).urls
+
+
+def test_acquire_release_and_busy(cluster: list[str], make_manager: MakeManager) -> None:
+    mgr = make_manager(cluster, ttl=5)
+    first = mgr.lock("stock:1")
+    assert first.acquire()
+    assert first.owned() and first.locked()
+    assert 4.5 < first.validity <= 5.0
+    other = mgr.lock("stock:1")
+    started = time.monotonic()
+    assert other.acquire(timeout=0) is False
+    assert time.monotonic() - started < 1.0
+    assert not other.owned()
+    first.release()
+    assert not first.owned() and not first.locked()
+    assert first.validity == 0.0
+    assert other.acquire(timeout=0)
+    other.release()
+
+
+def test_value_carries_token_fence_and_owner(nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+    with mgr.lock("order:7", label="checkout") as held:
+        fences = []
+        for server in nodes3:
+            stored = parse_value(server.client().get(held.key))
+            assert stored is not None
+            fences.append(stored.fence)
+            assert stored.owner["pid"] == os.getpid()
+            assert stored.owner["label"] == "checkout"
+            assert stored.owner["thread"] == threading.current_thread().name
+            assert 0 < server.client().pttl(held.key) <= 10_000
+        # Each node issues its own fence; the holder's is the maximum over the quorum.
+        assert max(fences) == held.fence
+
+
+def test_fence_grows_strictly_across_holders(nodes5: RedisNodes, make_manager: MakeManager) -> None:
+    a, b = make_manager(nodes5), make_manager(nodes5)
+    fences = []
+    for i in range(30):
+        with (a if i % 2 else b).lock("fenced") as held:
+            fences.append(held.fence)
+    assert fences == sorted(fences) and len(set(fences)) == len(fences)
+    # Written back on release: every node's counter is at least the last fence.
+    for server in nodes5:
+        assert int(server.client().get(fence_key("redlock:fenced"))) >= fences[-1]
+
+
+def test_fence_keeps_growing_after_the_counter_is_gone(nodes3: RedisNodes,
+                                                       make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+    with mgr.lock("f2") as held:
+        before = held.fence
+    nodes3.flushall()  # as if every node restarted empty
+    with mgr.lock("f2") as held:
+        assert held.fence > before
+
+
+def test_unfenced_lock_has_fence_zero(nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+    with mgr.lock("nofence", fencing=False) as held:
+        assert held.fence == 0
+    assert nodes3[0].client().exists(fence_key("redlock:nofence")) == 0
+
+
+def test_timeout_zero_tries_once_and_timeout_waits(nodes3: RedisNodes,
+                                                   make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3, retry_delay=0.05)
+    holder = mgr.lock("busy", ttl=5)
+    holder.acquire()
+    waiter = mgr.lock("busy")
+    started = time.monotonic()
+    assert waiter.acquire(timeout=0.4) is False
+    waited = time.monotonic() - started
+    assert 0.35 <= waited < 1.5
+    assert waiter.retry_after > 4  # the holder's lease, as the nodes report it
+    started = time.monotonic()
+    with pytest.raises(LockNotAcquired) as info:
+        with mgr.lock("busy", timeout=0):
+            pass  # pragma: no cover
+    assert time.monotonic() - started < 0.5
+    assert info.value.retry_after > 4 and info.value.lock_name == "busy"
+    assert mgr.lock("busy").acquire(blocking=False) is False
+    holder.release()
+
+
+def test_release_wakes_a_blocked_waiter_fast(nodes5: RedisNodes, make_manager: MakeManager) -> None:
+    # A 5 s retry delay: only the release notice can explain a quick hand-off.
+    mgr = make_manager(nodes5, retry_delay=5.0, ttl=10)
+    holder = mgr.lock("handoff")
+    holder.acquire()
+    got: dict[str, float] = {}
+
+    def wait() -> None:
+        lock = mgr.lock("handoff", timeout=8)
+        if lock.acquire():
+            got["at"] = time.monotonic()
+            lock.release()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    time.sleep(0.3)  # let the waiter fail once and subscribe
+    released = time.monotonic()
+    holder.release()
+    thread.join(timeout=10)
+    assert "at" in got
+    assert got["at"] - released < 0.5
+
+
+def test_dead_holder_costs_waiters_only_its_remaining_lease(nodes3: RedisNodes,
+                                                            make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3, retry_delay=5.0)
+    dead = mgr.lock("crashed", ttl=0.6, auto_renew=False)
+    dead.acquire()  # never released: the key expires on its own
+    started = time.monotonic()
+    waiter = mgr.lock("crashed", timeout=5)
+    assert waiter.acquire()
+    assert time.monotonic() - started < 1.5
+    waiter.release()
+
+
+def test_non_owner_release_and_extend(nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("mine")
+    with pytest.raises(LockNotOwned):
+        lock.release()
+    with pytest.raises(LockNotOwned):
+        lock.extend()
+    holder = mgr.lock("mine")
+    holder.acquire()
+    assert not lock.acquire(timeout=0)
+    with pytest.raises(LockNotOwned):
+        lock.release()  # it never held it: the holder's key stays
+    assert holder.locked() and holder.owned()
+    with pytest.raises(RedlockError, match="not reentrant"):
+        holder.acquire(timeout=0)
+    holder.release()
+    with pytest.raises(LockNotOwned):
+        holder.release()
+
+
+def test_slow_holders_release_never_deletes_the_next_holders_key(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+    slow = mgr.lock("resource", ttl=0.3, auto_renew=False)
+    slow.acquire()
+    time.sleep(0.5)  # lease over
+    assert not slow.owned()
+    fast = mgr.lock("resource", timeout=1)
+    assert fast.acquire()
+    with pytest.raises(LockLost):
+        slow.release()
+    assert fast.owned() and fast.locked()
+    for server in nodes3:
+        assert server.client().exists(fast.key)
+    assert fast.fence > slow.fence
+    fast.release()
+
+
+def test_extend_resets_the_lease(nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("ext", ttl=1, auto_renew=False)
+    lock.acquire()
+    lock.extend(5)
+    assert lock.validity > 4
+    assert all(server.client().pttl(lock.key) > 4000 for server in nodes3)
+    lock.release()
+
+
+def test_watchdog_keeps_the_lock_past_its_ttl(nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+    with mgr.lock("long-job", ttl=0.6) as held:
+        time.sleep(1.8)  # three leases
+        assert held.owned()
+        assert not mgr.lock("long-job").acquire(timeout=0)
+    assert not held.locked()
+
+
+def test_without_renewal_a_long_body_raises_lock_lost(nodes3: RedisNodes,
+                                                      make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+    with pytest.raises(LockLost):
+        with mgr.lock("short", ttl=0.3, auto_renew=False):
+            time.sleep(0.5)
+
+
+def test_failed_renewal_is_reported_never_silent(nodes3: RedisNodes,
+                                                 make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+    operator = make_manager(nodes3)
+    lost: list[dict[str, Any]] = []
+
+    def on_lost(sender: Any, **kwargs: Any) -> None:
+        lost.append(kwargs)
+
+    signals.lock_lost.connect(on_lost)
+    try:
+        with pytest.raises(LockLost, match="no longer have"):
+            with mgr.lock("stolen", ttl=0.6) as held:
+                operator.force_release("stolen")  # e.g. `manage.py locks release --force`
+                thief = operator.lock("stolen")
+                assert thief.acquire(timeout=0)
+                deadline = time.monotonic() + 2
+                while held.owned() and time.monotonic() < deadline:
+                    time.sleep(0.02)
+                assert not held.owned()
+        assert thief.owned()  # the loser's release left the new holder alone
+        thief.release()
+    finally:
+        signals.lock_lost.disconnect(on_lost)
+    assert len(lost) == 1
+    assert lost[0]["name"] == "stolen" and "no longer have" in lost[0]["reason"]
+
+
+def test_body_exception_is_not_replaced_by_lock_lost(nodes3: RedisNodes,
+                                                     make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+    with pytest.raises(KeyError):
+        with mgr.lock("both", ttl=0.2, auto_renew=False):
+            time.sleep(0.3)
+            raise KeyError("body failed")
+
+
+def test_max_hold_caps_renewal(nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+    started = time.monotonic()
+    with pytest.raises(LockLost, match="MAX_HOLD|lease ran out"):
+        with mgr.lock("capped", ttl=0.4, max_hold=0.9) as held:
+            deadline = time.monotonic() + 3
+            while held.owned() and time.monotonic() < deadline:
+                time.sleep(0.02)
+    assert 0.8 < time.monotonic() - started < 2.5
+
+
+def test_signals_carry_name_fence_and_durations(nodes3: RedisNodes,
+                                                make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+    seen: list[tuple[str, dict[str, Any]]] = []
+
+    def acquired(sender: Any, **kw: Any) -> None:
+        seen.append(("acquired", kw))
+
+    def released(sender: Any, **kw: Any) -> None:
+        seen.append(("released", kw))
+
+    signals.lock_acquired.connect(acquired)
+    signals.lock_released.connect(released)
+    try:
+        with mgr.lock("sig") as held:
+            pass
+    finally:
+        signals.lock_acquired.disconnect(acquired)
+        signals.lock_released.disconnect(released)
+    assert [kind for kind, _ in seen] == ["acquired", "released"]
+    assert seen[0][1]["fence"] == held.fence and seen[0][1]["wait"] >= 0
+    assert seen[1][1]["name"] == "sig" and seen[1][1]["held"] >= 0
+
+
+def test_scripts_reload_after_script_flush(nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+    with mgr.lock("warm"):
+        pass
+    for server in nodes3:
+        server.client().script_flush()
+    with mgr.lock("warm") as held:
+        assert held.owned()
+
+
+def test_threads_sharing_one_manager_are_mutually_excluded(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3, retry_delay=0.05)
+    counter = nodes3[0].client()
+    counter.set("counter", 0)
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(25):
+                with mgr.lock("counter-lock", timeout=20):
+                    value = int(counter.get("counter"))
+                    counter.set("counter", value + 1)
+        except BaseException as e:  # noqa: BLE001 - reported by the assertion below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors
+    assert int(counter.get("counter")) == 150
+
+
+WORKER = textwrap.dedent("""
+    import sys
+    from django.conf import settings
+    settings.configure()
+    import redis
+    from django_redlock import LockManager
+    urls = sys.argv[1].split(",")
+    n = int(sys.argv[2])
+    mgr = LockManager(urls, node_timeout=0.5, retry_delay=0.05)
+    counter = redis.Redis.from_url(urls[0])
+    for _ in range(n):
+        with mgr.lock("xproc", timeout=30):
+            value = int(counter.get("xproc-counter"))
+            counter.set("xproc-counter", value + 1)
+    mgr.close()
+""")
+
+
+@pytest.mark.slow
+def test_mutual_exclusion_across_processes(nodes5: RedisNodes) -> None:
+    """Four processes, a non-atomic read-modify-write under the lock: no lost update."""
+    counter = nodes5[0].client()
+    counter.set("xproc-counter", 0)
+    procs = [subprocess.Popen([sys.executable, "-c", WORKER, ",".join(nodes5.urls), "40"])
+             for _ in range(4)]
+    for proc in procs:
+        assert proc.wait(timeout=120) == 0
+    assert int(counter.get("xproc-counter")) == 160
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork() with threads, Python 3.12+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_forked_child_neither_owns_nor_renews(nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("forked", ttl=0.6)
+    lock.acquire()
+    pid = os.fork()
+    if pid == 0:  # child
+        code = 0
+        try:
+            if lock.owned() or lock.validity != 0.0:
+                code = 2
+            try:
+                lock.release()
+                code = 3
+            except LockNotOwned:
+                pass
+        finally:
+            os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    time.sleep(1.0)  # past the TTL: only the parent's renewal keeps it
+    assert lock.owned() and lock.locked()
+    lock.release()
+
+
+def test_lock_objects_cannot_be_pickled(nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    import pickle
+
+    with pytest.raises(TypeError):
+        pickle.dumps(make_manager(nodes3).lock("x"))
+
+
+def test_bad_names_and_options_are_clear_errors(nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+    with pytest.raises(ValueError, match="control character"):
+        mgr.lock("a\nb")
+    with pytest.raises(ValueError, match="ttl"):
+        mgr.lock("a", ttl=0)
+    with pytest.raises(ValueError, match="timeout"):
+        mgr.lock("a", timeout=-1)
+
+
+def test_module_level_lock_uses_the_settings(session_nodes: RedisNodes) -> None:
+    import django_redlock
+
+    with django_redlock.lock("from-settings") as held:
+        assert held.manager is django_redlock.get_manager()
+        assert session_nodes[0].client().exists("redlock:from-settings")

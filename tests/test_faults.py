@@ -1,0 +1,220 @@
+"""What users get when nodes fail: one test per fault, each with its own nodes.
+
+Kill (-9), pause (SIGSTOP), restart empty, slow link, partition, majority down,
+and a holder paused past its lease. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from typing import Any, Callable
+
+import pytest
+
+from django_redlock import LockLost, QuorumUnavailable, RedlockError
+from django_redlock.core.owner import parse_value
+from django_redlock.testing import FaultProxy, RedisNodes
+
+pytestmark = pytest.mark.slow
+
+NODE_TIMEOUT = 0.2
+MakeManager = Callable[..., Any]
+
+
+@pytest.fixture
+def five(redis_nodes_factory: Callable[..., RedisNodes]) -> RedisNodes:
+    return redis_nodes_factory(5)
+
+
+@pytest.fixture
+def three(redis_nodes_factory: Callable[..., RedisNodes]) -> RedisNodes:
+    return redis_nodes_factory(3)
+
+
+def timed(fn: Callable[[], Any]) -> tuple[Any, float]:
+    started = time.monotonic()
+    result = fn()
+    return result, time.monotonic() - started
+
+
+@pytest.mark.parametrize("fault", ["kill", "pause"])
+def test_minority_down_keeps_the_quorum(five: RedisNodes, make_manager: MakeManager,
+                                        fault: str) -> None:
+    mgr = make_manager(five, node_timeout=NODE_TIMEOUT)
+    with mgr.lock("warm"):
+        pass  # connections open to every node
+    for server in five.servers[:2]:
+        getattr(server, fault)()
+    lock = mgr.lock("minority", ttl=5)
+    ok, took = timed(lock.acquire)
+    assert ok and lock.owned()
+    assert took < 3 * NODE_TIMEOUT + 0.5
+    assert lock.validity > 4
+    _, took = timed(lock.release)
+    assert took < 3 * NODE_TIMEOUT + 0.5
+    # And again, now that the dead nodes are in back-off: still fine, and fast.
+    with mgr.lock("minority") as again:
+        assert again.fence > lock.fence
+
+
+@pytest.mark.parametrize("fault", ["kill", "pause"])
+def test_majority_down_is_a_clear_error_within_the_timeouts(
+        five: RedisNodes, make_manager: MakeManager, fault: str) -> None:
+    mgr = make_manager(five, node_timeout=NODE_TIMEOUT)
+    with mgr.lock("warm"):
+        pass
+    for server in five.servers[:3]:
+        getattr(server, fault)()
+    lock = mgr.lock("majority", timeout=None)  # would wait forever if it were merely busy
+    with pytest.raises(QuorumUnavailable) as info:
+        timed(lock.acquire)
+    error = info.value
+    assert error.answered == 2 and error.needed == 3
+    assert len(error.errors) == 3
+    assert "2 of 5 nodes answered, 3 needed" in str(error)
+    _, took = timed(lambda: pytest.raises(QuorumUnavailable, mgr.lock("majority").acquire))
+    assert took < 3 * NODE_TIMEOUT + 0.5
+    assert not lock.owned()
+    # Nothing stays behind on the live nodes (released after the failed attempt).
+    for server in five.servers[3:]:
+        assert not server.client().exists(lock.key)
+
+
+def test_busy_and_down_are_told_apart(three: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(three, node_timeout=NODE_TIMEOUT)
+    holder = mgr.lock("apart")
+    holder.acquire()
+    assert mgr.lock("apart").acquire(timeout=0) is False  # busy: False, not an error
+    three[0].kill()
+    three[1].kill()
+    with pytest.raises(QuorumUnavailable):
+        mgr.lock("apart").acquire(timeout=0)
+    assert isinstance(QuorumUnavailable("x"), RedlockError)
+
+
+def test_single_node_down_is_a_redlock_error_not_a_hang(make_manager: MakeManager) -> None:
+    mgr = make_manager(["redis://127.0.0.1:1/0"], node_timeout=NODE_TIMEOUT)
+    _, took = timed(lambda: pytest.raises(QuorumUnavailable, mgr.lock("x", timeout=None).acquire))
+    assert took < 1.0
+
+
+def test_partitioned_node_behind_a_proxy(three: RedisNodes, make_manager: MakeManager,
+                                         fault_proxy_factory: Callable[..., FaultProxy]) -> None:
+    proxies = [fault_proxy_factory(server) for server in three]
+    mgr = make_manager([p.url for p in proxies], node_timeout=NODE_TIMEOUT)
+    with mgr.lock("warm"):
+        pass
+    proxies[0].cut()  # black hole: connects hang, nothing answers
+    with mgr.lock("partition") as held:
+        assert held.owned()
+    proxies[1].cut()
+    _, took = timed(lambda: pytest.raises(QuorumUnavailable, mgr.lock("partition").acquire))
+    assert took < 4 * NODE_TIMEOUT + 0.5
+
+
+def test_a_slow_node_does_not_delay_the_others(three: RedisNodes, make_manager: MakeManager,
+                                               fault_proxy_factory: Callable[..., FaultProxy]) -> None:
+    proxy = fault_proxy_factory(three[0])
+    mgr = make_manager([proxy.url, three[1].url, three[2].url], node_timeout=NODE_TIMEOUT)
+    with mgr.lock("warm"):
+        pass
+    proxy.set_latency(0.5)  # far beyond the node timeout
+    lock = mgr.lock("slow", ttl=5)
+    ok, took = timed(lock.acquire)
+    assert ok
+    # Asked in parallel: the slow node costs at most its timeout, not its latency.
+    assert took < NODE_TIMEOUT + 0.3
+    lock.release()
+
+
+def test_node_restarted_empty_does_not_double_grant(three: RedisNodes,
+                                                    make_manager: MakeManager) -> None:
+    """One node restarted empty: its copy of the lock is gone, but a majority still
+    has it, so nobody else gets the lock, and fences keep growing."""
+    a, b = make_manager(three, node_timeout=NODE_TIMEOUT), make_manager(three, node_timeout=NODE_TIMEOUT)
+    holder = a.lock("restart", ttl=5)
+    holder.acquire()
+    three[0].restart(empty=True)
+    assert not three[0].client().exists(holder.key)
+    contender = b.lock("restart")
+    assert contender.acquire(timeout=0.3) is False
+    assert not three[0].client().exists(holder.key)  # the contender's partial win was released
+    holder.extend()  # two of three still have our key: enough
+    holder.release()
+    with b.lock("restart") as next_holder:
+        assert next_holder.fence > holder.fence
+
+
+def test_majority_restarted_empty_is_what_fencing_is_for(three: RedisNodes,
+                                                         make_manager: MakeManager) -> None:
+    """Without persistence, a majority restarted empty forgets the lock: a second
+    client acquires while the first still thinks it holds it (SAFETY.md item 8).
+    What the user gets: the newcomer's fence is higher, and the old holder learns
+    of the loss at its next renewal."""
+    a, b = make_manager(three, node_timeout=NODE_TIMEOUT), make_manager(three, node_timeout=NODE_TIMEOUT)
+    with pytest.raises(LockLost):
+        with a.lock("amnesia", ttl=0.9) as old:
+            three[0].restart(empty=True)
+            three[1].restart(empty=True)
+            new = b.lock("amnesia")
+            assert new.acquire(timeout=2)
+            assert new.fence > old.fence
+            deadline = time.monotonic() + 3
+            while old.owned() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            assert not old.owned()
+    assert new.owned()
+    new.release()
+
+
+PAUSED_HOLDER = textwrap.dedent("""
+    import sys, time
+    from django.conf import settings
+    settings.configure()
+    from django_redlock import LockManager, LockLost
+    mgr = LockManager(sys.argv[1].split(","), node_timeout=0.2)
+    try:
+        with mgr.lock("paused", ttl=0.8) as held:
+            print("ACQUIRED", held.fence, flush=True)
+            time.sleep(1.5)   # SIGSTOP lands here
+            print("OWNED", held.owned(), flush=True)
+        print("NO-ERROR", flush=True)
+    except LockLost as e:
+        print("LOCKLOST", flush=True)
+    mgr.close()
+""")
+
+
+def test_holder_paused_past_its_lease(three: RedisNodes, make_manager: MakeManager) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", PAUSED_HOLDER, ",".join(three.urls)],
+                            stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("ACQUIRED"), line
+        old_fence = int(line.split()[1])
+        os.kill(proc.pid, signal.SIGSTOP)  # a GC pause, a frozen VM...
+        try:
+            mgr = make_manager(three, node_timeout=NODE_TIMEOUT)
+            newer = mgr.lock("paused", timeout=5)
+            assert newer.acquire()  # the paused holder's lease ran out
+            assert newer.fence > old_fence
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "OWNED False" in out
+    assert "LOCKLOST" in out and "NO-ERROR" not in out
+    # The resumed holder's release left the new holder's key alone.
+    assert newer.owned() and newer.locked()
+    for server in three:
+        stored = parse_value(server.client().get(newer.key))
+        assert stored is not None and stored.fence == newer.fence
+    newer.release()
