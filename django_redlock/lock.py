@@ -182,7 +182,11 @@ class Lock:
             self._token = ""
             self._valid_until = 0.0
             held = mgr.clock() - self._acquired_at
-        mgr._release_round(self._key_b, self._fence_key_b, token, fence)
+        result = mgr._release_round(self._key_b, self._fence_key_b, token, fence)
+        if result.lost and not was_lost:
+            was_lost = True
+            reason = (f"{result.not_ours} of {len(mgr.nodes)} nodes no longer had this holder's "
+                      f"key at release (it expired or was taken)")
         if was_lost:
             self._report_lost(reason, held, already_marked=self._lost_reason != "")
             raise LockLost(f"lock {self.name!r} was lost before release: {reason}",

@@ -73,6 +73,15 @@ class AcquireResult:
 
 
 @dataclass
+class ReleaseResult:
+    released: int
+    not_ours: int
+    #: A majority no longer had this holder's key: it had expired or been taken
+    #: before the release, whatever the holder's clock said.
+    lost: bool
+
+
+@dataclass
 class ExtendResult:
     extended: bool
     valid_until: float = 0.0
@@ -295,17 +304,19 @@ class LockManager:
         return AcquireResult(False, holder_ttl=holder_ttl, errors=errors)
 
     def _release_round(self, key: bytes, fkey: bytes, token: str, fence: int, *,
-                       only: list[bool] | None = None) -> int:
+                       only: list[bool] | None = None) -> "ReleaseResult":
         call = Call(RELEASE, (key, fkey), (token, fence, _FENCE_GRACE_B))
         requests = [call if only is None or only[i] else None for i in range(len(self.nodes))]
         replies = self.transport.round(requests, skip_backoff=only is None)
         released = sum(1 for r in replies if r == 1)
+        not_ours = sum(1 for r in replies if r == 0)
         failed = [r for r in replies if isinstance(r, NodeError)]
         if failed:
             logger.info("release of %r did not reach %d node(s): %s; the key expires there "
                         "with its lease", key.decode(), len(failed),
                         "; ".join(str(e) for e in failed))
-        return released
+        return ReleaseResult(released=released, not_ours=not_ours,
+                             lost=not_ours > len(self.nodes) - self.quorum)
 
     def _extend_round(self, key: bytes, fkey: bytes, token: str, fence: int, ttl: float, *,
                       lock_name: str) -> ExtendResult:

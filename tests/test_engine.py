@@ -404,3 +404,63 @@ def test_module_level_lock_uses_the_settings(session_nodes: RedisNodes) -> None:
     with django_redlock.lock("from-settings") as held:
         assert held.manager is django_redlock.get_manager()
         assert session_nodes[0].client().exists("redlock:from-settings")
+
+
+def test_cache_alias_node_reuses_the_django_redis_pool(settings: Any,
+                                                       session_nodes: RedisNodes) -> None:
+    from django.core.cache import caches
+    from django_redis import get_redis_connection
+
+    import django_redlock
+
+    settings.CACHES = {"default": {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": session_nodes[0].url,
+        "OPTIONS": {"CLIENT_CLASS": "django_redis.client.DefaultClient"},
+    }}
+    settings.REDLOCK_NODES = ["cache:default"]
+    try:
+        mgr = django_redlock.get_manager()
+        with django_redlock.lock("via-cache") as held:
+            assert mgr.nodes[0].pool is get_redis_connection("default").connection_pool
+            assert session_nodes[0].client().exists(held.key)
+        mgr.close()  # must not disconnect the borrowed pool
+        caches["default"].set("still", "works")
+        assert caches["default"].get("still") == "works"
+    finally:
+        caches["default"].close()
+
+
+def test_password_protected_nodes_and_no_password_in_errors(
+        redis_nodes_factory: Callable[..., RedisNodes], make_manager: MakeManager) -> None:
+    nodes = redis_nodes_factory(3, password="s3cret-pw")
+    mgr = make_manager(nodes)
+    assert all("s3cret-pw" not in node.name for node in mgr.nodes)
+    with mgr.lock("auth") as held:
+        assert held.owned()
+    nodes[0].kill()
+    nodes[1].kill()
+    with pytest.raises(Exception) as info:
+        mgr.lock("auth").acquire()
+    assert "s3cret-pw" not in str(info.value) and "***" in str(info.value)
+
+
+def test_release_notices_a_loss_the_watchdog_did_not_see_yet(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr, operator = make_manager(nodes3), make_manager(nodes3)
+    lost: list[str] = []
+
+    def on_lost(sender: Any, **kwargs: Any) -> None:
+        lost.append(kwargs["reason"])
+
+    signals.lock_lost.connect(on_lost)
+    try:
+        with pytest.raises(LockLost, match="no longer had"):
+            with mgr.lock("taken", ttl=30):  # next renewal in 10 s: too late to notice
+                operator.force_release("taken")
+                thief = operator.lock("taken")
+                assert thief.acquire(timeout=0)
+    finally:
+        signals.lock_lost.disconnect(on_lost)
+    assert lost and thief.owned()
+    thief.release()
