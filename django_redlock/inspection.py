@@ -1,0 +1,724 @@
+"""Read-only inspection of the nodes: who holds which lock, and are the nodes fit.
+
+This is what ``manage.py locks`` shows. It never writes (``release --force`` goes
+through :meth:`LockManager.force_release`), and it never uses ``KEYS``:
+
+* locks are found with ``SCAN MATCH "<prefix>:<glob>" COUNT 500`` on every node,
+  then read with one pipeline of ``GET`` + ``PTTL`` per batch of keys. A lock
+  key's value is ``token|fence|owner-json`` (:mod:`django_redlock.core.owner`),
+  so the owner costs nothing extra. Keys whose value is not a lock value (a
+  fencing counter of a name with its own hash tag, somebody else's data) are
+  skipped. Fencing counters of ordinary names, ``{<prefix>:<name>}:fence``,
+  start with ``{`` and do not even match.
+* the per-node views are merged by lock name. Nodes that agree on the same
+  holder token are counted together: ``k/N`` with ``k`` the size of the largest
+  group. ``k`` below the quorum means a *minority* lock: a leftover of a failed
+  attempt, or the survivor of nodes that restarted empty. Such a lock blocks
+  nobody for long (acquirers need a quorum), but it is shown, not hidden.
+* the time left is what the holder can count on: with ``k >= quorum`` it is the
+  quorum-th largest ``PTTL`` among the agreeing nodes (when that node's key
+  expires, fewer than a quorum hold it); below a quorum it is the largest.
+
+Every node is asked from its own daemon thread and the caller waits for them
+against one deadline, so a dead, paused or slow node costs at most that
+deadline, never a hang; each socket operation is also bounded by the node
+timeout of the manager's connection pools. A node's failure is reported with a
+short reason, never with its password (:attr:`NodeSpec.display`, and the
+password is scrubbed from error texts).
+"""
+
+from __future__ import annotations
+
+import re
+import statistics
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, TypeVar
+from urllib.parse import unquote, urlsplit
+
+import redis
+from redis.exceptions import ResponseError
+
+from .core.keys import MAX_NAME_LENGTH, fence_key, lock_key, name_from_key
+from .core.owner import parse_value
+from .transport.sync import NODE_DOWN_ERRORS
+
+if TYPE_CHECKING:
+    from .manager import LockManager
+    from .transport.sync import NodeClient
+
+#: Keys asked per ``SCAN`` call (a hint to Redis; it bounds the work per call).
+SCAN_COUNT = 500
+#: Stop collecting after this many lock keys per node: the command is for
+#: people and scripts, not for exporting millions of keys. Reported as truncated.
+MAX_KEYS_PER_NODE = 100_000
+#: Seconds a whole scan of one node may take before it is reported as failed.
+SCAN_DEADLINE = 10.0
+#: A node whose clock differs from the median of the nodes by more than this
+#: (milliseconds) gets a warning in ``locks health``. Redis expires keys by its own
+#: clock, so a node ahead by more than the drift allowance drops leases early.
+CLOCK_OFFSET_WARN_MS = 100.0
+#: Pings per node in ``locks health``; the fastest one is the round trip.
+PINGS = 3
+
+_GLOB_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+T = TypeVar("T")
+
+
+# ----------------------------------------------------------------- helpers
+
+class PatternError(ValueError):
+    """A ``--pattern`` that Redis would not match the way the user meant."""
+
+
+def validate_pattern(pattern: str) -> str:
+    """Return ``pattern`` if it is a usable glob over lock names, else raise :class:`PatternError`.
+
+    Redis glob syntax: ``*``, ``?``, ``[abc]``, ``[^a]``, ``[a-z]``, ``\\x`` escapes.
+    Redis silently accepts an unclosed ``[`` or a trailing ``\\`` and then matches
+    nothing useful; refusing them gives the operator an error instead of an
+    empty list.
+    """
+    if not pattern:
+        raise PatternError("the pattern is empty; use '*' for every lock")
+    if len(pattern) > MAX_NAME_LENGTH:
+        raise PatternError(f"the pattern is longer than {MAX_NAME_LENGTH} characters")
+    if _GLOB_CONTROL.search(pattern):
+        raise PatternError(f"the pattern contains a control character: {pattern!r}")
+    i, n = 0, len(pattern)
+    while i < n:
+        c = pattern[i]
+        if c == "\\":
+            if i + 1 >= n:
+                raise PatternError(f"the pattern ends with a lone backslash: {pattern!r}")
+            i += 2
+            continue
+        if c == "[":
+            j = i + 1
+            if j < n and pattern[j] == "^":
+                j += 1
+            if j < n and pattern[j] == "]":
+                raise PatternError(f"the pattern has an empty '[]' class: {pattern!r}")
+            while j < n and pattern[j] != "]":
+                j += 2 if pattern[j] == "\\" else 1
+            if j >= n:
+                raise PatternError(f"the pattern has an unclosed '[': {pattern!r}")
+            i = j + 1
+            continue
+        if c == "]":
+            raise PatternError(f"the pattern has a ']' without '[': {pattern!r}")
+        i += 1
+    return pattern
+
+
+def _secrets_of(node: NodeClient) -> list[str]:
+    """The password(s) of a node, to scrub them from any error text."""
+    found: list[str] = []
+    spec = node.spec
+    if spec.kind == "url":
+        try:
+            parts = urlsplit(spec.url)
+            if parts.password:
+                found += [parts.password, unquote(parts.password)]
+            for item in parts.query.split("&"):
+                if item.startswith("password="):
+                    value = item[len("password="):]
+                    found += [value, unquote(value)]
+        except ValueError:
+            pass
+    password = spec.options.get("password")
+    if isinstance(password, str):
+        found.append(password)
+    return [s for s in found if s]
+
+
+def short_reason(node: NodeClient, exc: BaseException) -> str:
+    """A one-line, password-free reason for a node's failure."""
+    text = " ".join((str(exc) or type(exc).__name__).split())
+    for secret in _secrets_of(node):
+        text = text.replace(secret, "***")
+    return text if len(text) <= 160 else text[:157] + "..."
+
+
+def _client(node: NodeClient) -> redis.Redis:
+    """A redis-py client on the manager's pool for ``node`` (bounded by its timeouts)."""
+    return redis.Redis(connection_pool=node.pool)
+
+
+@dataclass
+class _Outcome:
+    value: Any = None
+    error: str | None = None
+    done: bool = False
+
+
+def _each_node(nodes: Sequence[NodeClient], job: Callable[[NodeClient], T],
+               deadline: float) -> list[_Outcome]:
+    """Run ``job(node)`` for every node in parallel; give up on a node after ``deadline`` s.
+
+    Daemon threads, so a node stuck past the deadline can never keep the
+    process alive; its outcome is reported as "no answer". Only the Redis
+    errors that mean "this node is not usable" are caught; anything else is a
+    bug and propagates.
+    """
+    outcomes = [_Outcome() for _ in nodes]
+    failures: list[BaseException] = []
+
+    def run(i: int, node: NodeClient) -> None:
+        try:
+            outcomes[i].value = job(node)
+        except NODE_DOWN_ERRORS as e:
+            outcomes[i].error = short_reason(node, e)
+        except ResponseError as e:
+            outcomes[i].error = short_reason(node, e)
+        except BaseException as e:  # noqa: BLE001 - handed to the calling thread below
+            failures.append(e)
+        finally:
+            outcomes[i].done = True
+
+    threads = [threading.Thread(target=run, args=(i, node), daemon=True,
+                                name=f"redlock-inspect-{i}")
+               for i, node in enumerate(nodes)]
+    for t in threads:
+        t.start()
+    end = time.monotonic() + deadline
+    for t in threads:
+        t.join(max(0.0, end - time.monotonic()))
+    if failures:
+        raise failures[0]
+    for outcome in outcomes:
+        if not outcome.done:
+            outcome.error = f"no answer within {deadline:g} s"
+    return outcomes
+
+
+# ------------------------------------------------------------------- locks
+
+@dataclass
+class NodeLockValue:
+    """One node's view of one lock, for ``locks show``."""
+
+    node: str
+    state: str  # "held", "absent", "unreachable"
+    token: str | None = None  # the first characters of the holder token
+    fence: int | None = None
+    pttl_ms: int | None = None
+    owner: dict[str, Any] = field(default_factory=dict)
+    fence_counter: int | None = None
+    error: str | None = None
+    agrees: bool = False  # holds the same token as the lock's main holder
+
+    def as_json(self) -> dict[str, Any]:
+        return {"node": self.node, "state": self.state, "agrees": self.agrees,
+                "token": self.token, "fence": self.fence, "ttl_ms": self.pttl_ms,
+                "owner": self.owner or None, "fence_counter": self.fence_counter,
+                "error": self.error}
+
+
+@dataclass
+class LockInfo:
+    """One lock merged across the nodes."""
+
+    name: str
+    key: str
+    nodes: int  # nodes holding it for the main holder (k of k/N)
+    total: int  # configured nodes (N)
+    quorum_size: int
+    ttl_ms: int  # -1: a key without expiry (not written by us)
+    owner: dict[str, Any]
+    fence: int
+    token: str
+    others: int = 0  # nodes holding the key for a different holder
+    unread: int = 0  # nodes that did not answer: they may hold it too
+    since: float | None = None
+    age_s: float | None = None
+    per_node: list[NodeLockValue] = field(default_factory=list)
+
+    @property
+    def quorum(self) -> bool:
+        return self.nodes >= self.quorum_size
+
+    @property
+    def state(self) -> str:
+        """How the lock stands across the nodes.
+
+        ``quorum``: held on a quorum. ``uncertain``: below a quorum on the nodes
+        that answered, but the silent ones could make up a quorum. ``split``:
+        several holders, none with a quorum (leftovers of competing attempts).
+        ``minority``: one holder on fewer nodes than a quorum.
+        """
+        if self.quorum:
+            return "quorum"
+        if self.nodes + self.unread >= self.quorum_size:
+            return "uncertain"
+        return "split" if self.others else "minority"
+
+    def as_json(self, *, per_node: bool = False) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "name": self.name,
+            "key": self.key,
+            "nodes": self.nodes,
+            "nodes_total": self.total,
+            "quorum": self.quorum,
+            "state": self.state,
+            "ttl_ms": self.ttl_ms,
+            "owner": self.owner,
+            "fence": self.fence,
+            "since": self.since,
+            "age_s": None if self.age_s is None else round(self.age_s, 3),
+            "other_holders": self.others,
+            "nodes_unread": self.unread,
+        }
+        if per_node:
+            data["per_node"] = [v.as_json() for v in self.per_node]
+        return data
+
+
+@dataclass
+class NodeFailure:
+    node: str
+    reason: str
+
+
+@dataclass
+class Inventory:
+    """The result of a scan: the locks, and which nodes could not be read."""
+
+    locks: list[LockInfo]
+    total: int
+    answered: int
+    quorum_size: int
+    failures: list[NodeFailure] = field(default_factory=list)
+    truncated: bool = False
+    skipped: int = 0  # matching keys whose value is not a lock value
+
+
+def _short_token(token: str) -> str:
+    return token[:8]
+
+
+def _owner_of(stored: Any) -> dict[str, Any]:
+    owner = dict(stored.owner)
+    owner.setdefault("host", None)
+    owner.setdefault("pid", None)
+    return owner
+
+
+def merge(name: str, key: str, views: Sequence[tuple[str, Any, int | None] | None],
+          node_names: Sequence[str], quorum_size: int, *, now: float,
+          errors: Sequence[str | None] | None = None,
+          counters: Sequence[int | None] | None = None) -> LockInfo | None:
+    """Merge the per-node views of one lock; None when no node holds it.
+
+    ``views[i]`` is ``(raw value, StoredLock, pttl_ms)`` for node i, or None when
+    node i does not hold the key (or did not answer: ``errors[i]`` then says why).
+    Pure: no I/O, so the arithmetic is tested without Redis.
+    """
+    total = len(node_names)
+    groups: dict[str, list[int]] = {}
+    for i, view in enumerate(views):
+        if view is not None:
+            groups.setdefault(view[1].token, []).append(i)
+    if not groups:
+        return None
+
+    def weight(token: str) -> tuple[int, int]:
+        members = groups[token]
+        return len(members), max(views[i][1].fence for i in members)  # type: ignore[index]
+
+    main = max(groups, key=weight)
+    members = groups[main]
+    holders = sum(len(m) for m in groups.values())
+    ttls = sorted((views[i][2] for i in members), key=lambda t: float("inf") if t is None or t < 0
+                  else t, reverse=True)  # type: ignore[index]
+    pick = ttls[quorum_size - 1] if len(members) >= quorum_size else ttls[0]
+    ttl_ms = -1 if pick is None or pick < 0 else int(pick)
+    first = views[members[0]][1]  # type: ignore[index]
+    fence = max(views[i][1].fence for i in members)  # type: ignore[index]
+    owner = _owner_of(first)
+    since = owner.get("since")
+    since_f = None
+    if isinstance(since, (int, float)) and not isinstance(since, bool):
+        since_f = float(since)
+    per_node: list[NodeLockValue] = []
+    for i, view in enumerate(views):
+        error = errors[i] if errors is not None else None
+        counter = counters[i] if counters is not None else None
+        if view is None:
+            per_node.append(NodeLockValue(
+                node=node_names[i], state="unreachable" if error else "absent", error=error,
+                fence_counter=counter))
+            continue
+        _, stored, pttl = view
+        per_node.append(NodeLockValue(
+            node=node_names[i], state="held", token=_short_token(stored.token), fence=stored.fence,
+            pttl_ms=pttl, owner=_owner_of(stored), fence_counter=counter,
+            agrees=stored.token == main))
+    return LockInfo(
+        name=name, key=key, nodes=len(members), total=total, quorum_size=quorum_size,
+        ttl_ms=ttl_ms, owner=owner, fence=fence, token=_short_token(main),
+        others=holders - len(members), since=since_f,
+        unread=sum(1 for e in (errors or ()) if e is not None),
+        age_s=None if since_f is None else max(0.0, now - since_f), per_node=per_node)
+
+
+def _read_values(client: redis.Redis, keys: Sequence[bytes]) -> dict[bytes, tuple[Any, int | None]]:
+    """``GET`` + ``PTTL`` of ``keys`` in pipelines of SCAN_COUNT keys: {key: (stored, pttl)}."""
+    found: dict[bytes, tuple[Any, int | None]] = {}
+    for start in range(0, len(keys), SCAN_COUNT):
+        chunk = keys[start:start + SCAN_COUNT]
+        pipe = client.pipeline(transaction=False)
+        for k in chunk:
+            pipe.get(k)
+            pipe.pttl(k)
+        replies = pipe.execute(raise_on_error=False)
+        for j, k in enumerate(chunk):
+            raw, pttl = replies[2 * j], replies[2 * j + 1]
+            if not isinstance(raw, bytes):
+                continue  # expired meanwhile, or not a string (WRONGTYPE)
+            if isinstance(pttl, int) and pttl == -2:
+                continue  # expired between the GET and the PTTL
+            found[k] = (raw, pttl if isinstance(pttl, int) else None)
+    return found
+
+
+@dataclass
+class _NodeScan:
+    values: dict[bytes, tuple[Any, int | None]]
+    truncated: bool
+
+
+def _scan_node(node: NodeClient, match: bytes, deadline: float) -> _NodeScan:
+    client = _client(node)
+    keys: list[bytes] = []
+    seen: set[bytes] = set()
+    cursor: int = 0
+    truncated = False
+    end = time.monotonic() + deadline
+    while True:
+        cursor, batch = client.scan(cursor=cursor, match=match, count=SCAN_COUNT)
+        for k in batch:
+            if k not in seen:  # SCAN may return a key twice
+                seen.add(k)
+                keys.append(k)
+        if int(cursor) == 0:
+            break
+        if len(keys) >= MAX_KEYS_PER_NODE:
+            truncated = True
+            break
+        if time.monotonic() > end:
+            raise TimeoutError(f"scan did not finish within {deadline:g} s")
+    return _NodeScan(values=_read_values(client, keys), truncated=truncated)
+
+
+def scan_locks(manager: LockManager, pattern: str = "*", *,
+               now: Callable[[], float] = time.time, deadline: float = SCAN_DEADLINE) -> Inventory:
+    """Every lock under the manager's key prefix whose name matches ``pattern``, sorted by name."""
+    validate_pattern(pattern)
+    prefix = manager.key_prefix
+    match = f"{prefix}:{pattern}".encode()
+    nodes = manager.nodes
+    outcomes = _each_node(nodes, lambda node: _scan_node(node, match, deadline), deadline + 1.0)
+    node_names = [node.name for node in nodes]
+    per_key: dict[bytes, list[tuple[str, Any, int | None] | None]] = {}
+    errors: list[str | None] = [o.error for o in outcomes]
+    skipped: set[bytes] = set()
+    truncated = False
+    for i, outcome in enumerate(outcomes):
+        if outcome.error is not None:
+            continue
+        result: _NodeScan = outcome.value
+        truncated = truncated or result.truncated
+        for k, (raw, pttl) in result.values.items():
+            stored = parse_value(raw)
+            if stored is None:
+                skipped.add(k)
+                continue
+            per_key.setdefault(k, [None] * len(nodes))[i] = (raw, stored, pttl)
+    wall = now()
+    locks: list[LockInfo] = []
+    for k, views in per_key.items():
+        key = k.decode("utf-8", "replace")
+        name = name_from_key(prefix, key)
+        if name is None:
+            continue
+        info = merge(name, key, views, node_names, manager.quorum, now=wall, errors=errors)
+        if info is not None:
+            locks.append(info)
+    locks.sort(key=lambda lock: lock.name)
+    return Inventory(
+        locks=locks, total=len(nodes),
+        answered=sum(1 for o in outcomes if o.error is None), quorum_size=manager.quorum,
+        failures=[NodeFailure(node_names[i], o.error) for i, o in enumerate(outcomes)
+                  if o.error is not None],
+        truncated=truncated, skipped=len(skipped - set(per_key)))
+
+
+@dataclass
+class LockDetail:
+    """``locks show``: the merged lock (None when no node holds it) and the failures."""
+
+    lock: LockInfo | None
+    total: int
+    answered: int
+    failures: list[NodeFailure]
+
+
+def inspect_lock(manager: LockManager, name: str, *, now: Callable[[], float] = time.time,
+                 deadline: float | None = None) -> LockDetail:
+    """One lock node by node: value, PTTL and the fencing counter of every node.
+
+    ``name`` must already be valid (:func:`django_redlock.core.keys.validate_name`).
+    """
+    key = lock_key(manager.key_prefix, name)
+    kb, fb = key.encode(), fence_key(key).encode()
+
+    def job(node: NodeClient) -> tuple[Any, Any, Any]:
+        pipe = _client(node).pipeline(transaction=False)
+        pipe.get(kb)
+        pipe.pttl(kb)
+        pipe.get(fb)
+        raw, pttl, counter = pipe.execute(raise_on_error=False)
+        return raw, pttl, counter
+
+    nodes = manager.nodes
+    limit = deadline if deadline is not None else 2 * max(n.timeout for n in nodes) + 1.0
+    outcomes = _each_node(nodes, job, limit)
+    views: list[tuple[str, Any, int | None] | None] = []
+    counters: list[int | None] = []
+    for outcome in outcomes:
+        view = None
+        counter = None
+        if outcome.error is None:
+            raw, pttl, counter_raw = outcome.value
+            stored = parse_value(raw) if isinstance(raw, bytes) else None
+            if stored is not None and not (isinstance(pttl, int) and pttl == -2):
+                view = (raw, stored, pttl if isinstance(pttl, int) else None)
+            if isinstance(counter_raw, bytes) and counter_raw.isdigit():
+                counter = int(counter_raw)
+        views.append(view)
+        counters.append(counter)
+    node_names = [node.name for node in nodes]
+    errors = [o.error for o in outcomes]
+    info = merge(name, key, views, node_names, manager.quorum, now=now(), errors=errors,
+                 counters=counters)
+    return LockDetail(
+        lock=info, total=len(nodes), answered=sum(1 for e in errors if e is None),
+        failures=[NodeFailure(node_names[i], e) for i, e in enumerate(errors) if e is not None])
+
+
+@dataclass
+class ReleaseReport:
+    """What ``force_release`` found: the values it deleted, and the nodes it missed."""
+
+    name: str
+    deleted: list[tuple[str, Any]]  # (node, StoredLock or None for foreign data)
+    absent: list[str]
+    failures: list[NodeFailure]
+    total: int
+    quorum_size: int
+
+    @property
+    def answered(self) -> int:
+        return len(self.deleted) + len(self.absent)
+
+
+def force_release(manager: LockManager, name: str) -> ReleaseReport:
+    """Delete lock ``name`` on every node (and wake its waiters); report who held it."""
+    from .transport.sync import NodeError
+
+    replies = manager.force_release(name)
+    deleted: list[tuple[str, Any]] = []
+    absent: list[str] = []
+    failures: list[NodeFailure] = []
+    for node, reply in zip(manager.nodes, replies):
+        if isinstance(reply, NodeError):
+            failures.append(NodeFailure(node.name, short_reason(node, Exception(reply.reason))))
+        elif isinstance(reply, Exception):
+            failures.append(NodeFailure(node.name, short_reason(node, reply)))
+        elif reply is None:
+            absent.append(node.name)
+        else:
+            raw = reply if isinstance(reply, (bytes, str)) else str(reply)
+            deleted.append((node.name, parse_value(raw)))
+    return ReleaseReport(name=name, deleted=deleted, absent=absent, failures=failures,
+                         total=len(manager.nodes), quorum_size=manager.quorum)
+
+
+# ------------------------------------------------------------------ health
+
+@dataclass
+class NodeHealth:
+    """One node's answers to ``locks health``."""
+
+    node: str
+    ok: bool
+    error: str | None = None
+    rtt_ms: float | None = None
+    server: str | None = None  # "redis" or "valkey"
+    version: str | None = None
+    role: str | None = None  # "master" or "replica"
+    aof_enabled: bool | None = None
+    appendfsync: str | None = None  # None when CONFIG GET is refused
+    save: str | None = None  # RDB snapshot schedule, "" when off, None when unknown
+    config_readable: bool = False
+    clock_ms: float | None = None  # node time minus local time, at the midpoint of TIME
+    clock_offset_ms: float | None = None  # against the median of the reachable nodes
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def persistence(self) -> str:
+        """A short summary such as ``aof always``, ``aof everysec``, ``rdb 3600 1`` or ``none``."""
+        if self.aof_enabled is None:
+            return "unknown"
+        if self.aof_enabled:
+            return f"aof {self.appendfsync or '?'}"
+        if self.save:
+            return f"rdb {self.save}"
+        return "none" if self.save == "" else "no aof"
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "node": self.node,
+            "ok": self.ok,
+            "error": self.error,
+            "rtt_ms": None if self.rtt_ms is None else round(self.rtt_ms, 3),
+            "server": self.server,
+            "version": self.version,
+            "role": self.role,
+            "persistence": {"aof_enabled": self.aof_enabled, "appendfsync": self.appendfsync,
+                            "save": self.save},
+            "clock_offset_ms": None if self.clock_offset_ms is None
+            else round(self.clock_offset_ms, 1),
+            "warnings": list(self.warnings),
+        }
+
+
+@dataclass
+class HealthReport:
+    nodes: list[NodeHealth]
+    quorum_size: int
+
+    @property
+    def healthy(self) -> int:
+        return sum(1 for n in self.nodes if n.ok)
+
+    @property
+    def ok(self) -> bool:
+        """A quorum of nodes answers: locks can be taken and released."""
+        return self.healthy >= self.quorum_size
+
+
+def _config_value(reply: Any, name: str) -> str | None:
+    """The value of a ``CONFIG GET name`` reply (redis-py returns a dict), None if refused."""
+    if isinstance(reply, dict):
+        value = reply.get(name, reply.get(name.encode()))
+        if isinstance(value, bytes):
+            return value.decode("utf-8", "replace")
+        return value if isinstance(value, str) else None
+    return None
+
+
+def _probe(node: NodeClient) -> NodeHealth:
+    client = _client(node)
+    client.ping()  # connects (and authenticates) outside the timed pings
+    rtts = []
+    for _ in range(PINGS):
+        t0 = time.perf_counter()
+        client.ping()
+        rtts.append((time.perf_counter() - t0) * 1000.0)
+    before = time.time()
+    seconds, micros = client.time()
+    after = time.time()
+    node_time = int(seconds) + int(micros) / 1e6
+    pipe = client.pipeline(transaction=False)
+    pipe.info("server")
+    pipe.info("replication")
+    pipe.info("persistence")
+    pipe.config_get("save")
+    pipe.config_get("appendonly")
+    pipe.config_get("appendfsync")
+    server, replication, persistence, save, appendonly, appendfsync = pipe.execute(
+        raise_on_error=False)
+    health = NodeHealth(node=node.name, ok=True, rtt_ms=min(rtts),
+                        clock_ms=(node_time - (before + after) / 2) * 1000.0)
+    if isinstance(server, dict):
+        if "valkey_version" in server or server.get("server_name") == "valkey":
+            health.server = "valkey"
+            health.version = str(server.get("valkey_version") or server.get("redis_version"))
+        else:
+            health.server = "redis"
+            health.version = str(server.get("redis_version")) if "redis_version" in server else None
+    if isinstance(replication, dict) and replication.get("role"):
+        role = str(replication["role"])
+        health.role = "replica" if role == "slave" else role
+    if isinstance(persistence, dict) and "aof_enabled" in persistence:
+        health.aof_enabled = bool(int(persistence["aof_enabled"]))
+    health.save = _config_value(save, "save")
+    fsync = _config_value(appendfsync, "appendfsync")
+    health.config_readable = fsync is not None
+    health.appendfsync = fsync
+    if health.aof_enabled is None:
+        aof = _config_value(appendonly, "appendonly")
+        if aof is not None:
+            health.aof_enabled = aof == "yes"
+    return health
+
+
+def _warnings(health: NodeHealth) -> list[str]:
+    found = []
+    if health.role == "replica":
+        found.append("reports itself a replica: Redlock needs independent masters (a replica "
+                     "refuses writes, and a failover can hand a held lock to a second holder)")
+    if health.aof_enabled is False:
+        found.append("no AOF persistence: restarted empty, this node can grant a lock that "
+                     "another client still holds on the others; use appendonly yes with "
+                     "appendfsync always, or delay restarts longer than the longest TTL")
+    elif health.aof_enabled and health.appendfsync is not None \
+            and health.appendfsync != "always":
+        found.append(f"appendfsync is {health.appendfsync}, not always: a crash can lose the "
+                     f"last lock writes, and the restarted node can grant a lock another client "
+                     f"still holds; use appendfsync always, or delay restarts longer than the "
+                     f"longest TTL")
+    elif health.aof_enabled and health.appendfsync is None:
+        found.append("appendfsync unknown (CONFIG GET refused): make sure it is always, or "
+                     "delay restarts longer than the longest TTL")
+    if health.clock_offset_ms is not None and abs(health.clock_offset_ms) > CLOCK_OFFSET_WARN_MS:
+        found.append(f"clock differs from the other nodes by {health.clock_offset_ms:+.0f} ms "
+                     f"(more than {CLOCK_OFFSET_WARN_MS:g} ms): Redis expires keys by its own "
+                     f"clock, so a node ahead drops leases early; slew clocks with NTP, never "
+                     f"step them")
+    return found
+
+
+def check_health(manager: LockManager, *, deadline: float | None = None) -> HealthReport:
+    """Ping, ``INFO``, ``CONFIG GET`` and ``TIME`` every node, in parallel.
+
+    ``ok`` means the node answered; warnings (replica role, persistence, clock
+    offset) do not change it. Clock offsets are measured against the median of
+    all reachable nodes (robust to one bad clock: with three nodes the median
+    is a good one), each node's ``TIME`` taken relative to the local clock at
+    the midpoint of the request.
+    """
+    nodes = manager.nodes
+    limit = deadline if deadline is not None else (PINGS + 3) * max(n.timeout for n in nodes) + 1.0
+    outcomes = _each_node(nodes, _probe, limit)
+    report: list[NodeHealth] = []
+    for node, outcome in zip(nodes, outcomes):
+        if outcome.error is not None:
+            report.append(NodeHealth(node=node.name, ok=False, error=outcome.error))
+        else:
+            report.append(outcome.value)
+    clocks = [h.clock_ms for h in report if h.clock_ms is not None]
+    if len(clocks) >= 2:
+        middle = statistics.median(clocks)
+        for h in report:
+            if h.clock_ms is not None:
+                h.clock_offset_ms = h.clock_ms - middle
+    for h in report:
+        if h.ok:
+            h.warnings = _warnings(h)
+    return HealthReport(nodes=report, quorum_size=manager.quorum)

@@ -1,0 +1,362 @@
+"""``manage.py locks``: driven by ``call_command`` and by ``python -m django`` in a
+subprocess, against real password-protected nodes, with locks held by *other*
+processes, a node killed, a majority killed, and a lock left on a minority.
+
+Every wait is bounded; every holder process is killed at teardown.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from django.core.management import call_command
+from django.core.management.base import CommandError
+
+from django_redlock import LockManager
+from django_redlock.core.owner import new_token, owner_json, parse_value
+from django_redlock.inspection import PatternError, merge, validate_pattern
+from django_redlock.management.commands.locks import CLEAR
+from django_redlock.testing import RedisNodes
+
+PASSWORD = "s3cret-Pa55word"
+ROOT = Path(__file__).resolve().parent.parent
+LIST_KEYS = {"name", "nodes", "quorum", "ttl_ms", "owner", "fence"}
+HEALTH_KEYS = {"node", "ok", "rtt_ms", "version"}
+
+HOLDER = textwrap.dedent("""
+    import os, sys, threading
+    from django_redlock import LockManager
+    urls, name, ttl = sys.argv[1].split(","), sys.argv[2], float(sys.argv[3])
+    threading.Timer(30, os._exit, args=(3,)).start()   # never outlive a broken test
+    manager = LockManager(urls, ttl=ttl, auto_renew=False, node_timeout=0.5)
+    lock = manager.lock(name, label="holder-proc")
+    if not lock.acquire(timeout=5):
+        sys.exit(2)
+    print(lock.fence, flush=True)
+    sys.stdin.readline()                                # until the test closes stdin
+    os._exit(0)
+""")
+
+
+class TTY(io.StringIO):
+    """A StringIO that says it is a terminal (to test colours and redraws)."""
+
+    def isatty(self) -> bool:
+        return True
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RedisNodes]:
+    with RedisNodes(3, password=PASSWORD) as nodes:
+        yield nodes
+
+
+@pytest.fixture
+def nodes(cluster: RedisNodes, settings: Any) -> RedisNodes:
+    cluster.flushall()
+    settings.REDLOCK_NODES = list(cluster.urls)
+    return cluster
+
+
+@pytest.fixture
+def holders() -> Iterator[Callable[..., tuple[subprocess.Popen[str], int]]]:
+    """Start a process that acquires a lock and holds it until the test ends."""
+    procs: list[subprocess.Popen[str]] = []
+
+    def start(urls: list[str], name: str, ttl: float = 30.0) -> tuple[subprocess.Popen[str], int]:
+        proc = subprocess.Popen(
+            [sys.executable, "-c", HOLDER, ",".join(urls), name, str(ttl)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+        procs.append(proc)
+        assert proc.stdout is not None
+        line = proc.stdout.readline()  # bounded: the holder exits within 30 s at worst
+        if not line.strip().isdigit():
+            proc.kill()
+            raise AssertionError(f"holder failed: {line!r} {proc.communicate(timeout=5)[1]}")
+        return proc, int(line)
+
+    yield start
+    for proc in procs:
+        proc.kill()
+        proc.wait(timeout=5)
+        for stream in (proc.stdin, proc.stdout, proc.stderr):
+            if stream is not None:
+                stream.close()
+
+
+def run(*args: str, stdout: io.StringIO | None = None) -> tuple[str, str]:
+    out, err = stdout or io.StringIO(), io.StringIO()
+    call_command("locks", *args, stdout=out, stderr=err)
+    return out.getvalue(), err.getvalue()
+
+
+@pytest.fixture
+def manage(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
+    """``python -m django locks ...`` with settings pointing at the given nodes."""
+
+    def invoke(urls: list[str], *args: str) -> subprocess.CompletedProcess[str]:
+        (tmp_path / "locks_settings.py").write_text(
+            f"from tests.settings import *  # noqa\nREDLOCK_NODES = {urls!r}\n")
+        env = {**os.environ, "DJANGO_SETTINGS_MODULE": "locks_settings",
+               "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
+        return subprocess.run([sys.executable, "-m", "django", "locks", *args], cwd=ROOT,
+                              env=env, capture_output=True, text=True, timeout=30, check=False)
+
+    return invoke
+
+
+def put_minority_lock(nodes: RedisNodes, name: str, *, index: int = 0, fence: int = 7) -> None:
+    """A lock value written directly on one node, as a failed attempt leaves it."""
+    value = f"{new_token()}|{fence}|{owner_json('leftover')}"
+    assert parse_value(value) is not None
+    nodes[index].client().set(f"redlock:{name}", value, px=60_000)
+
+
+# ------------------------------------------------------------- pure logic
+
+def test_pattern_validation() -> None:
+    for good in ["*", "orders:*", "a?c", "[ab]*", r"x\[1\]", "[^a-z]x"]:
+        assert validate_pattern(good) == good
+    for bad in ["", "a[b", "a]b", "x\\", "[]", "a\x01"]:
+        with pytest.raises(PatternError):
+            validate_pattern(bad)
+
+
+def test_merge_counts_the_largest_agreeing_group_and_its_quorum_ttl() -> None:
+    a = parse_value(f"tokA|5|{owner_json('a')}")
+    b = parse_value(f"tokB|9|{owner_json('b')}")
+    names = ["n1", "n2", "n3", "n4", "n5"]
+    views = [("", a, 9000), ("", a, 7000), ("", b, 8000), ("", a, 8000), None]
+    info = merge("x", "redlock:x", views, names, 3, now=time.time())
+    assert info is not None
+    assert (info.nodes, info.others, info.quorum, info.state) == (3, 1, True, "quorum")
+    assert info.ttl_ms == 7000  # the 3rd largest of 9000, 8000, 7000
+    assert info.owner["label"] == "a" and info.fence == 5
+    assert [v.agrees for v in info.per_node] == [True, True, False, True, False]
+    minority = merge("x", "redlock:x", [("", a, 500), None, None], names[:3], 2, now=time.time())
+    assert minority is not None and minority.state == "minority" and minority.ttl_ms == 500
+    uncertain = merge("x", "redlock:x", [("", a, 500), None, None], names[:3], 2,
+                      now=time.time(), errors=[None, "down", None])
+    assert uncertain is not None and uncertain.state == "uncertain" and not uncertain.quorum
+    assert merge("x", "redlock:x", [None, None, None], names[:3], 2, now=time.time()) is None
+
+
+# -------------------------------------------------------- list and show
+
+def test_list_show_a_lock_held_by_another_process(nodes: RedisNodes, holders: Any,
+                                                  manage: Any) -> None:
+    proc, fence = holders(nodes.urls, "orders:42", 30.0)
+    put_minority_lock(nodes, "stale:1")
+    out, err = run()  # no subcommand: list
+    lines = out.splitlines()
+    assert lines[0].split() == ["NAME", "NODES", "STATE", "TTL", "FENCE", "AGE", "OWNER"]
+    held = next(line for line in lines if line.startswith("orders:42"))
+    assert "3/3" in held and "quorum" in held and str(fence) in held
+    assert f":{proc.pid} " in held and '"holder-proc"' in held
+    stale = next(line for line in lines if line.startswith("stale:1"))
+    assert "1/3" in stale and "minority" in stale
+    assert held.index("3/3") == stale.index("1/3")  # aligned columns
+    assert "\x1b[" not in out  # not a terminal: no colour
+    assert "2 locks" in out and "(1 below quorum)" in out
+    assert err == ""
+
+    data = json.loads(run("list", "--json")[0])
+    assert [d["name"] for d in data] == ["orders:42", "stale:1"]
+    for item in data:
+        assert LIST_KEYS <= set(item)
+        assert {"host", "pid"} <= set(item["owner"])
+    orders, stale_j = data
+    assert (orders["nodes"], orders["quorum"], orders["fence"]) == (3, True, fence)
+    assert orders["owner"]["pid"] == proc.pid and orders["owner"]["label"] == "holder-proc"
+    assert 20_000 < orders["ttl_ms"] <= 30_000 and isinstance(orders["ttl_ms"], int)
+    assert (stale_j["nodes"], stale_j["quorum"], stale_j["fence"]) == (1, False, 7)
+
+    assert [d["name"] for d in json.loads(run("list", "--json", "--pattern", "st*")[0])] \
+        == ["stale:1"]
+
+    shown = json.loads(run("show", "orders:42", "--json")[0])
+    assert shown["name"] == "orders:42" and len(shown["per_node"]) == 3
+    assert all(v["state"] == "held" and v["agrees"] for v in shown["per_node"])
+    assert max(v["fence"] for v in shown["per_node"]) == fence
+    assert all(v["fence_counter"] >= v["fence"] for v in shown["per_node"])
+    text = run("show", "stale:1")[0]
+    assert "minority: held on 1 of 3 nodes" in text and "absent" in text
+
+    # The same through manage.py in a subprocess.
+    result = manage(nodes.urls, "list", "--json")
+    assert result.returncode == 0, result.stderr
+    assert [d["name"] for d in json.loads(result.stdout)] == ["orders:42", "stale:1"]
+    result = manage(nodes.urls, "show", "orders:42")
+    assert result.returncode == 0 and "quorum: held on 3 of 3 nodes" in result.stdout
+    assert PASSWORD not in result.stdout + result.stderr
+    assert "redis://:***@127.0.0.1:" in result.stdout
+
+
+def test_colour_only_on_a_terminal(nodes: RedisNodes) -> None:
+    put_minority_lock(nodes, "c")
+    assert "\x1b[" in run(stdout=TTY())[0]
+    assert "\x1b[" not in run("list", "--no-color", stdout=TTY())[0]
+
+
+# -------------------------------------------------------- nodes down
+
+def test_node_down_then_majority_down(redis_nodes_factory: Any, holders: Any, manage: Any,
+                                      settings: Any) -> None:
+    nodes = redis_nodes_factory(3, password=PASSWORD)
+    settings.REDLOCK_NODES = list(nodes.urls)
+    proc, _ = holders(nodes.urls, "job:1", 30.0)
+    nodes[2].kill()
+    dead = nodes.urls[2].replace(PASSWORD, "***")
+
+    started = time.monotonic()
+    out, _ = run("list")
+    assert time.monotonic() - started < 5
+    row = next(line for line in out.splitlines() if line.startswith("job:1"))
+    assert "2/3" in row and "quorum" in row
+    assert "2 of 3 nodes read" in out and dead in out
+    data = json.loads(run("list", "--json")[0])
+    assert data[0]["nodes"] == 2 and data[0]["quorum"] is True
+    shown = json.loads(run("show", "job:1", "--json")[0])
+    assert [v["state"] for v in shown["per_node"]] == ["held", "held", "unreachable"]
+    assert shown["per_node"][2]["error"]
+
+    health = json.loads(run("health", "--json")[0])
+    assert [h["ok"] for h in health] == [True, True, False]
+    for item in health:
+        assert HEALTH_KEYS <= set(item)
+    assert health[2]["node"] == dead and health[2]["error"]
+    assert health[0]["version"] and health[0]["rtt_ms"] >= 0
+    assert any("no AOF persistence" in w for w in health[0]["warnings"])  # test servers
+    text = run("health")[0]
+    assert "2 of 3 nodes healthy, quorum 2: OK" in text
+
+    nodes[1].kill()
+    with pytest.raises(CommandError) as raised:
+        run("health")
+    assert raised.value.returncode == 1
+    result = manage(nodes.urls, "health")
+    assert result.returncode == 1
+    assert "NO QUORUM" in result.stdout and "Traceback" not in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert PASSWORD not in result.stdout + result.stderr
+    result = manage(nodes.urls, "list", "--json")  # one node read: shown, but uncertain
+    assert result.returncode == 0
+    (item,) = json.loads(result.stdout)
+    assert (item["nodes"], item["quorum"], item["state"]) == (1, False, "uncertain")
+    assert PASSWORD not in result.stdout + result.stderr
+    assert proc.poll() is None
+
+
+def test_paused_node_costs_at_most_its_timeout(redis_nodes_factory: Any, settings: Any) -> None:
+    nodes = redis_nodes_factory(3)
+    settings.REDLOCK_NODES = list(nodes.urls)
+    put_minority_lock(nodes, "p", index=1)
+    nodes[0].pause()  # connects still succeed; nothing answers
+    for args in (["list"], ["show", "p"], ["health"]):
+        started = time.monotonic()
+        out, _ = run(*args)
+        assert time.monotonic() - started < 4, args  # NODE_TIMEOUT is 0.5 s in tests
+        assert "Timeout" in out or "no answer" in out, out
+    nodes[0].resume()
+
+
+def test_wrong_password_is_reported_without_it(nodes: RedisNodes, settings: Any) -> None:
+    wrong = "not-the-" + PASSWORD
+    settings.REDLOCK_NODES = [nodes.urls[0], nodes.urls[1],
+                              nodes.urls[2].replace(PASSWORD, wrong)]
+    out, _ = run("health")
+    assert "2 of 3 nodes healthy" in out
+    assert wrong not in out and PASSWORD not in out
+    out, err = run("list")
+    assert wrong not in out + err and PASSWORD not in out + err
+
+
+# -------------------------------------------------------- release
+
+def test_release_refuses_without_force(nodes: RedisNodes, holders: Any, manage: Any) -> None:
+    holders(nodes.urls, "keep", 30.0)
+    with pytest.raises(CommandError, match="without --force"):
+        run("release", "keep")
+    result = manage(nodes.urls, "release", "keep")
+    assert result.returncode != 0 and "without --force" in result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1
+    assert json.loads(run("list", "--json")[0])[0]["nodes"] == 3  # still held
+
+
+def test_release_force_wakes_a_blocked_waiter(nodes: RedisNodes, holders: Any) -> None:
+    proc, fence = holders(nodes.urls, "job", 30.0)
+    # A long fallback retry: only the release notice can wake the waiter early.
+    waiter = LockManager(nodes.urls, node_timeout=0.5, retry_delay=30.0)
+    got: dict[str, float] = {}
+
+    def wait() -> None:
+        lock = waiter.lock("job", ttl=5, auto_renew=False)
+        if lock.acquire(timeout=20):
+            got["at"] = time.monotonic()
+            got["fence"] = lock.fence
+            lock.release()
+
+    thread = threading.Thread(target=wait, daemon=True)
+    try:
+        thread.start()
+        time.sleep(0.6)  # the waiter has tried, subscribed and sleeps
+        assert "at" not in got
+        released_at = time.monotonic()
+        out, _ = run("release", "job", "--force")
+        thread.join(10)
+        assert "at" in got, "the waiter was not woken"
+        assert got["at"] - released_at < 5  # the holder's TTL is 30 s
+        assert got["fence"] > fence
+    finally:
+        thread.join(10)
+        waiter.close()
+    assert "Released lock 'job': deleted on 3 of 3 nodes" in out
+    assert f":{proc.pid} " in out and '"holder-proc"' in out and f"fence {fence}" in out
+    assert "not held on any node" in run("release", "job", "--force")[0]
+
+
+# -------------------------------------------------------- watch
+
+def test_watch_frames(nodes: RedisNodes) -> None:
+    put_minority_lock(nodes, "w")
+    out, _ = run("watch", "--count", "2", "--interval", "0.1")
+    assert out.count("django-redlock locks at") == 2 and CLEAR not in out
+    assert out.count("\nw ") == 2
+    tty = run("watch", "--count", "2", "--interval", "0.1", stdout=TTY())[0]
+    assert tty.count(CLEAR) == 2
+
+
+# -------------------------------------------------------- bad input
+
+@pytest.mark.parametrize("args, message", [
+    (["bogus"], "invalid choice"),
+    (["list", "--pattern", "a[b"], "bad --pattern"),
+    (["list", "--pattern", ""], "bad --pattern"),
+    (["show", "nothere"], "no lock 'nothere'"),
+    (["show", " spaced"], "bad lock name"),
+    (["watch", "--interval", "0"], "--interval"),
+    (["watch", "--count", "0"], "--count"),
+])
+def test_bad_input_is_a_one_line_error(nodes: RedisNodes, args: list[str], message: str) -> None:
+    with pytest.raises(CommandError, match=message.replace("[", r"\[")):
+        run(*args)
+
+
+def test_bad_input_from_the_command_line(nodes: RedisNodes, manage: Any) -> None:
+    for args in (["bogus"], ["show", "nothere"], ["list", "--pattern", "x\\"]):
+        result = manage(nodes.urls, *args)
+        assert result.returncode != 0
+        assert "Traceback" not in result.stderr
+        assert len(result.stderr.strip().splitlines()) == 1, result.stderr
