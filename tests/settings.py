@@ -3,6 +3,8 @@ with servers the suite starts itself on free loopback ports."""
 
 import os
 
+from tests.testapp.dburl import postgres_databases
+
 SECRET_KEY = "tests-only-not-secret"
 DEBUG = False
 USE_TZ = True
@@ -11,6 +13,7 @@ INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.auth",
     "django_redlock",
+    "tests.testapp",
 ]
 MIDDLEWARE: list[str] = []
 ROOT_URLCONF = "tests.urls"
@@ -20,6 +23,7 @@ DATABASES = {
         "NAME": os.environ.get("REDLOCK_TEST_DB", "file:redlock-tests?mode=memory&cache=shared"),
     }
 }
+DATABASES.update(postgres_databases())  # alias "postgres" when DATABASE_URL is set
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDLOCK_NODES = ["redis://127.0.0.1:1/0"]  # replaced by the session fixture
 REDLOCK = {"NODE_TIMEOUT": 0.5}

@@ -1,1 +1,3 @@
-urlpatterns: list = []
+from django.urls import include, path
+
+urlpatterns: list = [path("", include("tests.testapp.urls"))]

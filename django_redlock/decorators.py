@@ -1,0 +1,466 @@
+"""``with_lock``: one decorator for views, model methods and plain functions.
+
+::
+
+    @with_lock("stock:<pk>")                   # a function view, pk from the URL
+    def restock(request, pk): ...
+
+    @method_decorator(with_lock("cart:<request.user.pk>"), name="dispatch")
+    class CartView(View): ...                   # a class-based view
+
+    class Product(LockableModel):
+        @with_lock("product:<pk>")              # a model method, pk from self
+        def restock(self, qty): ...
+
+    @with_lock("report:<day>", timeout=0)       # a plain function / Celery task body
+    def build_report(day): ...
+
+What counts as a view is decided per call: the first argument (or the second,
+after ``self``, for a method of a class-based view) is an ``HttpRequest``. Pass
+``view=True/False`` to say it yourself.
+
+Where placeholders come from:
+
+* a view: its URL keyword arguments, then ``request`` (``<request.user.pk>``; a
+  bare ``<user.pk>`` is also read from the request when no URL kwarg is called
+  ``user``); a method decorated directly can also use ``<self.attr>``;
+* anything else: the call's bound arguments (``inspect.signature(f).bind``,
+  defaults applied), then, for a method, attributes of ``self`` (so a model
+  method can say ``<pk>``).
+
+A view that cannot get the lock answers instead of raising: busy past the
+timeout -> ``BUSY_STATUS`` (423) with ``Retry-After`` (``on_busy`` overrides);
+no Redis quorum -> 503 with ``Retry-After``, logged once. Anything else raises
+:class:`~django_redlock.LockNotAcquired` / :class:`~django_redlock.QuorumUnavailable`.
+
+The held lock is available to the body: ``request.redlock`` in a view and
+:func:`current_lock` anywhere (a context variable, so it follows threads started
+with ``contextvars.copy_context()`` and asyncio tasks), e.g. for a fenced write::
+
+    @with_lock("product:<pk>")
+    def restock(pk, qty):
+        product = Product.objects.get(pk=pk)
+        product.stock += qty
+        product.fenced_save(current_lock(), update_fields=["stock"])
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import inspect
+import logging
+from collections.abc import Callable
+from contextvars import ContextVar
+from types import EllipsisType
+from typing import Any, TypeVar
+
+from asgiref.sync import iscoroutinefunction
+from django.core.exceptions import ImproperlyConfigured
+from django.db import transaction
+from django.http import HttpRequest
+
+from .conf import get_manager
+from .core.templates import (
+    LockNameTemplate,
+    Placeholder,
+    TemplateError,
+    UnresolvedPlaceholder,
+    parse_template,
+    resolve_path,
+)
+from .exceptions import LockLost, LockNotAcquired, LockNotOwned, QuorumUnavailable
+from .responses import busy_response, unavailable_response
+
+__all__ = ["current_lock", "with_lock"]
+
+logger = logging.getLogger("django_redlock.decorators")
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+_current_lock: ContextVar[Any] = ContextVar("django_redlock_current_lock", default=None)
+
+
+def current_lock() -> Any:
+    """The lock held by the innermost ``with_lock``-decorated call running now, or None.
+
+    A :class:`~django_redlock.Lock` (an ``AsyncLock`` in an ``async def``). Use it
+    for fenced writes from inside a decorated function, where the lock object is
+    otherwise out of reach::
+
+        obj.fenced_save(current_lock())
+    """
+    return _current_lock.get()
+
+
+def _as_request(obj: Any) -> Any:
+    """``obj`` when it is a Django request (or wraps one, like DRF's ``Request``)."""
+    if isinstance(obj, HttpRequest):
+        return obj
+    if isinstance(getattr(obj, "_request", None), HttpRequest):
+        return obj
+    return None
+
+
+def _describe(func: Callable[..., Any]) -> str:
+    module = getattr(func, "__module__", None) or "?"
+    qualname = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) \
+        or type(func).__name__
+    return f"{module}.{qualname}"
+
+
+class _Target:
+    """What one ``with_lock(...)(func)`` knows: the template, options and ``func``."""
+
+    def __init__(self, func: Callable[..., Any], template: LockNameTemplate, *, ttl: Any,
+                 timeout: Any, auto_renew: Any, atomic: bool, on_busy: Any, fencing: bool,
+                 max_hold: Any, label: str | None, using: str | None, manager: Any,
+                 view: bool | None) -> None:
+        self.func = func
+        self.template = template
+        self.ttl = ttl
+        self.timeout = timeout
+        self.auto_renew = auto_renew
+        self.atomic = atomic
+        self.on_busy = on_busy
+        self.fencing = fencing
+        self.max_hold = max_hold
+        self.label = label
+        self.using = using
+        self.manager = manager
+        self.view = view
+        self.where = _describe(func)
+        try:
+            self.signature: inspect.Signature | None = inspect.signature(func)
+        except (TypeError, ValueError):  # a builtin or an odd callable: no bound arguments
+            self.signature = None
+
+    # -- which kind of call ------------------------------------------------------
+    def find_request(self, args: tuple[Any, ...]) -> tuple[Any, Any]:
+        """(request, view instance or None) for a view call; (None, None) otherwise."""
+        if self.view is False:
+            return None, None
+        if args:
+            request = _as_request(args[0])
+            if request is not None:
+                return request, None
+            if len(args) > 1:
+                request = _as_request(args[1])
+                if request is not None:
+                    return request, args[0]
+        if self.view:
+            raise TypeError(f"with_lock(view=True) on {self.where}: the call has no HttpRequest "
+                            f"as its first argument (or second, after self)")
+        return None, None
+
+    # -- lock names ----------------------------------------------------------------
+    def _unresolved(self, exc: UnresolvedPlaceholder, sources: str) -> ImproperlyConfigured:
+        return ImproperlyConfigured(
+            f"with_lock({self.template.source!r}) on {self.where}: cannot resolve placeholder "
+            f"{exc.placeholder}: {exc.reason}. {sources}")
+
+    def view_name(self, request: Any, view_self: Any, kwargs: dict[str, Any]) -> str:
+        def lookup(p: Placeholder) -> Any:
+            root = p.root
+            if root in kwargs:
+                value = kwargs[root]
+            elif root == "request":
+                value = request
+            elif root == "self" and view_self is not None:
+                value = view_self
+            else:
+                try:
+                    value = getattr(request, root)
+                except AttributeError:
+                    raise UnresolvedPlaceholder(
+                        p, f"{root!r} is not a URL keyword argument of the view "
+                           f"(it got: {', '.join(sorted(kwargs)) or 'none'}) nor an attribute "
+                           f"of the request") from None
+            return resolve_path(value, p)
+
+        try:
+            return self.template.render(lookup)
+        except UnresolvedPlaceholder as e:
+            raise self._unresolved(
+                e, "A view resolves placeholders from its URL keyword arguments, then from "
+                   "request (e.g. <request.user.pk>).") from None
+
+    def call_name(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+        arguments: dict[str, Any] = {}
+        if self.signature is not None:
+            bound = self.signature.bind(*args, **kwargs)
+            bound.apply_defaults()
+            for pname, param in self.signature.parameters.items():
+                if pname not in bound.arguments:
+                    continue
+                if param.kind is inspect.Parameter.VAR_KEYWORD:
+                    for key, value in bound.arguments[pname].items():
+                        arguments.setdefault(key, value)
+                else:
+                    arguments[pname] = bound.arguments[pname]
+        else:
+            arguments.update(kwargs)
+        has_self = "self" in arguments
+
+        def lookup(p: Placeholder) -> Any:
+            root = p.root
+            if root in arguments:
+                value = arguments[root]
+            elif has_self:
+                try:
+                    value = getattr(arguments["self"], root)
+                except AttributeError:
+                    raise UnresolvedPlaceholder(
+                        p, f"{root!r} is neither an argument of {self.where}() "
+                           f"({', '.join(arguments) or 'none'}) nor an attribute of self "
+                           f"({type(arguments['self']).__name__})") from None
+            else:
+                raise UnresolvedPlaceholder(
+                    p, f"{root!r} is not an argument of {self.where}() "
+                       f"(its arguments: {', '.join(arguments) or 'none'})")
+            return resolve_path(value, p)
+
+        try:
+            return self.template.render(lookup)
+        except UnresolvedPlaceholder as e:
+            raise self._unresolved(
+                e, "A function resolves placeholders from its arguments (and a method also "
+                   "from attributes of self).") from None
+
+    # -- locks ---------------------------------------------------------------------
+    def _where_called(self) -> str:
+        """``module.qualname`` for the label; the view *class* for method_decorator.
+
+        ``method_decorator(..., name="dispatch")`` hands us ``View.dispatch`` bound
+        to the instance: naming the instance's class says which view holds the lock.
+        """
+        owner = _partial_self(self.func)
+        if owner is None:
+            return self.where
+        cls = type(owner)
+        return f"{cls.__module__}.{cls.__qualname__}.{getattr(self.func, '__name__', '?')}"
+
+    def _options(self, is_view: bool) -> dict[str, Any]:
+        auto_renew = self.auto_renew
+        if auto_renew is ... and is_view:
+            auto_renew = True  # a slow request keeps its lock unless told otherwise
+        label = self.label or f"{'view' if is_view else 'func'}:{self._where_called()}"
+        return {"ttl": self.ttl, "timeout": self.timeout, "auto_renew": auto_renew,
+                "fencing": self.fencing, "max_hold": self.max_hold, "label": label}
+
+    def _manager(self) -> Any:
+        return self.manager if self.manager is not None else get_manager()
+
+    def _busy(self, request: Any, exc: LockNotAcquired, manager: Any, name: str) -> Any:
+        if self.on_busy is not None:
+            return self.on_busy(request, exc)
+        return busy_response(request, exc, status=manager.busy_status, lock_name=name)
+
+    # -- sync ------------------------------------------------------------------------
+    def call_sync(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        request, view_self = self.find_request(args)
+        if request is not None and _is_async_view(view_self, self.func):
+            # ``method_decorator(..., name="dispatch")`` on an async class-based view:
+            # dispatch() is sync but returns the handler's coroutine. Holding a sync
+            # lock around it would release before the handler ran (and block the event
+            # loop while waiting): hand Django a coroutine that holds an AsyncLock.
+            if self.atomic:
+                raise ImproperlyConfigured(
+                    f"with_lock({self.template.source!r}, atomic=True) on {self._where_called()}"
+                    f": the view is async, and Django transactions are bound to a thread")
+            return self.call_async(args, kwargs)
+        manager = self._manager()
+        if request is not None:
+            name = self.view_name(request, view_self, kwargs)
+            lock = manager.lock(name, **self._options(True))
+            try:
+                lock.__enter__()
+            except LockNotAcquired as exc:
+                return self._busy(request, exc, manager, name)
+            except QuorumUnavailable as exc:
+                return unavailable_response(request, exc, lock_name=name)
+            missing = object()
+            previous = getattr(request, "redlock", missing)
+            request.redlock = lock
+            try:
+                return self._run_held(lock, args, kwargs)
+            finally:
+                if previous is missing:
+                    with contextlib.suppress(AttributeError):
+                        del request.redlock
+                else:
+                    request.redlock = previous
+        name = self.call_name(args, kwargs)
+        lock = manager.lock(name, **self._options(False))
+        try:
+            lock.__enter__()
+        except LockNotAcquired as exc:
+            if self.on_busy is None:
+                raise
+            return self.on_busy(None, exc)
+        return self._run_held(lock, args, kwargs)
+
+    def _run_held(self, lock: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        """Run the body with ``lock`` acquired; ``lock.__exit__`` releases it last."""
+        token = _current_lock.set(lock)
+        try:
+            with contextlib.ExitStack() as stack:
+                stack.push(lock)  # its __exit__ runs after the body: raises LockLost if lost
+                if not self.atomic:
+                    return self.func(*args, **kwargs)
+                with transaction.atomic(using=self.using):
+                    result = self.func(*args, **kwargs)
+                    _ensure_owned(lock)  # raising here rolls the transaction back
+                return result
+        finally:
+            _current_lock.reset(token)
+
+    # -- async -----------------------------------------------------------------------
+    async def call_async(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        request, view_self = self.find_request(args)
+        manager = self._manager()
+        is_view = request is not None
+        if is_view:
+            name = self.view_name(request, view_self, kwargs)
+        else:
+            name = self.call_name(args, kwargs)
+        lock = manager.alock(name, **self._options(is_view))
+        try:
+            await lock.__aenter__()
+        except LockNotAcquired as exc:
+            if not is_view and self.on_busy is None:
+                raise
+            answer = self._busy(request, exc, manager, name)
+            return await answer if inspect.isawaitable(answer) else answer
+        except QuorumUnavailable as exc:
+            if not is_view:
+                raise
+            return unavailable_response(request, exc, lock_name=name)
+        missing = object()
+        previous = getattr(request, "redlock", missing) if is_view else missing
+        if is_view:
+            request.redlock = lock
+        token = _current_lock.set(lock)
+        try:
+            async with contextlib.AsyncExitStack() as stack:
+                stack.push_async_exit(lock)
+                result = self.func(*args, **kwargs)
+                if inspect.isawaitable(result):  # a coroutine (an async CBV's dispatch too)
+                    result = await result
+                return result
+        finally:
+            _current_lock.reset(token)
+            if is_view:
+                if previous is missing:
+                    with contextlib.suppress(AttributeError):
+                        del request.redlock
+                else:
+                    request.redlock = previous
+
+
+def _partial_self(func: Any) -> Any:
+    """The instance behind ``method_decorator``'s ``partial(bound method)``, else None."""
+    if isinstance(func, functools.partial):
+        return getattr(func.func, "__self__", None)
+    return None
+
+
+def _is_async_view(view_self: Any, func: Callable[..., Any]) -> bool:
+    """Whether ``func`` is a method of a class-based view whose handlers are async."""
+    owner = view_self if view_self is not None else _partial_self(func)
+    if owner is None:
+        return False
+    try:
+        return bool(getattr(type(owner), "view_is_async", False))
+    except ImproperlyConfigured:  # mixed sync/async handlers; Django reports it itself
+        return False
+
+
+def _ensure_owned(lock: Any) -> None:
+    """Raise :class:`LockLost` unless ``lock`` is still held (checked right before commit).
+
+    Releasing here reports the loss the usual way (``lock_lost`` signal, warning
+    log) and raises ``LockLost`` with the engine's reason; the exception leaves
+    the ``atomic`` block, which rolls back.
+    """
+    if lock.owned():
+        return
+    try:
+        lock.release()
+    except LockNotOwned:
+        raise LockLost(f"lock {lock.name!r} was released inside the atomic body; "
+                       f"not committing", lock_name=lock.name, fence=lock.fence) from None
+    raise LockLost(f"lock {lock.name!r} was lost before commit", lock_name=lock.name,
+                   fence=lock.fence)
+
+
+def with_lock(template: str, *, ttl: float | EllipsisType = ...,
+              timeout: float | None | EllipsisType = ...,
+              auto_renew: bool | EllipsisType = ..., atomic: bool = False,
+              on_busy: Callable[[Any, LockNotAcquired], Any] | None = None,
+              fencing: bool = True, max_hold: float | None | EllipsisType = ...,
+              label: str | None = None, using: str | None = None, manager: Any = None,
+              view: bool | None = None) -> Callable[[F], F]:
+    """Hold the lock named by ``template`` while the decorated callable runs.
+
+    ``ttl``, ``timeout``, ``max_hold``: as for :func:`django_redlock.lock`; left
+    out, the ``REDLOCK`` settings apply. ``auto_renew``: views renew unless told
+    ``auto_renew=False``; other callables follow ``REDLOCK["AUTO_RENEW"]``.
+
+    ``atomic=True`` runs a sync body inside ``transaction.atomic(using=using)``;
+    just before the block commits, the lock must still be held, else the
+    transaction rolls back and :class:`~django_redlock.LockLost` propagates.
+    Not available on ``async def`` (Django transactions belong to a thread).
+
+    ``on_busy(request, exc)``: called instead of answering 423 when the lock stays
+    busy past ``timeout``; its return value is the view's response. On a non-view,
+    it is called as ``on_busy(None, exc)`` and its return value is the call's
+    result (without it, :class:`~django_redlock.LockNotAcquired` is raised).
+
+    ``label``: owner metadata stored with the lock (``manage.py locks`` shows it);
+    default ``"view:<module>.<qualname>"`` for views, ``"func:..."`` otherwise.
+    ``manager``: a :class:`~django_redlock.LockManager` to use instead of the
+    settings' one. ``view``: force (True) or rule out (False) view handling.
+
+    A malformed template raises ``ImproperlyConfigured`` at decoration time; a
+    placeholder that cannot be resolved raises it at call time, naming the
+    placeholder and the function.
+    """
+    try:
+        parsed = parse_template(template)
+    except TemplateError as e:
+        raise ImproperlyConfigured(f"with_lock({template!r}): {e}") from None
+    if on_busy is not None and not callable(on_busy):
+        raise TypeError(f"with_lock(on_busy=...) must be callable, not {on_busy!r}")
+
+    def decorator(func: F) -> F:
+        if isinstance(func, (staticmethod, classmethod)):
+            raise TypeError("put @with_lock below @staticmethod / @classmethod, next to the "
+                            "function")
+        if not callable(func):
+            raise TypeError(f"with_lock(...) decorates a callable, not {func!r}")
+        is_async = iscoroutinefunction(func)
+        if atomic and is_async:
+            raise ImproperlyConfigured(
+                f"with_lock({template!r}, atomic=True) on async {_describe(func)}: Django "
+                f"transactions are bound to a thread; decorate a sync function (called with "
+                f"sync_to_async) instead")
+        target = _Target(func, parsed, ttl=ttl, timeout=timeout, auto_renew=auto_renew,
+                         atomic=atomic, on_busy=on_busy, fencing=fencing, max_hold=max_hold,
+                         label=label, using=using, manager=manager, view=view)
+        if is_async:
+            @functools.wraps(func)
+            async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
+                return await target.call_async(args, kwargs)
+
+            wrapper: Any = async_wrapper
+        else:
+            @functools.wraps(func)
+            def sync_wrapper(*args: Any, **kwargs: Any) -> Any:
+                return target.call_sync(args, kwargs)
+
+            wrapper = sync_wrapper
+        wrapper.redlock_template = parsed.source
+        return wrapper  # type: ignore[no-any-return]
+
+    return decorator

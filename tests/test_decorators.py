@@ -1,0 +1,377 @@
+"""with_lock on every target: function views, class-based views (dispatch and a
+handler), async views, model methods and plain functions; busy and quorum-loss
+answers; atomic=True; signals. Real Redis (the session nodes) throughout."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import socket
+import time
+from collections.abc import Iterator
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+from django.core.exceptions import ImproperlyConfigured
+from django.http import HttpResponse
+from django.test import AsyncClient, Client, RequestFactory
+from django.utils.decorators import method_decorator
+from django.views import View
+
+import django_redlock
+from django_redlock import signals
+from django_redlock.core.keys import InvalidLockName
+from django_redlock.decorators import current_lock, with_lock
+from django_redlock.exceptions import LockLost, LockNotAcquired, QuorumUnavailable
+from tests.testapp import tasks, views
+from tests.testapp.models import Product
+
+
+def _has_alock() -> bool:
+    return hasattr(django_redlock.LockManager, "alock")
+
+
+needs_alock = pytest.mark.skipif(not _has_alock(), reason="LockManager.alock is not there yet")
+
+
+@pytest.fixture
+def client() -> Client:
+    return Client()
+
+
+@pytest.fixture
+def held() -> Iterator[Any]:
+    """Hold a lock from outside the request (another holder), released at teardown."""
+    taken: list[Any] = []
+
+    def hold(name: str, ttl: float = 5.0) -> Any:
+        lock = django_redlock.lock(name, ttl=ttl, auto_renew=False)
+        assert lock.acquire(timeout=0)
+        taken.append(lock)
+        return lock
+
+    yield hold
+    for lock in taken:
+        if lock.owned():
+            lock.release()
+
+
+@pytest.fixture
+def recorded() -> Iterator[list[tuple[str, dict[str, Any]]]]:
+    """(signal name, kwargs) of every lock signal sent during the test."""
+    seen: list[tuple[str, dict[str, Any]]] = []
+    receivers = {}
+    for sig_name in ("lock_acquired", "lock_released", "lock_lost"):
+        def receiver(sender: Any, _n: str = sig_name, **kwargs: Any) -> None:
+            seen.append((_n, kwargs))
+        receivers[sig_name] = receiver
+        getattr(signals, sig_name).connect(receiver, weak=False)
+    yield seen
+    for sig_name, receiver in receivers.items():
+        getattr(signals, sig_name).disconnect(receiver)
+
+
+def _dead_url() -> str:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    return f"redis://127.0.0.1:{port}/0"
+
+
+# -- function views ----------------------------------------------------------------
+@pytest.mark.django_db
+def test_function_view_holds_the_lock_and_exposes_it(client: Client,
+                                                     recorded: list[Any]) -> None:
+    body = client.post("/counter/a/incr/").json()
+    assert body["lock"] == "counter:a" and body["value"] == 1 and body["fence"] > 0
+    assert body["same"] is True  # request.redlock is current_lock()
+    kinds = [(k, kw["name"]) for k, kw in recorded]
+    assert kinds == [("lock_acquired", "counter:a"), ("lock_released", "counter:a")]
+    acquired, released = recorded[0][1], recorded[1][1]
+    assert acquired["fence"] == released["fence"] == body["fence"]
+    assert acquired["wait"] >= 0 and released["held"] >= 0
+    assert acquired["lock"].label == "view:tests.testapp.views.counter_incr"
+    assert not django_redlock.lock("counter:a").locked()
+    second = client.post("/counter/a/incr/").json()
+    assert second["value"] == 2 and second["fence"] > body["fence"]
+
+
+def test_views_renew_by_default_even_when_settings_say_no(client: Client, settings: Any) -> None:
+    settings.REDLOCK = {"NODE_TIMEOUT": 0.5, "AUTO_RENEW": False}
+    body = client.get("/slow/s/?sleep=0.8").json()  # > 2 leases of 0.3 s
+    assert body == {"owned": True, "auto_renew": True, "label": "view:tests.testapp.views.slow"}
+
+
+def test_busy_view_answers_423_json_with_retry_after(client: Client, held: Any) -> None:
+    held("busy:x", ttl=5)
+    response = client.get("/busy/x/", headers={"accept": "application/json"})
+    assert response.status_code == 423
+    assert response["Content-Type"] == "application/json"
+    assert response["Retry-After"] == "5"  # ceil of the holder's ~4.99 s left
+    assert response.json() == {"error": "locked", "lock": "busy:x", "retry_after": 5}
+
+
+def test_busy_view_answers_text_to_browsers(client: Client, held: Any) -> None:
+    held("busy:x", ttl=2)
+    browser = "text/html,application/xhtml+xml,*/*;q=0.8"
+    response = client.get("/busy/x/", headers={"accept": browser})
+    assert response.status_code == 423
+    assert response["Content-Type"].startswith("text/plain")
+    assert 1 <= int(response["Retry-After"]) <= 2
+    assert "busy:x" in response.content.decode()
+
+
+def test_busy_json_request_body_gets_json(client: Client, held: Any) -> None:
+    held("busy:x")
+    response = client.post("/busy/x/", data=json.dumps({"a": 1}),
+                           content_type="application/json")
+    assert response.status_code == 423 and response.json()["error"] == "locked"
+
+
+def test_busy_status_setting_and_free_lock(client: Client, held: Any, settings: Any) -> None:
+    assert client.get("/busy/x/").content == b"ran"
+    settings.REDLOCK = {"NODE_TIMEOUT": 0.5, "BUSY_STATUS": 429}
+    held("busy:x")
+    response = client.get("/busy/x/")
+    assert response.status_code == 429 and "Retry-After" in response
+
+
+def test_on_busy_overrides_the_answer(client: Client, held: Any) -> None:
+    held("busy:y")
+    response = client.get("/busy-custom/y/")
+    assert response.status_code == 409
+    assert response.content == b"custom busy: busy:y"
+
+
+def test_quorum_loss_is_a_logged_503_not_a_500(client: Client, settings: Any,
+                                               caplog: pytest.LogCaptureFixture) -> None:
+    settings.REDLOCK_NODES = [_dead_url()]
+    caplog.set_level(logging.INFO)
+    started = time.monotonic()
+    response = client.get("/busy/q/", headers={"accept": "application/json"})
+    assert time.monotonic() - started < 5
+    assert response.status_code == 503
+    assert response["Retry-After"] == "5"
+    assert response.json() == {"error": "unavailable", "lock": "busy:q", "retry_after": 5}
+    errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert len(errors) == 1, [r.getMessage() for r in errors]  # not again by django.request
+    assert errors[0].name == "django_redlock.views" and "busy:q" in errors[0].getMessage()
+    text = client.get("/busy/q/", headers={"accept": "text/plain"})
+    assert text.status_code == 503 and text["Content-Type"].startswith("text/plain")
+
+
+def test_quorum_loss_in_a_plain_function_raises(settings: Any) -> None:
+    settings.REDLOCK_NODES = [_dead_url()]
+    with pytest.raises(QuorumUnavailable):
+        tasks.build_report("mon")
+
+
+# -- placeholders ------------------------------------------------------------------
+def test_placeholders_from_request() -> None:
+    rf = RequestFactory()
+    request = rf.get("/per-user/")
+    request.user = SimpleNamespace(pk=5)
+    assert views.per_user(request).content == b"user:5"
+    request = rf.get("/per-day/?day=mon")
+    request.user = SimpleNamespace(pk=6)
+    assert views.per_day(request).content == b"day:mon:6"
+    assert not hasattr(request, "redlock")  # only while the view runs
+
+
+def test_anonymous_user_is_rejected_not_locked_as_none() -> None:
+    request = RequestFactory().get("/per-user/")
+    request.user = SimpleNamespace(pk=None)
+    with pytest.raises(InvalidLockName, match=r"<request.user.pk>.*resolved to None"):
+        views.per_user(request)
+
+
+def test_unresolvable_view_placeholder_names_it_and_the_view(client: Client) -> None:
+    with pytest.raises(ImproperlyConfigured) as info:
+        client.get("/broken/3/")
+    message = str(info.value)
+    assert "<nope>" in message and "tests.testapp.views.broken" in message
+    assert "pk" in message  # the URL kwargs it did get
+
+
+def test_bad_template_fails_at_decoration_time() -> None:
+    with pytest.raises(ImproperlyConfigured, match=r"with_lock\('stock:<pk'\).*unbalanced"):
+        with_lock("stock:<pk")
+    with pytest.raises(TypeError, match="on_busy"):
+        with_lock("x", on_busy="nope")  # type: ignore[arg-type]
+
+
+# -- class-based views ---------------------------------------------------------------
+@pytest.mark.django_db
+def test_cbv_dispatch(client: Client) -> None:
+    body = client.get("/cbv/k/").json()
+    assert body == {"lock": "cbv:k", "label": "view:tests.testapp.views.CounterView.dispatch",
+                    "owned": True}
+    assert client.post("/cbv/k/").json()["value"] == 1
+    assert client.post("/cbv/k/").json()["value"] == 2
+
+
+def test_cbv_method(client: Client, held: Any) -> None:
+    body = client.post("/cbv-method/k/").json()
+    assert body == {"lock": "cbvm:k:m", "label": "view:tests.testapp.views.MethodLockedView.post"}
+    assert client.get("/cbv-method/k/").json() == {"locked": False}
+    held("cbvm:k:m")
+    assert client.post("/cbv-method/k/").status_code == 423
+
+
+# -- model methods and plain functions ------------------------------------------------
+@pytest.mark.django_db
+def test_model_method_resolves_from_self(recorded: list[Any], held: Any) -> None:
+    product = Product.objects.create(name="p", stock=1)
+    assert product.restock(4) == 5
+    assert Product.objects.get(pk=product.pk).stock == 5
+    names = [kw["name"] for k, kw in recorded if k == "lock_acquired"]
+    assert names == [f"restock:{product.pk}"]
+    assert recorded[0][1]["lock"].label == "func:tests.testapp.models.Product.restock"
+    held(f"restock:{product.pk}", ttl=3)
+    with pytest.raises(LockNotAcquired) as info:
+        product.restock(1)
+    assert info.value.lock_name == f"restock:{product.pk}" and info.value.retry_after > 1
+
+
+def test_plain_function_from_bound_arguments(held: Any) -> None:
+    tasks.SEEN.clear()
+    assert tasks.build_report("mon") == "daily:mon"
+    assert tasks.build_report(day="tue", kind="hourly") == "hourly:tue"
+    assert [s["name"] for s in tasks.SEEN] == ["report:mon", "report:tue"]
+    assert all(s["fence"] > 0 for s in tasks.SEEN)
+    assert current_lock() is None  # only inside the call
+    assert tasks.build_kind_report("mon") == "report:weekly:mon"  # defaults applied
+    assert tasks.with_var_kwargs(flavour="mint") == "opt:mint"  # **kwargs searched too
+    assert tasks.handle_payload({"order_id": 9}) == "order:9"  # mapping keys
+    held("order:9")
+    assert tasks.handle_payload({"order_id": 9}) == "skipped"  # on_busy(None, exc)
+    held("report:wed")
+    with pytest.raises(LockNotAcquired):
+        tasks.build_report("wed")
+
+
+def test_plain_function_errors() -> None:
+    with pytest.raises(ImproperlyConfigured) as info:
+        tasks.broken("mon")
+    assert "<missing>" in str(info.value) and "tests.testapp.tasks.broken" in str(info.value)
+    assert "day" in str(info.value)
+    for bad, message in ((None, "resolved to None"), ("", "empty"), ("x" * 300, "limit is 200"),
+                         ("a\nb", "control character")):
+        with pytest.raises(InvalidLockName, match=message):
+            tasks.unsafe(bad)
+
+
+def test_explicit_manager_and_nesting(make_manager: Any, session_nodes: Any) -> None:
+    other = make_manager(session_nodes, key_prefix="other")
+
+    @with_lock("inner:<x>", manager=other, timeout=0)
+    def inner(x: int) -> str:
+        return current_lock().key
+
+    @with_lock("outer:<x>", timeout=0, label="custom-label")
+    def outer(x: int) -> tuple[str, str, str]:
+        before = current_lock()
+        key = inner(x)
+        assert current_lock() is before  # restored after the inner call
+        return before.name, before.label, key
+
+    assert outer(1) == ("outer:1", "custom-label", "other:inner:1")
+
+
+def test_body_exception_propagates_and_releases() -> None:
+    @with_lock("boom:<x>", timeout=0)
+    def boom(x: int) -> None:
+        raise KeyError(x)
+
+    with pytest.raises(KeyError):
+        boom(1)
+    assert not django_redlock.lock("boom:1").locked()
+
+
+# -- atomic=True ----------------------------------------------------------------------
+@pytest.mark.django_db
+def test_atomic_commits_while_held_and_rolls_back_after_a_lost_lease(
+        client: Client, recorded: list[Any]) -> None:
+    product = Product.objects.create(name="p", stock=0)
+    assert client.post(f"/product/{product.pk}/atomic-restock/").content == b"100"
+    assert Product.objects.get(pk=product.pk).stock == 100
+    with pytest.raises(LockLost):  # the 0.4 s lease ran out during a 0.7 s body
+        client.post(f"/product/{product.pk}/atomic-restock/?sleep=0.7")
+    assert Product.objects.get(pk=product.pk).stock == 100  # rolled back
+    assert [k for k, kw in recorded].count("lock_lost") == 1
+
+
+@pytest.mark.django_db
+def test_atomic_rolls_back_when_the_lock_is_taken_away(make_manager: Any,
+                                                       session_nodes: Any) -> None:
+    operator = make_manager(session_nodes)
+    product = Product.objects.create(name="p", stock=0)
+
+    @with_lock("taken:<pk>", atomic=True, ttl=0.3, auto_renew=True, timeout=0)
+    def adjust(pk: int) -> None:
+        Product.objects.filter(pk=pk).update(stock=7)
+        operator.force_release(f"taken:{pk}")
+        time.sleep(0.3)  # the renewal (every 0.1 s) finds the key gone
+
+    with pytest.raises(LockLost):
+        adjust(product.pk)
+    assert Product.objects.get(pk=product.pk).stock == 0
+
+
+def test_atomic_is_refused_on_async_functions() -> None:
+    with pytest.raises(ImproperlyConfigured, match="atomic=True"):
+        @with_lock("a:<x>", atomic=True)
+        async def f(x: int) -> None:  # pragma: no cover - never runs
+            pass
+
+
+def test_atomic_is_refused_on_async_class_based_views() -> None:
+    @method_decorator(with_lock("acbv-atomic", atomic=True), name="dispatch")
+    class AtomicAsyncView(View):
+        async def get(self, request: Any) -> HttpResponse:  # pragma: no cover - never runs
+            return HttpResponse("ran")
+
+    with pytest.raises(ImproperlyConfigured, match="the view is async"):
+        AtomicAsyncView.as_view()(RequestFactory().get("/"))
+
+
+# -- async -------------------------------------------------------------------------------
+@needs_alock
+def test_async_view_and_busy(held: Any) -> None:
+    async def run() -> list[Any]:
+        client = AsyncClient()
+        first = await client.get("/async/counter/z/")
+        held("abusy:z", ttl=3)
+        busy = await client.get("/async/busy/z/", headers={"accept": "application/json"})
+        method = await client.get("/async/cbv-method/z/")
+        return [first, busy, method]
+
+    first, busy, method = asyncio.run(run())
+    body = first.json()
+    assert body["lock"] == "acounter:z" and body["fence"] > 0 and body["same"] is True
+    assert body["label"] == "view:tests.testapp.views.acounter"
+    assert busy.status_code == 423 and busy.json()["lock"] == "abusy:z"
+    assert 1 <= int(busy["Retry-After"]) <= 3
+    assert method.json() == {"lock": "acbvm:z"}
+
+
+@needs_alock
+def test_async_quorum_loss_is_503(settings: Any) -> None:
+    settings.REDLOCK_NODES = [_dead_url()]
+    response = asyncio.run(AsyncClient().get("/async/busy/q/"))
+    assert response.status_code == 503 and response["Retry-After"] == "5"
+
+
+@needs_alock
+def test_async_plain_function(held: Any) -> None:
+    @with_lock("af:<x>", timeout=0)
+    async def af(x: int) -> str:
+        await asyncio.sleep(0)
+        return current_lock().name
+
+    assert asyncio.run(af(1)) == "af:1"
+    held("af:2")
+    with pytest.raises(LockNotAcquired):
+        asyncio.run(af(2))

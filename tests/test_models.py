@@ -1,0 +1,252 @@
+"""ORM helpers: lock-then-read (``objects.locked``), fenced writes, FenceField.
+
+The fenced-write tests run on SQLite always, and on PostgreSQL too when
+``DATABASE_URL`` names one (alias ``"postgres"``, see tests/testapp/dburl.py).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from asgiref.sync import async_to_sync
+from django.core.exceptions import ImproperlyConfigured
+
+import django_redlock
+from django_redlock import signals
+from django_redlock.exceptions import FencedWriteRejected, LockLost, RedlockError
+from django_redlock.models import FenceField, LockableModel
+from tests.testapp.dburl import skip_reason
+from tests.testapp.models import Product, SkuItem
+
+PG_SKIP = skip_reason()
+
+DATABASES = [
+    pytest.param("default", marks=pytest.mark.django_db, id="sqlite"),
+    pytest.param("postgres", id="postgres", marks=[
+        pytest.mark.postgres,
+        pytest.mark.skipif(PG_SKIP is not None, reason=PG_SKIP or ""),
+        pytest.mark.django_db(databases=["default", "postgres"]),
+    ]),
+]
+
+
+@pytest.fixture
+def on_acquire() -> Iterator[list[Any]]:
+    """Callables run by a lock_acquired receiver (to act 'while we were waiting')."""
+    actions: list[Any] = []
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        for action in actions:
+            action(kwargs["name"])
+
+    signals.lock_acquired.connect(receiver, weak=False)
+    yield actions
+    signals.lock_acquired.disconnect(receiver)
+
+
+# -- names and lock-then-read ------------------------------------------------------
+@pytest.mark.django_db
+def test_lock_name_and_locked_agree() -> None:
+    product = Product.objects.create(name="p", stock=3)
+    name = f"testapp.product:{product.pk}"
+    assert product.lock_name() == name and product.lock().name == name
+    assert product.lock().label == "model:testapp.Product"
+    for lookup in ({"pk": product.pk}, {"pk": str(product.pk)}, {"id": product.pk},
+                   {"pk__exact": product.pk}):
+        with Product.objects.locked(**lookup, timeout=0) as locked:
+            assert locked.held_lock.name == name and locked.held_lock.owned()
+            assert locked.pk == product.pk and locked.stock == 3
+            assert django_redlock.lock(name).locked()
+        assert not locked.held_lock.owned()
+    assert not django_redlock.lock(name).locked()
+
+
+@pytest.mark.django_db
+def test_locked_reads_the_row_after_the_lock_is_held(on_acquire: list[Any]) -> None:
+    product = Product.objects.create(name="p", stock=3)
+    # A write that lands while we wait for the lock (here: right as we get it)
+    # must be visible to the body: the row is read after acquiring, not before.
+    on_acquire.append(lambda name: Product.objects.filter(pk=product.pk).update(stock=42))
+    with Product.objects.locked(pk=product.pk) as locked:
+        assert locked.stock == 42
+
+
+@pytest.mark.django_db
+def test_locked_waits_for_the_holder_and_times_out() -> None:
+    product = Product.objects.create(name="p")
+    with product.lock(timeout=0):
+        started = time.monotonic()
+        with pytest.raises(django_redlock.LockNotAcquired), \
+                Product.objects.locked(pk=product.pk, timeout=0.3):
+            pass  # pragma: no cover
+        assert 0.25 < time.monotonic() - started < 3
+
+
+@pytest.mark.django_db
+def test_locked_needs_the_template_placeholders_in_the_lookup() -> None:
+    with pytest.raises(ImproperlyConfigured, match=r"needs <pk> in the lookup.*got: name"), \
+            Product.objects.locked(name="p"):
+        pass  # pragma: no cover
+    item = SkuItem.objects.create(sku="A1", qty=1)
+    assert item.lock_name() == "sku:A1"
+    with SkuItem.objects.locked(sku="A1") as locked:
+        assert locked.held_lock.name == "sku:A1" and locked.pk == item.pk
+    with pytest.raises(ImproperlyConfigured, match="<sku>"), SkuItem.objects.locked(pk=item.pk):
+        pass  # pragma: no cover
+
+
+@pytest.mark.django_db
+def test_locked_missing_row_releases_the_lock() -> None:
+    with pytest.raises(Product.DoesNotExist), Product.objects.locked(pk=987654):
+        pass  # pragma: no cover
+    assert not django_redlock.lock("testapp.product:987654").locked()
+
+
+def test_unsaved_instance_cannot_be_locked() -> None:
+    with pytest.raises(ValueError, match="unsaved Product"):
+        Product(name="new").lock()
+
+
+# -- fenced writes -----------------------------------------------------------------
+@pytest.mark.parametrize("alias", DATABASES)
+def test_fenced_save_writes_with_a_newer_fence(alias: str) -> None:
+    product = Product.objects.using(alias).create(name="p", stock=1)
+    before = product.updated
+    with Product.objects.using(alias).locked(pk=product.pk) as locked:
+        locked.stock = 2
+        locked.name = "not written"
+        locked.fenced_save(locked.held_lock, update_fields=["stock", "updated"])
+        assert locked.fence == locked.held_lock.fence > 0
+    row = Product.objects.using(alias).get(pk=product.pk)
+    assert (row.stock, row.name, row.fence) == (2, "p", locked.fence)
+    assert row.updated > before  # auto_now honoured (pre_save)
+    with product.lock() as lock:  # every field by default
+        product.name = "renamed"
+        product.fenced_save(lock)
+    row = Product.objects.using(alias).get(pk=product.pk)
+    assert (row.stock, row.name, row.fence) == (1, "renamed", lock.fence)
+
+
+@pytest.mark.parametrize("alias", DATABASES)
+def test_fenced_write_refused_after_a_paused_holder_lease_passed(alias: str) -> None:
+    product = Product.objects.using(alias).create(name="p", stock=10)
+    # A: takes the lock with a short lease, reads, then "pauses" past the lease.
+    a_lock = product.lock(ttl=0.5, auto_renew=False)
+    assert a_lock.acquire(timeout=0)
+    a_view = Product.objects.using(alias).get(pk=product.pk)
+    a_view.stock -= 1
+    time.sleep(0.8)
+    # B: the lease passed, B gets the lock (higher fence) and writes.
+    with Product.objects.using(alias).locked(pk=product.pk, timeout=1) as b_view:
+        assert b_view.held_lock.fence > a_lock.fence
+        b_view.stock -= 5
+        b_view.fenced_save(b_view.held_lock, update_fields=["stock"])
+    # A resumes and writes its stale value: the database refuses it.
+    with pytest.raises(FencedWriteRejected) as info:
+        a_view.fenced_save(a_lock, update_fields=["stock"])
+    assert isinstance(info.value, RedlockError)
+    assert info.value.fence == a_lock.fence and info.value.lock_name == a_lock.name
+    assert "newer lock holder" in str(info.value)
+    row = Product.objects.using(alias).get(pk=product.pk)
+    assert (row.stock, row.fence) == (5, b_view.held_lock.fence)  # B's write stands
+    with pytest.raises(LockLost):
+        a_lock.release()
+
+
+@pytest.mark.parametrize("alias", DATABASES)
+def test_fenced_update_on_a_queryset(alias: str) -> None:
+    products = Product.objects.using(alias)
+    a = products.create(name="a", stock=1)
+    b = products.create(name="b", stock=1)
+    with django_redlock.lock("testapp.products:all") as old:
+        pass
+    with django_redlock.lock("testapp.products:all") as new:
+        pass
+    assert new.fence > old.fence
+    assert products.filter(pk=b.pk).fenced_update(new, stock=9) == 1
+    # a is written (fence 0 < old), b is skipped (it carries the newer fence)
+    assert products.filter(pk__in=[a.pk, b.pk]).fenced_update(old, stock=5) == 1
+    assert dict(products.values_list("name", "stock")) == {"a": 5, "b": 9}
+    with pytest.raises(FencedWriteRejected, match="fence >= "):
+        products.filter(pk=b.pk).fenced_update(old, stock=0)
+    assert products.none().fenced_update(old, stock=0) == 0  # nothing selected: no error
+    with pytest.raises(ValueError, match="writes 'fence' itself"):
+        products.fenced_update(new, fence=1)
+
+
+@pytest.mark.django_db
+def test_fenced_save_refuses_a_lock_without_fence() -> None:
+    product = Product.objects.create(name="p")
+    with product.lock(fencing=False) as lock:
+        assert lock.fence == 0
+        with pytest.raises(ValueError, match="fencing=True"):
+            product.fenced_save(lock)
+    with pytest.raises(ValueError, match="has fence 0"):
+        product.fenced_save(product.lock())  # never acquired
+    with pytest.raises(ValueError, match="fencing"):
+        Product.objects.fenced_update(product.lock(), stock=1)
+    with pytest.raises(ValueError, match="unsaved"), product.lock() as lock:
+        Product(name="new").fenced_save(lock)
+
+
+@pytest.mark.django_db
+def test_fenced_save_of_a_deleted_row_and_bad_fields() -> None:
+    product = Product.objects.create(name="p")
+    with product.lock() as lock:
+        with pytest.raises(ValueError, match="no field 'nope'"):
+            product.fenced_save(lock, update_fields=["nope"])
+        with pytest.raises(ValueError, match="not a concrete, non-primary-key field"):
+            product.fenced_save(lock, update_fields=["id"])
+        Product.objects.filter(pk=product.pk).delete()
+        with pytest.raises(FencedWriteRejected, match="no longer exists"):
+            product.fenced_save(lock)
+
+
+@pytest.mark.django_db
+def test_plain_save_never_moves_the_fence_back() -> None:
+    product = Product.objects.create(name="p", stock=1)
+    stale = Product.objects.get(pk=product.pk)  # fence 0 in memory
+    with product.lock() as lock:
+        product.fenced_save(lock)
+    stale.stock = 2
+    stale.save()  # writes stock, not fence
+    row = Product.objects.get(pk=product.pk)
+    assert (row.stock, row.fence) == (2, lock.fence)
+    fresh = Product(name="q")
+    fresh.save()  # inserts work as usual, fence 0
+    assert Product.objects.get(pk=fresh.pk).fence == 0
+    fresh.delete()
+    fresh.save()  # a deleted instance (pk None) is inserted again, as with Model.save()
+    assert Product.objects.filter(name="q").count() == 1
+
+
+def test_fence_field_defaults_and_migration_shape() -> None:
+    field = Product._meta.get_field("fence")
+    assert isinstance(field, FenceField)
+    assert field.default == 0 and field.editable is False
+    _, path, args, kwargs = field.deconstruct()
+    assert (path, args, kwargs) == ("django_redlock.models.FenceField", [], {})
+    assert FenceField(default=5).deconstruct()[3] == {"default": 5}
+    assert LockableModel._meta.abstract
+
+
+# -- async ------------------------------------------------------------------------
+@pytest.mark.django_db
+def test_async_locked_and_fenced_save() -> None:
+    if not hasattr(django_redlock.LockManager, "alock"):
+        pytest.skip("LockManager.alock is not there yet")
+    product = Product.objects.create(name="p", stock=1)
+
+    async def run() -> int:
+        async with Product.objects.alocked(pk=product.pk) as locked:
+            locked.stock += 1
+            await locked.afenced_save(locked.held_lock, update_fields=["stock"])
+            return locked.held_lock.fence
+
+    # async_to_sync: the ORM calls come back to this thread (its DB connection).
+    fence = async_to_sync(run)()
+    row = Product.objects.get(pk=product.pk)
+    assert (row.stock, row.fence) == (2, fence)
