@@ -23,7 +23,7 @@ help:
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test,docs,lint,demo,hiredis]"
+	$(PY) -m pip install -q -e ".[test,docs,lint,demo,hiredis,postgres]"
 	touch $(STAMP)
 
 venv: $(STAMP)

@@ -13,6 +13,7 @@ from __future__ import annotations
 from types import EllipsisType
 
 from .conf import get_manager
+from .decorators import current_lock, with_lock
 from .exceptions import (
     FencedWriteRejected,
     LockLost,
@@ -28,6 +29,8 @@ __version__ = "0.1.0"
 
 __all__ = [
     "lock",
+    "with_lock",
+    "current_lock",
     "get_manager",
     "LockManager",
     "Lock",
