@@ -1,0 +1,629 @@
+"""The asyncio flavour: :class:`AsyncLock`, with the semantics of the sync :class:`Lock`.
+
+>>> async with manager.alock("stock:42") as held:   # or django_redlock.alock(...)
+...     ...                                          # held.fence, held.validity
+
+It shares everything that is not I/O with the sync engine: the manager's nodes,
+options, quorum, node back-off and settings; the Lua scripts and their packing;
+the quorum, validity, retry and owner code in ``core/``. Only the rounds run on
+:class:`~django_redlock.transport.aio.AsyncTransport`.
+
+The event loop is a clock that can stop. Timeline of the failure this module is
+built around (aioredlock's renewal task has it, and its holder never learns)::
+
+    t0    task A acquires "report" (TTL 1 s); its renewal task is due at t0+0.33
+    t0.1  A calls a blocking function (time.sleep, a sync ORM call, CPU work)
+          for 2 s: the event loop is stuck, the renewal task cannot run
+    t1    A's lease expires on the nodes; B acquires "report" (fence higher)
+    t2.1  A's call returns and its ``async with`` block ends
+
+So validity is never taken from "the renewal did not complain": it is the
+monotonic deadline ``valid_until`` measured when the lease was last granted.
+``owned()`` and ``validity`` read it, a late renewal checks it before extending,
+and ``release()`` (hence the end of ``async with``) raises :class:`LockLost` when
+it has passed, although no renewal ever ran to notice. A's release compares
+tokens and leaves B's key alone.
+
+Cancellation: a release, once begun, always reaches the nodes. ``release()`` (and
+so the exit of an ``async with`` whose body was cancelled) runs its round in a
+shielded task and waits for it; a cancellation that arrives meanwhile is
+re-raised afterwards. An ``acquire()`` cancelled in the middle of a round
+releases whatever that round may have taken on the nodes, the same way.
+
+Renewal (``auto_renew``): a loop timer per held lock, due at TTL/3, which starts
+a renewal task only for the round itself; a failed renewal is retried while the
+lease lasts, and the lock is marked lost when the lease ran out or a majority no
+longer has the key. The timer holds the lock only weakly (a lock dropped without
+release stops renewing and simply expires). ``release()`` cancels the timer and
+cancels and awaits a round in flight, so no renewal outlives ``release()``.
+
+Wake-ups: a waiter reuses the manager's :class:`ReleaseNotifier` (the pub/sub
+listener *thread* shared with the sync locks). The blocking subscribe runs in the
+loop's default executor; the notifier then wakes the waiter through
+``loop.call_soon_threadsafe`` on an ``asyncio.Event``. One listener per manager,
+whatever the number of loops, and none of redis-py's RESP3 push-handler quirks.
+
+An ``AsyncLock`` belongs to the event loop (task) that acquires it. The manager
+may be shared by any number of loops and threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Awaitable, Sequence
+from types import EllipsisType, TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from django.dispatch import Signal
+
+from . import signals
+from .core import quorum as q
+from .core.keys import fence_key, lock_key, validate_name
+from .core.owner import new_token, owner_json
+from .exceptions import (
+    LockLost,
+    LockNotAcquired,
+    LockNotOwned,
+    QuorumUnavailable,
+    RedlockError,
+)
+from .lock import Lock
+from .manager import _FENCE_GRACE_B, AcquireResult, ExtendResult, ReleaseResult
+from .transport.resp import ACQUIRE, EXTEND, RELEASE, Call, Command
+from .transport.sync import NodeError
+
+if TYPE_CHECKING:
+    from .manager import LockManager
+    from .transport.aio import AsyncTransport
+    from .transport.notify import Subscription
+
+__all__ = ["AsyncLock", "alock"]
+
+logger = logging.getLogger("django_redlock.lock")
+
+_UNLOCKED, _HELD, _LOST = "unlocked", "held", "lost"
+
+T = TypeVar("T")
+
+
+# -- helpers -----------------------------------------------------------------
+async def _complete(aw: Awaitable[T]) -> tuple[T, bool]:
+    """Run ``aw`` to its end even if the caller is cancelled meanwhile.
+
+    Returns ``(result, cancelled)``; the caller re-raises ``CancelledError`` after
+    its own bookkeeping when ``cancelled``. Only the loop shutting down (which
+    cancels every task, this inner one too) can cut ``aw`` short.
+    """
+    inner = asyncio.ensure_future(aw)
+    cancelled = False
+    while True:
+        try:
+            return await asyncio.shield(inner), cancelled
+        except asyncio.CancelledError:
+            if inner.done():
+                raise
+            cancelled = True
+
+
+async def _send(signal: Signal, **kwargs: Any) -> None:
+    """Send like :func:`signals.send` (sender=Lock, failures logged), from a coroutine.
+
+    Django 5's ``asend_robust`` is used when present: ``send_robust`` would call
+    async receivers through ``async_to_sync``, which refuses to run inside a loop.
+    """
+    if not signal.has_listeners(Lock):
+        return
+    asend = getattr(signal, "asend_robust", None)
+    if asend is None:
+        signals.send(signal, Lock, **kwargs)
+        return
+    for receiver, result in await asend(Lock, **kwargs):
+        if isinstance(result, Exception):
+            signals.logger.error("receiver %r of %s failed", receiver, kwargs.get("name"),
+                                 exc_info=result)
+
+
+class _LoopEvent(threading.Event):
+    """A ``threading.Event`` whose ``set()``, from any thread, also wakes an asyncio waiter."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, target: asyncio.Event) -> None:
+        super().__init__()
+        self._loop = loop
+        self._target = target
+
+    def set(self) -> None:
+        super().set()
+        try:
+            self._loop.call_soon_threadsafe(self._target.set)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+
+class _Waiter:
+    """An asyncio waiter's release-notice subscription (see the module docstring)."""
+
+    def __init__(self, sub: Subscription, event: asyncio.Event) -> None:
+        self.sub = sub
+        self.event = event
+
+    async def wait(self, timeout: float) -> bool:
+        if self.event.is_set():
+            return True
+        try:
+            await asyncio.wait_for(self.event.wait(), timeout)
+        except asyncio.TimeoutError:  # not the builtin one on Python 3.10
+            return False
+        return True
+
+    def clear(self) -> None:
+        self.event.clear()
+        self.sub.clear()
+
+    def close(self) -> None:
+        self.sub.close()
+
+
+def _close_subscription(fut: asyncio.Future[Subscription]) -> None:
+    if not fut.cancelled() and fut.exception() is None:
+        fut.result().close()
+
+
+async def _subscribe(manager: LockManager, channel: bytes, confirm: float) -> _Waiter:
+    loop = asyncio.get_running_loop()
+    notifier = manager.notifier
+    fut = loop.run_in_executor(None, notifier.subscribe, channel, confirm)
+    try:
+        sub = await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        fut.add_done_callback(_close_subscription)
+        raise
+    event = asyncio.Event()
+    # Swap in an event that reaches this loop. A notice that set the old event
+    # just before the swap is not lost: the caller makes one more attempt right
+    # after subscribing, and that attempt sees the release the notice announced.
+    old, sub.event = sub.event, _LoopEvent(loop, event)
+    if old.is_set():
+        event.set()
+    return _Waiter(sub, event)
+
+
+# -- rounds (the asyncio twins of LockManager._*_round) -------------------------
+async def _acquire_round(mgr: LockManager, transport: AsyncTransport, key: bytes, fkey: bytes,
+                         token: str, ttl_ms: int, owner: str, fencing: bool, ttl: float, *,
+                         lock_name: str) -> AcquireResult:
+    call = Call(ACQUIRE, (key, fkey),
+                (token, ttl_ms, owner, b"1" if fencing else b"0", _FENCE_GRACE_B))
+    n = len(mgr.nodes)
+    start = mgr.clock()
+    replies = await transport.round([call] * n)
+    elapsed = mgr.clock() - start
+    ok = 0
+    fence = 0
+    busy_ttls: list[float] = []
+    errors: dict[str, str] = {}
+    maybe_ours: list[bool] = [False] * n
+    for i, reply in enumerate(replies):
+        if isinstance(reply, list) and len(reply) == 2:
+            if reply[0] == 1:
+                ok += 1
+                fence = max(fence, int(reply[1]))
+                maybe_ours[i] = True
+            else:
+                busy_ttls.append(max(0, int(reply[1])) / 1000.0)
+        elif isinstance(reply, NodeError):
+            errors[reply.node] = reply.reason
+            maybe_ours[i] = reply.sent
+        else:
+            errors[mgr.nodes[i].name] = f"unexpected reply: {reply!r}"[:160]
+    valid = q.validity(ttl, elapsed, mgr.drift_factor)
+    if ok >= mgr.quorum and valid > 0:
+        return AcquireResult(True, fence=fence, valid_until=start + valid)
+    if any(maybe_ours):
+        # Release wherever the key may be ours, including nodes that went silent
+        # after the request left: a leftover would block others.
+        await _release_round(mgr, transport, key, fkey, token, 0, only=maybe_ours)
+    answered = ok + len(busy_ttls)
+    if answered < mgr.quorum:
+        raise mgr._quorum_error(f"cannot acquire lock {lock_name!r}", answered, errors, lock_name)
+    holder_ttl = sorted(busy_ttls)[len(busy_ttls) // 2] if busy_ttls else None
+    if ok >= mgr.quorum:
+        logger.info("lock %r: quorum reached but the round took %.3f s of a %.3f s lease; "
+                    "retrying", lock_name, elapsed, ttl)
+    return AcquireResult(False, holder_ttl=holder_ttl, errors=errors)
+
+
+async def _release_round(mgr: LockManager, transport: AsyncTransport, key: bytes, fkey: bytes,
+                         token: str, fence: int, *,
+                         only: Sequence[bool] | None = None) -> ReleaseResult:
+    call = Call(RELEASE, (key, fkey), (token, fence, _FENCE_GRACE_B))
+    requests = [call if only is None or only[i] else None for i in range(len(mgr.nodes))]
+    replies = await transport.round(requests, skip_backoff=only is None)
+    failed = [r for r in replies if isinstance(r, NodeError)]
+    if failed:
+        logger.info("release of %r did not reach %d node(s): %s; the key expires there "
+                    "with its lease", key.decode(), len(failed), "; ".join(str(e) for e in failed))
+    not_ours = sum(1 for r in replies if r == 0)
+    return ReleaseResult(released=sum(1 for r in replies if r == 1), not_ours=not_ours,
+                         lost=not_ours > len(mgr.nodes) - mgr.quorum)
+
+
+async def _extend_round(mgr: LockManager, transport: AsyncTransport, key: bytes, fkey: bytes,
+                        token: str, fence: int, ttl: float) -> ExtendResult:
+    call = Call(EXTEND, (key, fkey), (token, max(1, int(ttl * 1000)), fence, _FENCE_GRACE_B))
+    n = len(mgr.nodes)
+    start = mgr.clock()
+    replies = await transport.round([call] * n)
+    elapsed = mgr.clock() - start
+    ok = sum(1 for r in replies if r == 1)
+    not_ours = sum(1 for r in replies if r == 0)
+    errors = [str(r) for r in replies if isinstance(r, (NodeError, Exception))]
+    valid = q.validity(ttl, elapsed, mgr.drift_factor)
+    if ok >= mgr.quorum and valid > 0:
+        return ExtendResult(True, valid_until=start + valid)
+    if not_ours > n - mgr.quorum:
+        return ExtendResult(False, lost=True, reason=(
+            f"{not_ours} of {n} nodes no longer have this holder's key (it expired or was taken)"))
+    reason = f"{ok} of {n} nodes extended, {mgr.quorum} needed"
+    if errors:
+        reason += " (" + "; ".join(errors) + ")"
+    return ExtendResult(False, reason=reason)
+
+
+async def _holders(mgr: LockManager, transport: AsyncTransport, key: bytes) -> int:
+    replies = await transport.round([Command(b"EXISTS", key)] * len(mgr.nodes))
+    answered = [r for r in replies if isinstance(r, int)]
+    if len(answered) < mgr.quorum:
+        errors = {r.node: r.reason for r in replies if isinstance(r, NodeError)}
+        raise mgr._quorum_error(f"cannot tell whether {key.decode()!r} is locked",
+                                len(answered), errors, None)
+    return sum(answered)
+
+
+def _renewal_due(ref: weakref.ref[AsyncLock]) -> None:
+    """Timer callback: start one renewal round (the lock is held only weakly until then)."""
+    lock = ref()
+    if lock is None or lock._state != _HELD:
+        return
+    lock._renewal_timer = None
+    lock._renewal = asyncio.get_running_loop().create_task(lock._renewal_round())
+
+
+# -- the lock ------------------------------------------------------------------
+class AsyncLock:
+    """A distributed lock on ``name`` for asyncio code; from :meth:`LockManager.alock`.
+
+    Same semantics as :class:`~django_redlock.lock.Lock`, with coroutines:
+    ``await acquire()``, ``await release()``, ``await extend()``, ``await locked()``,
+    ``async with``. ``owned()``, ``validity``, ``fence``, ``name``, ``key`` and
+    ``retry_after`` are plain attributes: they need no round trip. One object is
+    one holder, used from one event loop; locks are not reentrant.
+    """
+
+    def __init__(self, manager: LockManager, transport: AsyncTransport, name: str, *,
+                 ttl: float, timeout: float | None, auto_renew: bool, fencing: bool = True,
+                 max_hold: float | None = None, label: str | None = None) -> None:
+        self.manager = manager
+        self.transport = transport
+        self.name = validate_name(name)
+        self.key = lock_key(manager.key_prefix, name)
+        self._key_b = self.key.encode()
+        self._fence_key_b = fence_key(self.key).encode()
+        self.ttl = float(ttl)
+        self.timeout = timeout
+        self.auto_renew = auto_renew
+        self.fencing = fencing
+        self.max_hold = max_hold
+        self.label = label
+        self.fence = 0
+        self.retry_after = 0.0
+        self._state = _UNLOCKED
+        self._token = ""
+        self._valid_until = 0.0
+        self._acquired_at = 0.0
+        self._pid = 0
+        self._lost_reason = ""
+        self._io = asyncio.Lock()
+        self._renewal_timer: asyncio.TimerHandle | None = None
+        self._renewal: asyncio.Task[None] | None = None
+
+    def __repr__(self) -> str:
+        return f"<AsyncLock {self.name!r} {self._state} fence={self.fence}>"
+
+    # -- state ---------------------------------------------------------------
+    @property
+    def validity(self) -> float:
+        """Seconds of lease left by the monotonic clock (0.0 when not held or lost).
+
+        Read from the clock, not from the renewal task: it is right even when the
+        event loop was blocked and no renewal could run.
+        """
+        if self._state != _HELD or self._pid != os.getpid():
+            return 0.0
+        return max(0.0, self._valid_until - self.manager.clock())
+
+    def owned(self) -> bool:
+        """True while this object holds the lock on a quorum with lease left (no I/O)."""
+        return self.validity > 0.0
+
+    async def locked(self) -> bool:
+        """Whether anyone holds the lock (its key is on a quorum of nodes); one round trip."""
+        return await _holders(self.manager, self.transport, self._key_b) >= self.manager.quorum
+
+    # -- acquire ---------------------------------------------------------------
+    async def acquire(self, blocking: bool = True,
+                      timeout: float | None | EllipsisType = ...) -> bool:
+        """Acquire the lock; True when held, False when the wait ran out.
+
+        ``timeout``: None waits forever, 0 tries once, a number waits that many
+        seconds; left out, the lock's (then the manager's) timeout applies.
+        ``blocking=False`` is the same as ``timeout=0``. Raises
+        :class:`QuorumUnavailable` when fewer than a quorum of nodes answer.
+        """
+        if self._state == _HELD and self._pid == os.getpid():
+            raise RedlockError(f"lock {self.name!r} is already held by this object "
+                               f"(locks are not reentrant)", lock_name=self.name)
+        mgr = self.manager
+        wait_for = self.timeout if timeout is ... else timeout
+        if not blocking:
+            wait_for = 0
+        clock = mgr.clock
+        started = clock()
+        deadline = None if wait_for is None else started + float(wait_for)
+        token = new_token()
+        owner = owner_json(self.label)
+        ttl_ms = max(1, int(self.ttl * 1000))
+        waiter: _Waiter | None = None
+        try:
+            while True:
+                try:
+                    result = await _acquire_round(mgr, self.transport, self._key_b,
+                                                  self._fence_key_b, token, ttl_ms, owner,
+                                                  self.fencing, self.ttl, lock_name=self.name)
+                except asyncio.CancelledError:
+                    # The round may have set our key on some nodes: take it back.
+                    await _complete(_release_round(mgr, self.transport, self._key_b,
+                                                   self._fence_key_b, token, 0))
+                    raise
+                if result.acquired:
+                    self._on_acquired(token, result.fence, result.valid_until)
+                    try:
+                        await _send(signals.lock_acquired, lock=self, name=self.name,
+                                    fence=self.fence, wait=self._acquired_at - started)
+                    except asyncio.CancelledError:
+                        # Cancelled in a signal receiver: the caller never learns
+                        # it holds the lock, so it must not stay held.
+                        try:
+                            await self.release()
+                        except (RedlockError, asyncio.CancelledError):
+                            pass
+                        raise
+                    return True
+                now = clock()
+                remaining = None if deadline is None else deadline - now
+                if remaining is not None and remaining <= 0:
+                    self.retry_after = result.holder_ttl if result.holder_ttl is not None \
+                        else mgr.retry_delay
+                    return False
+                if waiter is None:
+                    # Subscribe before the final attempt, so a release that lands
+                    # between that attempt and the wait still wakes us.
+                    confirm = mgr.node_timeout if remaining is None else min(mgr.node_timeout,
+                                                                             remaining)
+                    waiter = await _subscribe(mgr, self._key_b, confirm)
+                    continue
+                await waiter.wait(mgr.next_wait(remaining, result.holder_ttl))
+                waiter.clear()
+        finally:
+            if waiter is not None:
+                waiter.close()
+
+    def _on_acquired(self, token: str, fence: int, valid_until: float) -> None:
+        mgr = self.manager
+        self._token = token
+        self.fence = fence
+        self._valid_until = valid_until
+        self._acquired_at = mgr.clock()
+        self._pid = os.getpid()
+        self._state = _HELD
+        self._lost_reason = ""
+        if self.auto_renew:
+            self._schedule_renewal(self._acquired_at + self.ttl / 3.0)
+
+    def _schedule_renewal(self, due: float) -> None:
+        # A timer, not a sleeping task: nothing to create or tear down per
+        # acquisition, and the timer refers to the lock only weakly.
+        self._renewal_timer = asyncio.get_running_loop().call_later(
+            max(0.0, due - self.manager.clock()), _renewal_due, weakref.ref(self))
+
+    async def _renewal_round(self) -> None:
+        try:
+            due = await self._renew_tick()
+        except Exception:  # a renewal bug must be reported, never kill the loop
+            logger.exception("renewal of lock %r failed unexpectedly", self.name)
+            return
+        if due is not None and self._state == _HELD:
+            self._schedule_renewal(due)
+
+    # -- release ---------------------------------------------------------------
+    async def release(self) -> None:
+        """Release the lock on every node; the round completes even if cancelled.
+
+        Raises :class:`LockNotOwned` when this object does not hold it, and
+        :class:`LockLost` when the lease had run out (by the monotonic clock, even
+        if no renewal noticed) or the lock was taken before this call: the key is
+        still deleted wherever it is ours, but the caller learns that its critical
+        section was not protected to the end. A cancellation that arrives during
+        the release is re-raised once the nodes have been told.
+        """
+        mgr = self.manager
+        if self._state == _UNLOCKED or self._pid != os.getpid():
+            raise LockNotOwned(f"lock {self.name!r} is not held by this object",
+                               lock_name=self.name)
+        # Judged before anything can yield to the loop: a renewal task that runs
+        # late must not make an expired lease look valid.
+        was_lost = self._state == _LOST or self._valid_until <= mgr.clock()
+        reason = self._lost_reason or "the lease ran out before release"
+        already_marked = self._lost_reason != ""
+        token, fence = self._token, self.fence
+        self._state = _UNLOCKED
+        self._token = ""
+        self._valid_until = 0.0
+        held = mgr.clock() - self._acquired_at
+        timer, self._renewal_timer = self._renewal_timer, None
+        if timer is not None:
+            timer.cancel()
+        renewal, self._renewal = self._renewal, None
+        result, cancelled = await _complete(self._release_nodes(renewal, token, fence))
+        if result.lost and not was_lost:
+            # Taken or expired although our clock still gave it time (a node's
+            # clock jumped, an operator's force release).
+            was_lost = True
+            reason = (f"{result.not_ours} of {len(mgr.nodes)} nodes no longer had this "
+                      f"holder's key at release (it expired or was taken)")
+        if was_lost:
+            if not already_marked:
+                await self._report_lost(reason, held)
+        else:
+            await _send(signals.lock_released, lock=self, name=self.name, fence=fence,
+                        held=held)
+        if cancelled:
+            raise asyncio.CancelledError  # the caller's, held back until the nodes were told
+        if was_lost:
+            raise LockLost(f"lock {self.name!r} was lost before release: {reason}",
+                           lock_name=self.name, fence=fence)
+
+    async def _release_nodes(self, renewal: asyncio.Task[None] | None, token: str,
+                             fence: int) -> ReleaseResult:
+        if renewal is not None and not renewal.done():
+            renewal.cancel()
+            await asyncio.wait([renewal])  # no renewal outlives release()
+        return await _release_round(self.manager, self.transport, self._key_b, self._fence_key_b,
+                             token, fence)
+
+    # -- extend / renew --------------------------------------------------------
+    async def extend(self, ttl: float | EllipsisType = ...) -> None:
+        """Reset the lease to ``ttl`` seconds (default: the lock's TTL) on a quorum.
+
+        Raises :class:`LockNotOwned` when not held; :class:`LockLost` when the
+        lease already ran out or a majority no longer has our key;
+        :class:`QuorumUnavailable` when too few nodes answered (the lock is still
+        held until its current lease ends; the renewal task keeps trying).
+        """
+        new_ttl = self.ttl if ttl is ... else float(ttl)
+        async with self._io:
+            if self._state != _HELD or self._pid != os.getpid():
+                raise LockNotOwned(f"lock {self.name!r} is not held by this object",
+                                   lock_name=self.name)
+            status, reason = await self._extend_locked(new_ttl)
+        if status == "lost":
+            raise LockLost(f"lock {self.name!r} could not be extended: {reason}",
+                           lock_name=self.name, fence=self.fence)
+        if status == "retry":
+            raise QuorumUnavailable(f"lock {self.name!r} was not extended: {reason}",
+                                    lock_name=self.name, needed=self.manager.quorum)
+
+    async def _extend_locked(self, ttl: float) -> tuple[str, str]:
+        """Extend while holding ``_io``: ("ok", ""), ("lost", why) or ("retry", why)."""
+        mgr = self.manager
+        if self._valid_until <= mgr.clock():
+            reason = "the lease ran out before it could be extended"
+            await self._mark_lost(reason)
+            return "lost", reason
+        token = self._token
+        result = await _extend_round(mgr, self.transport, self._key_b, self._fence_key_b,
+                                     token, self.fence, ttl)
+        if self._token != token or self._state == _UNLOCKED:
+            return "lost", "released while the extension ran"
+        if result.extended:
+            self._valid_until = result.valid_until
+            return "ok", ""
+        if result.lost or self._valid_until <= mgr.clock():
+            await self._mark_lost(result.reason)
+            return "lost", result.reason
+        return "retry", result.reason
+
+    async def _renew_tick(self) -> float | None:
+        """One renewal (the twin of ``Lock._watchdog_tick``); returns the next due time."""
+        mgr = self.manager
+        if self._io.locked():
+            return mgr.clock() + min(0.05, self.ttl / 10)  # an extend() is running
+        async with self._io:
+            if self._state != _HELD or self._pid != os.getpid():
+                return None
+            now = mgr.clock()
+            ttl = self.ttl
+            if self.max_hold is not None:
+                cap_left = self._acquired_at + self.max_hold - now
+                if cap_left <= 0:
+                    if self._valid_until <= now:
+                        await self._mark_lost(f"MAX_HOLD ({self.max_hold:g} s) reached")
+                        return None
+                    return self._valid_until  # come back to report the expiry
+                ttl = min(ttl, cap_left)
+            status, _ = await self._extend_locked(ttl)
+            if status == "ok":
+                return now + self.ttl / 3.0
+            if status == "lost":
+                return None
+            # Transient failure: try again soon, while the lease lasts.
+            left = self._valid_until - mgr.clock()
+            return mgr.clock() + max(0.01, min(ttl / 10, left / 3))
+
+    async def _mark_lost(self, reason: str) -> None:
+        if self._state != _HELD:
+            return
+        self._state = _LOST
+        self._lost_reason = reason
+        await self._report_lost(reason, self.manager.clock() - self._acquired_at)
+
+    async def _report_lost(self, reason: str, held: float) -> None:
+        logger.warning("lock %r (fence %d) lost after %.3f s: %s", self.name, self.fence, held,
+                       reason)
+        await _send(signals.lock_lost, lock=self, name=self.name, fence=self.fence, held=held,
+                    reason=reason)
+
+    # -- context manager -------------------------------------------------------
+    async def __aenter__(self) -> AsyncLock:
+        if not await self.acquire():
+            raise LockNotAcquired(
+                f"lock {self.name!r} is busy: not acquired within "
+                f"{'no' if self.timeout is None else format(self.timeout, 'g')} s",
+                lock_name=self.name, retry_after=self.retry_after)
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        if self._state == _UNLOCKED or self._pid != os.getpid():
+            return  # released by hand inside the block, or a forked child
+        try:
+            await self.release()
+        except LockLost:
+            if exc_type is None:
+                raise
+            # The body already failed (or was cancelled): its exception propagates,
+            # the loss is logged.
+            logger.warning("lock %r was lost while the body raised %s", self.name,
+                           exc_type.__name__)
+
+    def __getstate__(self) -> Any:
+        raise TypeError("AsyncLock objects cannot be pickled: a lock belongs to one process")
+
+
+def alock(name: str, *, ttl: float | EllipsisType = ...,
+          timeout: float | None | EllipsisType = ..., auto_renew: bool | EllipsisType = ...,
+          fencing: bool = True, max_hold: float | None | EllipsisType = ...,
+          label: str | None = None) -> AsyncLock:
+    """An :class:`AsyncLock` on ``name`` from the settings' manager; not yet acquired.
+
+    ``async with alock("stock:42") as held: ...``. Options left out fall back to
+    ``REDLOCK``. Building the manager does no I/O, so this is safe to call in a
+    coroutine.
+    """
+    from .conf import get_manager
+
+    return get_manager().alock(name, ttl=ttl, timeout=timeout, auto_renew=auto_renew,
+                               fencing=fencing, max_hold=max_hold, label=label)

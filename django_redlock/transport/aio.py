@@ -1,0 +1,384 @@
+"""The asyncio transport: every node asked concurrently, from the running event loop.
+
+Same contract as :class:`~django_redlock.transport.sync.SyncTransport`: a round asks
+node *i* ``requests[i]`` and returns, per node, the reply, a :class:`NodeError` (no
+answer in time; ``sent`` says whether the request may have been executed) or a
+``redis.ResponseError``. A round writes the request to every node first and then
+reads the replies, each within its node's own deadline (connections that need
+opening are opened concurrently first), so it costs about one round trip to the
+slowest node that answers in time, with no task per node. Scripts go by
+``EVALSHA`` with one ``EVAL`` after ``NOSCRIPT``. A connection whose exchange
+timed out or was cancelled is disconnected, never reused: a late reply must never
+be read as the answer to a later command. The back-off of failed nodes is the sync :class:`NodeClient`'s own
+(``backing_off`` / ``mark_failed``), so a node found dead by one flavour is skipped
+by both.
+
+Connections and event loops
+    asyncio connections belong to the loop that opened them, and one manager may
+    serve several loops (Django runs async views in a fresh loop per request under
+    the test client and ``async_to_sync``; ASGI servers run one long-lived loop).
+    So the idle connections are kept *per running loop*, in a weak dictionary
+    keyed by the loop. They are closed when that loop shuts down: the first use
+    in a loop starts a tiny async generator (:func:`_loop_guard`) which the loop
+    tracks through its async-generator hooks; ``asyncio.run`` (hence uvicorn and
+    most servers) and asgiref's ``async_to_sync`` call
+    ``loop.shutdown_asyncgens()`` before ``loop.close()``, and
+    the generator's ``finally`` disconnects that loop's connections. A loop
+    closed without that call leaves its connections to the garbage collector;
+    its entry is pruned the next time a loop is added.
+
+    The pool is a plain list of idle ``redis.asyncio`` connections per node (not a
+    ``redis.asyncio.ConnectionPool``): taking and returning a connection is
+    synchronous, so a cancellation can never land between "read the reply" and
+    "give the connection back" and leak it from the pool's accounting.
+
+Connection parameters
+    A URL node gets the connection class and keyword arguments that
+    ``redis.asyncio`` derives from its URL and node ``OPTIONS``, like the sync
+    pool; the socket timeouts are replaced by the round's own deadlines (the
+    connect timeout stays). A ``cache:<alias>`` node cannot share
+    the django-redis cache's pool (it is synchronous), so its asyncio connections
+    are built from that pool's ``connection_kwargs`` (host, port, db, password,
+    TLS settings...), keeping only the plain values the asyncio connection class
+    accepts.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import inspect
+import logging
+import sys
+import threading
+import weakref
+from collections.abc import AsyncIterator, Callable, Sequence
+from typing import Any
+
+import redis.asyncio.connection as aconn
+from redis.exceptions import NoScriptError, RedisError, ResponseError
+
+from .sync import NODE_DOWN_ERRORS, NodeClient, NodeError, Request, _short
+
+if sys.version_info >= (3, 11, 3):
+    from asyncio import timeout as _timeout
+else:  # pragma: no cover - redis-py depends on async-timeout on these versions
+    from async_timeout import timeout as _timeout
+
+logger = logging.getLogger("django_redlock.transport")
+
+#: Idle connections kept per node and loop when the node sets no ``max_connections``.
+DEFAULT_MAX_IDLE = 50
+
+#: Keyword arguments of a sync pool that are objects of the sync flavour (or
+#: plumbing of the sync pool) and must not reach an asyncio connection.
+_SYNC_ONLY_KWARGS = frozenset({
+    "retry", "redis_connect_func", "connection_pool", "event_dispatcher", "himport_registry",
+    "maint_notifications_config", "maint_notifications_pool_handler",
+    "oss_cluster_maint_notifications_handler", "parser_class", "encoder_class", "cache",
+    "cache_config", "command_packer",
+})
+#: Non-plain values that are still meaningful to an asyncio connection.
+_OBJECT_KWARGS = frozenset({"credential_provider", "socket_keepalive_options"})
+
+
+def _accepted(cls: type) -> set[str]:
+    names: set[str] = set()
+    for klass in cls.__mro__:
+        init = klass.__dict__.get("__init__")
+        if init is None:
+            continue
+        for pname, param in inspect.signature(init).parameters.items():
+            if param.kind in (param.KEYWORD_ONLY, param.POSITIONAL_OR_KEYWORD):
+                names.add(pname)
+    return names
+
+
+def _async_class_for(sync_class: type) -> type:
+    import redis.connection as sconn
+
+    if issubclass(sync_class, sconn.UnixDomainSocketConnection):
+        return aconn.UnixDomainSocketConnection
+    if issubclass(sync_class, sconn.SSLConnection):
+        return aconn.SSLConnection
+    return aconn.Connection
+
+
+def connection_params(node: NodeClient) -> tuple[type, dict[str, Any], int]:
+    """``(asyncio connection class, its kwargs, max idle)`` for one node."""
+    if node.spec.kind == "cache":
+        sync_pool = node.pool  # the django-redis cache's own (see NodeClient)
+        cls = _async_class_for(sync_pool.connection_class)
+        accepted = _accepted(cls)
+        kwargs = {
+            k: v for k, v in sync_pool.connection_kwargs.items()
+            if k in accepted and k not in _SYNC_ONLY_KWARGS
+            and (k in _OBJECT_KWARGS or v is None or isinstance(v, (str, bytes, int, float)))
+        }
+        max_idle = getattr(sync_pool, "max_connections", None) or DEFAULT_MAX_IDLE
+    else:
+        options = dict(node.spec.options)
+        max_idle = int(options.pop("max_connections", 0) or DEFAULT_MAX_IDLE)
+        kwargs = dict(options)
+        kwargs["socket_connect_timeout"] = node._connect_timeout
+        kwargs.setdefault("client_name", "django-redlock")
+        kwargs.update(aconn.parse_url(node.spec.url))  # URL query options win, as in redis-py
+        cls = kwargs.pop("connection_class", aconn.Connection)
+    kwargs["decode_responses"] = False  # the engine parses bytes
+    # Every exchange is bounded by the round's own per-node deadline; a socket
+    # timeout on top would only make redis-py wrap each send in one more task.
+    kwargs["socket_timeout"] = None
+    return cls, kwargs, min(int(max_idle), 2 ** 16)
+
+
+class _NodeConns:
+    """The idle connections of one node in one event loop."""
+
+    __slots__ = ("cls", "idle", "kwargs", "max_idle", "open")
+
+    def __init__(self, cls: type, kwargs: dict[str, Any], max_idle: int) -> None:
+        self.cls = cls
+        self.kwargs = kwargs
+        self.max_idle = max_idle
+        self.idle: list[Any] = []
+        self.open: weakref.WeakSet[Any] = weakref.WeakSet()
+
+    def take(self) -> Any:
+        if self.idle:
+            return self.idle.pop()
+        conn = self.cls(**self.kwargs)
+        self.open.add(conn)
+        return conn
+
+    def give(self, conn: Any) -> bool:
+        """Keep ``conn`` for the next round; False when it must be closed instead."""
+        if len(self.idle) >= self.max_idle:
+            return False
+        self.idle.append(conn)
+        return True
+
+
+class _LoopConns:
+    """Everything a transport keeps for one event loop."""
+
+    def __init__(self, params: Sequence[tuple[type, dict[str, Any], int]]) -> None:
+        self.nodes = [_NodeConns(*p) for p in params]
+        self.closed = False
+        self.guard: Any = None
+
+    async def aclose(self) -> None:
+        self.closed = True
+        conns = [c for node in self.nodes for c in list(node.open)]
+        for node in self.nodes:
+            node.idle.clear()
+        await asyncio.gather(*(_disconnect(c) for c in conns), return_exceptions=True)
+
+
+async def _loop_guard(conns: _LoopConns) -> AsyncIterator[None]:
+    """Closes a loop's connections when the loop shuts down (see the module docstring)."""
+    try:
+        yield
+    finally:
+        await conns.aclose()
+
+
+async def _disconnect(conn: Any) -> None:
+    try:
+        await conn.disconnect(nowait=True)
+    except (RedisError, OSError):  # already broken: nothing left to close
+        pass
+
+
+class AsyncTransport:
+    """Sends one request per node and gathers the replies within the node timeouts."""
+
+    def __init__(self, nodes: Sequence[NodeClient], *, clock: Callable[[], float]) -> None:
+        self.nodes = list(nodes)
+        self.clock = clock
+        self._params: list[tuple[type, dict[str, Any], int]] | None = None
+        self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopConns] = \
+            weakref.WeakKeyDictionary()
+        self._lock = threading.Lock()
+
+    # -- per-loop state ------------------------------------------------------
+    async def _conns(self) -> _LoopConns:
+        loop = asyncio.get_running_loop()
+        state = self._loops.get(loop)
+        if state is not None:
+            return state
+        with self._lock:
+            if self._params is None:
+                self._params = [connection_params(node) for node in self.nodes]
+            for old in [lp for lp in list(self._loops) if lp.is_closed()]:
+                self._loops.pop(old, None)
+            state = self._loops.get(loop)
+            if state is None:
+                state = self._loops[loop] = _LoopConns(self._params)
+                created = True
+            else:
+                created = False
+        if created:
+            # The first iteration registers the generator with this loop's
+            # async-generator hooks; loop.shutdown_asyncgens() then closes it.
+            state.guard = _loop_guard(state)
+            await state.guard.__anext__()
+        return state
+
+    # -- rounds --------------------------------------------------------------
+    async def round(self, requests: Sequence[Request], *, skip_backoff: bool = True) -> list[Any]:
+        """Ask node i ``requests[i]`` (None: do not ask it); return answers or errors.
+
+        Each result is the node's reply, a :class:`NodeError` (no answer in time)
+        or a ``redis.ResponseError`` (the node answered with an error).
+
+        Like the sync transport, a round sends to every node first and only then
+        reads the replies, in node order, each within its own deadline: the
+        replies of the other nodes are buffered by their streams meanwhile, so
+        reading in order costs nothing and needs no task per node. Only nodes
+        without an open connection are connected first, concurrently. A round
+        that is cancelled disconnects every connection it had not finished with.
+        """
+        state = await self._conns()
+        nodes = self.nodes
+        n = len(nodes)
+        results: list[Any] = [None] * n
+        start = self.clock()
+        asked: list[int] = []
+        for i in range(n):
+            if requests[i] is None:
+                continue
+            if skip_backoff and nodes[i].backing_off(start):
+                results[i] = NodeError(nodes[i].name, "skipped: failed recently", sent=False)
+                continue
+            asked.append(i)
+        if not asked:
+            return results
+        conns: list[Any] = [None] * n
+        deadlines = [start + nodes[i].timeout for i in range(n)]
+        keep = [False] * n
+        try:
+            cold: list[int] = []
+            for i in asked:
+                conn = conns[i] = state.nodes[i].take()
+                if not conn.is_connected or await _stale(conn):
+                    cold.append(i)
+            if cold:
+                errors = await asyncio.gather(*(self._connect(nodes[i], conns[i]) for i in cold))
+                for i, error in zip(cold, errors, strict=True):
+                    results[i] = error
+                    # The connect had its own timeout; the exchange gets the full one.
+                    deadlines[i] = self.clock() + nodes[i].timeout
+            live = [i for i in asked if results[i] is None]
+            for i in live:
+                results[i] = await self._send(nodes[i], conns[i], requests[i], deadlines[i])
+            for i in live:
+                if results[i] is None:
+                    results[i], keep[i] = await self._read(nodes[i], conns[i], requests[i],
+                                                           deadlines[i])
+        finally:
+            # Anything but a complete exchange (timeout, error, cancellation) may
+            # leave a reply in flight: that connection is closed, never reused.
+            for i in asked:
+                conn = conns[i]
+                if conn is None:
+                    continue
+                if not (keep[i] and not state.closed and state.nodes[i].give(conn)):
+                    await _disconnect(conn)
+        return results
+
+    async def _connect(self, node: NodeClient, conn: Any) -> NodeError | None:
+        await _disconnect(conn)  # a stale one
+        try:
+            async with _timeout(node._connect_timeout):
+                await conn.connect()
+        except asyncio.TimeoutError:  # not the builtin one on Python 3.10
+            node.mark_failed(self.clock())
+            return NodeError(node.name, f"no connection within {node._connect_timeout:g} s",
+                             sent=False)
+        except (*NODE_DOWN_ERRORS, RedisError) as e:
+            node.mark_failed(self.clock())
+            return NodeError(node.name, _short(e), sent=False)
+        return None
+
+    async def _send(self, node: NodeClient, conn: Any, request: Request,
+                    deadline: float) -> NodeError | None:
+        assert request is not None
+        try:
+            async with _timeout(max(deadline - self.clock(), 0.0)):
+                await conn.send_packed_command(request.packed, check_health=False)
+        except asyncio.TimeoutError:  # not the builtin one on Python 3.10
+            node.mark_failed(self.clock())
+            return NodeError(node.name, f"could not send within {node.timeout:g} s")
+        except (*NODE_DOWN_ERRORS, RedisError) as e:
+            node.mark_failed(self.clock())
+            return NodeError(node.name, _short(e))
+        return None
+
+    async def _read(self, node: NodeClient, conn: Any, request: Request,
+                    deadline: float) -> tuple[Any, bool]:
+        """``(reply or error, whether the connection may be reused)``."""
+        assert request is not None
+        try:
+            async with _timeout(max(deadline - self.clock(), 0.0)):
+                try:
+                    reply = await conn.read_response()
+                except NoScriptError:
+                    assert request.packed_eval is not None
+                    await conn.send_packed_command(request.packed_eval, check_health=False)
+                    reply = await conn.read_response()
+        except asyncio.TimeoutError:  # not the builtin one on Python 3.10
+            node.mark_failed(self.clock())
+            return NodeError(node.name, f"no answer within {node.timeout:g} s"), False
+        except ResponseError as e:
+            node.mark_ok()
+            return e, True
+        except (*NODE_DOWN_ERRORS, RedisError) as e:
+            node.mark_failed(self.clock())
+            return NodeError(node.name, _short(e)), False
+        node.mark_ok()
+        return reply, True
+
+    # -- closing -------------------------------------------------------------
+    async def aclose(self) -> None:
+        """Close the running loop's connections now, and the other loops' as :meth:`close`."""
+        loop = asyncio.get_running_loop()
+        state = self._loops.pop(loop, None)
+        if state is not None:
+            await state.aclose()
+        self.close()
+
+    def close(self) -> None:
+        """Close what can be closed from here; forget every loop's connections.
+
+        A loop that is running (in another thread, or this one) closes its own
+        connections soon after; a loop that already shut down closed them itself.
+        """
+        with self._lock:
+            states = list(self._loops.items())
+            self._loops.clear()
+        for loop, state in states:
+            state.closed = True
+            if loop.is_closed() or not loop.is_running():
+                continue
+            try:
+                loop.call_soon_threadsafe(_schedule_close, loop, state)
+            except RuntimeError:  # the loop closed meanwhile
+                pass
+
+
+def _schedule_close(loop: asyncio.AbstractEventLoop, state: _LoopConns) -> None:
+    task = loop.create_task(state.aclose())
+    _closing.add(task)
+    task.add_done_callback(_closing.discard)
+
+
+#: Strong references to closing tasks (the loop keeps only weak ones).
+_closing: set[asyncio.Task[None]] = set()
+
+
+async def _stale(conn: Any) -> bool:
+    """True when an idle connection has unread data or was closed by the server."""
+    check = getattr(conn, "can_read", None) or conn.can_read_destructive
+    try:
+        return bool(await check())
+    except (*NODE_DOWN_ERRORS, RedisError):
+        return True

@@ -1,0 +1,447 @@
+"""The asyncio flavour against real nodes: AsyncLock, AsyncTransport, LockManager.alock.
+
+Each test is a plain function that runs its scenario with ``asyncio.run`` (no
+pytest-asyncio): a fresh event loop per test, which also exercises one manager
+serving several loops. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import redis.asyncio
+
+from django_redlock import (
+    LockLost,
+    LockNotAcquired,
+    LockNotOwned,
+    QuorumUnavailable,
+    RedlockError,
+    signals,
+)
+from django_redlock.aio import AsyncLock, alock
+from django_redlock.core.owner import parse_value
+from django_redlock.lock import Lock
+from django_redlock.testing import RedisNodes
+
+MakeManager = Callable[..., Any]
+NODE_TIMEOUT = 0.2
+
+
+def holders(nodes: RedisNodes, key: str) -> int:
+    return sum(server.client().exists(key) for server in nodes)
+
+
+def run(coro: Any, *, limit: float = 20.0) -> Any:
+    async def bounded() -> Any:
+        return await asyncio.wait_for(coro, limit)
+
+    return asyncio.run(bounded())
+
+
+# -- basics ------------------------------------------------------------------------
+def test_acquire_release_and_fences_grow(nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+    seen: list[tuple[str, Any, dict[str, Any]]] = []
+
+    def on_signal(signal: Any, sender: Any, **kwargs: Any) -> None:
+        seen.append((kwargs["name"], sender, kwargs))
+
+    for sig in (signals.lock_acquired, signals.lock_released):
+        sig.connect(on_signal, dispatch_uid="test_aio")
+
+    async def scenario() -> list[int]:
+        fences = []
+        lock = mgr.alock("basic", ttl=5)
+        assert isinstance(lock, AsyncLock) and lock.key == "redlock:basic" and lock.name == "basic"
+        assert not lock.owned() and lock.validity == 0.0
+        assert await lock.acquire()
+        assert lock.owned() and 4 < lock.validity <= 5
+        assert await lock.locked()
+        stored = parse_value(nodes3[0].client().get(lock.key))
+        assert stored is not None and stored.fence <= lock.fence  # the max over the quorum
+        await lock.extend(ttl=8)
+        assert 7 < lock.validity <= 8
+        fences.append(lock.fence)
+        await lock.release()
+        assert not lock.owned() and not await lock.locked()
+        assert holders(nodes3, lock.key) == 0
+        for _ in range(3):
+            async with mgr.alock("basic") as held:
+                assert held.owned()
+                fences.append(held.fence)
+            assert not held.owned()
+        return fences
+
+    try:
+        fences = run(scenario())
+    finally:
+        for sig in (signals.lock_acquired, signals.lock_released):
+            sig.disconnect(dispatch_uid="test_aio")
+    assert fences == sorted(fences) and len(set(fences)) == len(fences)
+    kinds = [(name, sender) for name, sender, _ in seen]
+    assert kinds == [("basic", Lock)] * 8  # sent like the sync lock's: sender=Lock
+    assert isinstance(seen[0][2]["lock"], AsyncLock) and "wait" in seen[0][2]
+    assert "held" in seen[1][2]
+
+
+def test_mutual_exclusion_of_concurrent_tasks(nodes3: RedisNodes,
+                                              make_manager: MakeManager) -> None:
+    """20 tasks (two managers, as two clients) do a non-atomic read-modify-write."""
+    managers = [make_manager(nodes3, retry_delay=0.05), make_manager(nodes3, retry_delay=0.05)]
+    tasks_n = 20
+
+    async def scenario() -> tuple[int, list[int]]:
+        counter = redis.asyncio.Redis.from_url(nodes3[0].url)
+        fences: list[int] = []
+        inside = 0
+
+        async def worker(i: int) -> None:
+            nonlocal inside
+            async with managers[i % 2].alock("counter", ttl=5, timeout=15) as held:
+                inside += 1
+                assert inside == 1
+                value = int(await counter.get("test:counter") or 0)
+                await asyncio.sleep(0.002)  # let the others try to get in
+                await counter.set("test:counter", value + 1)
+                fences.append(held.fence)
+                inside -= 1
+
+        try:
+            await asyncio.gather(*(worker(i) for i in range(tasks_n)))
+            return int(await counter.get("test:counter")), fences
+        finally:
+            await counter.aclose()
+
+    total, fences = run(scenario(), limit=30)
+    assert total == tasks_n
+    assert fences == sorted(fences) and len(set(fences)) == tasks_n
+
+
+def test_busy_lock_with_timeout_zero(nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+
+    async def scenario() -> None:
+        async with mgr.alock("busy", ttl=5):
+            other = mgr.alock("busy")
+            started = time.monotonic()
+            assert await other.acquire(timeout=0) is False
+            assert not await other.acquire(blocking=False)
+            assert time.monotonic() - started < 1.0
+            assert 3 < other.retry_after <= 5
+            with pytest.raises(LockNotAcquired) as info:
+                async with mgr.alock("busy", timeout=0):
+                    raise AssertionError("not reached")
+            assert 3 < info.value.retry_after <= 5
+            started = time.monotonic()
+            assert not await mgr.alock("busy", timeout=0.3).acquire()
+            assert 0.25 < time.monotonic() - started < 1.5
+
+    run(scenario())
+
+
+def test_blocked_waiter_is_woken_by_the_release(nodes3: RedisNodes,
+                                                make_manager: MakeManager) -> None:
+    """With a 5 s retry delay only the release notice can wake the waiter this fast."""
+    holder_mgr = make_manager(nodes3, retry_delay=5)
+    waiter_mgr = make_manager(nodes3, retry_delay=5)
+
+    async def scenario() -> float:
+        holder = holder_mgr.alock("wake", ttl=10)
+        assert await holder.acquire()
+        waiter = waiter_mgr.alock("wake", ttl=5, timeout=8)
+        task = asyncio.ensure_future(waiter.acquire())
+        await asyncio.sleep(0.5)  # the waiter failed, subscribed, and sleeps
+        assert not task.done()
+        released = time.monotonic()
+        await holder.release()
+        assert await task
+        woke = time.monotonic() - released
+        assert waiter.fence > holder.fence
+        await waiter.release()
+        return woke
+
+    assert run(scenario()) < 1.0
+
+
+# -- renewal and the blocked event loop ------------------------------------------------------
+def test_renewal_keeps_a_short_lock(nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+
+    async def scenario() -> None:
+        async with mgr.alock("renewed", ttl=1, auto_renew=True) as held:
+            await asyncio.sleep(2.5)
+            assert held.owned() and held.validity > 0.3
+            assert all(server.client().pttl(held.key) > 300 for server in nodes3)
+            timer = held._renewal_timer
+            assert timer is not None and not timer.cancelled()  # the next renewal
+        assert timer.cancelled() and held._renewal_timer is None  # none outlives release()
+        assert held._renewal is None
+        assert holders(nodes3, held.key) == 0
+
+    run(scenario())
+
+
+def test_blocked_event_loop_loses_the_lock_and_says_so(nodes3: RedisNodes,
+                                                       make_manager: MakeManager) -> None:
+    """time.sleep() past the lease inside ``async with``: no renewal can run.
+
+    Another client takes the lock meanwhile; the block's exit raises LockLost,
+    judged from the monotonic clock, and leaves the new holder's key alone.
+    """
+    mgr = make_manager(nodes3)
+    rival_mgr = make_manager(nodes3)
+    rival: dict[str, Any] = {}
+    lost: list[dict[str, Any]] = []
+
+    def on_lost(signal: Any, sender: Any, **kwargs: Any) -> None:
+        lost.append(kwargs)
+
+    def take_over() -> None:
+        lock = rival_mgr.lock("paused", ttl=10, timeout=5, auto_renew=False)
+        rival["ok"] = lock.acquire()
+        rival["lock"] = lock
+
+    async def scenario() -> int:
+        thread = threading.Thread(target=take_over)
+        with pytest.raises(LockLost):
+            async with mgr.alock("paused", ttl=1, auto_renew=True) as held:
+                thread.start()
+                time.sleep(2.0)  # blocks the event loop past the 1 s lease
+                assert not held.owned() and held.validity == 0.0
+        thread.join(5)
+        return held.fence
+
+    signals.lock_lost.connect(on_lost, dispatch_uid="test_aio_lost")
+    try:
+        fence = run(scenario())
+    finally:
+        signals.lock_lost.disconnect(dispatch_uid="test_aio_lost")
+    assert rival["ok"] and rival["lock"].owned()
+    assert rival["lock"].fence > fence
+    assert holders(nodes3, "redlock:paused") == 3  # the rival's key survived our release
+    assert len(lost) == 1 and lost[0]["name"] == "paused"
+    rival["lock"].release()
+
+
+def test_max_hold_caps_renewal(nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+
+    async def scenario() -> None:
+        with pytest.raises(LockLost):
+            async with mgr.alock("capped", ttl=0.6, max_hold=0.5, auto_renew=True) as held:
+                await asyncio.sleep(1.0)
+                assert not held.owned()  # renewed up to the cap, then let expire
+        assert holders(nodes3, held.key) == 0
+
+    run(scenario())
+
+
+def test_release_after_a_force_release_reports_the_loss(nodes3: RedisNodes,
+                                                         make_manager: MakeManager) -> None:
+    """Our clock still gives the lease time, but a majority no longer has our key."""
+    mgr = make_manager(nodes3)
+
+    async def scenario() -> None:
+        with pytest.raises(LockLost, match="no longer had this holder's key"):
+            async with mgr.alock("forced", ttl=10, auto_renew=False) as held:
+                mgr.force_release("forced")
+                assert held.owned()  # nothing told it yet
+
+    run(scenario())
+
+
+# -- cancellation ----------------------------------------------------------------------------
+def test_task_cancelled_inside_async_with_leaves_no_key(nodes3: RedisNodes,
+                                                        make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+
+    async def scenario() -> None:
+        entered = asyncio.Event()
+        lock = mgr.alock("cancelled", ttl=10)
+
+        async def body() -> None:
+            async with lock:
+                entered.set()
+                await asyncio.sleep(30)
+
+        task = asyncio.ensure_future(body())
+        await entered.wait()
+        assert holders(nodes3, lock.key) == 3
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert holders(nodes3, lock.key) == 0
+        assert not lock.owned() and lock._renewal is None and lock._renewal_timer is None
+
+    run(scenario())
+
+
+def test_cancelled_release_still_releases(nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+
+    async def scenario() -> None:
+        lock = mgr.alock("cancel-release", ttl=10)
+        assert await lock.acquire()
+        task = asyncio.ensure_future(lock.release())
+        await asyncio.sleep(0)  # release() started: its round is in flight
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert holders(nodes3, lock.key) == 0
+        assert not lock.owned()
+        with pytest.raises(LockNotOwned):
+            await lock.release()
+
+    run(scenario())
+
+
+def test_cancelled_acquire_leaves_nothing_behind(nodes3: RedisNodes,
+                                                 make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3, retry_delay=0.05)
+
+    async def scenario() -> None:
+        holder = mgr.alock("cancel-acquire", ttl=10)
+        assert await holder.acquire()
+        waiter = mgr.alock("cancel-acquire", timeout=None)
+        task = asyncio.ensure_future(waiter.acquire())
+        await asyncio.sleep(0.3)
+        task.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        await holder.release()
+        assert not mgr.notifier._subs  # the waiter's subscription was closed
+        # Cancelled in the middle of a round: two nodes said yes, the third is
+        # silent (paused). What the round set is taken back.
+        quick = mgr.alock("cancel-acquire", timeout=None)
+        nodes3[2].pause()
+        try:
+            task = asyncio.ensure_future(quick.acquire())
+            await asyncio.sleep(0.15)
+            assert not task.done()
+            assert nodes3[0].client().exists(quick.key) and nodes3[1].client().exists(quick.key)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+        finally:
+            nodes3[2].resume()
+        assert not nodes3[0].client().exists(quick.key)
+        assert not nodes3[1].client().exists(quick.key)
+
+    run(scenario())
+
+
+# -- errors ----------------------------------------------------------------------------------
+def test_release_and_extend_of_a_lock_not_held(nodes3: RedisNodes,
+                                              make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+
+    async def scenario() -> None:
+        never = mgr.alock("mine")
+        with pytest.raises(LockNotOwned):
+            await never.release()
+        with pytest.raises(LockNotOwned):
+            await never.extend()
+        async with mgr.alock("mine") as held:
+            with pytest.raises(LockNotOwned):
+                await mgr.alock("mine").release()  # another holder object: not its lock
+            with pytest.raises(RedlockError):
+                await held.acquire()  # not reentrant
+            assert held.owned()
+        with pytest.raises(LockNotOwned):
+            await held.release()
+
+    run(scenario())
+    with pytest.raises(ValueError):
+        mgr.alock("x", ttl=0)
+    with pytest.raises(TypeError):
+        import pickle
+
+        pickle.dumps(mgr.alock("x"))
+
+
+def test_minority_down_acquires_majority_down_is_a_clear_error(
+        redis_nodes_factory: Callable[..., RedisNodes], make_manager: MakeManager) -> None:
+    five = redis_nodes_factory(5)
+    mgr = make_manager(five, node_timeout=NODE_TIMEOUT)
+
+    async def scenario() -> None:
+        async with mgr.alock("warm"):
+            pass  # connections open to every node
+        five[0].kill()
+        five[1].pause()  # silent: its exchange must time out
+        try:
+            started = time.monotonic()
+            lock = mgr.alock("minority", ttl=5)
+            assert await lock.acquire(timeout=0)
+            assert time.monotonic() - started < 2 * NODE_TIMEOUT + 0.5
+            assert lock.validity > 4
+            await lock.release()
+            five[2].kill()
+            started = time.monotonic()
+            with pytest.raises(QuorumUnavailable) as info:
+                await mgr.alock("majority", timeout=None).acquire()
+            assert time.monotonic() - started < 2 * NODE_TIMEOUT + 0.5
+            assert info.value.answered == 2 and info.value.needed == 3
+            assert len(info.value.errors) == 3
+        finally:
+            five[1].resume()
+
+    run(scenario())
+
+
+# -- loops, settings, cache nodes --------------------------------------------------------------
+def test_one_manager_serves_several_loops(nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """Sequential loops (asyncio.run) and a loop in another thread share one manager;
+    each loop's connections are closed when that loop shuts down."""
+    mgr = make_manager(nodes3)
+    states: list[Any] = []
+
+    async def once(name: str) -> int:
+        async with mgr.alock(name) as held:
+            states.append(mgr._async_transport._loops[asyncio.get_running_loop()])
+            return held.fence
+
+    fences = [asyncio.run(once("loops")), asyncio.run(once("loops"))]
+    box: list[int] = []
+    thread = threading.Thread(target=lambda: box.append(asyncio.run(once("loops"))))
+    thread.start()
+    thread.join(10)
+    fences += box
+    assert len(fences) == 3 and fences == sorted(fences)
+    assert len({id(s) for s in states}) == 3
+    for state in states:
+        assert state.closed
+        assert not any(conn.is_connected for node in state.nodes for conn in node.open)
+
+
+def test_alock_from_settings(session_nodes: RedisNodes) -> None:
+    async def scenario() -> None:
+        async with alock("from-settings", ttl=5) as held:
+            assert held.owned()
+            assert session_nodes[0].client().exists("redlock:from-settings")
+        assert not session_nodes[0].client().exists("redlock:from-settings")
+
+    run(scenario())
+
+
+def test_cache_node_gets_an_asyncio_twin_of_the_cache_pool(
+        nodes3: RedisNodes, make_manager: MakeManager, settings: Any) -> None:
+    settings.CACHES = {
+        "default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"},
+        "locks": {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": nodes3[0].url},
+    }
+    mgr = make_manager(["cache:locks", nodes3[1].url, nodes3[2].url])
+
+    async def scenario() -> None:
+        async with mgr.alock("via-cache", ttl=5) as held:
+            assert holders(nodes3, held.key) == 3
+            assert held.fence > 0
+        assert holders(nodes3, held.key) == 0
+
+    run(scenario())
