@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from types import EllipsisType
 
+from .aio import AsyncLock, alock
 from .conf import get_manager
 from .decorators import current_lock, with_lock
 from .exceptions import (
@@ -29,11 +30,13 @@ __version__ = "0.1.0"
 
 __all__ = [
     "lock",
+    "alock",
     "with_lock",
     "current_lock",
     "get_manager",
     "LockManager",
     "Lock",
+    "AsyncLock",
     "RedlockError",
     "LockNotAcquired",
     "LockLost",
