@@ -60,8 +60,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from django.dispatch import Signal
 
-from . import signals
-from .core import quorum as q
+from . import rounds, signals
 from .core.keys import fence_key, lock_key, validate_name
 from .core.owner import new_token, owner_json
 from .exceptions import (
@@ -72,9 +71,7 @@ from .exceptions import (
     RedlockError,
 )
 from .lock import Lock
-from .manager import _FENCE_GRACE_B, AcquireResult, ExtendResult, ReleaseResult
-from .transport.resp import ACQUIRE, EXTEND, RELEASE, Call, Command
-from .transport.sync import NodeError
+from .rounds import AcquireResult, ExtendResult, ReleaseResult
 
 if TYPE_CHECKING:
     from .manager import LockManager
@@ -191,96 +188,46 @@ async def _subscribe(manager: LockManager, channel: bytes, confirm: float) -> _W
     return _Waiter(sub, event)
 
 
-# -- rounds (the asyncio twins of LockManager._*_round) -------------------------
+# -- rounds (the rules live in rounds.py, shared with the sync manager) --------
 async def _acquire_round(mgr: LockManager, transport: AsyncTransport, key: bytes, fkey: bytes,
                          token: str, ttl_ms: int, owner: str, fencing: bool, ttl: float, *,
                          lock_name: str) -> AcquireResult:
-    call = Call(ACQUIRE, (key, fkey),
-                (token, ttl_ms, owner, b"1" if fencing else b"0", _FENCE_GRACE_B))
+    call = rounds.acquire_call(key, fkey, token, ttl_ms, owner, fencing)
     n = len(mgr.nodes)
     start = mgr.clock()
     replies = await transport.round([call] * n)
     elapsed = mgr.clock() - start
-    ok = 0
-    fence = 0
-    busy_ttls: list[float] = []
-    errors: dict[str, str] = {}
-    maybe_ours: list[bool] = [False] * n
-    for i, reply in enumerate(replies):
-        if isinstance(reply, list) and len(reply) == 2:
-            if reply[0] == 1:
-                ok += 1
-                fence = max(fence, int(reply[1]))
-                maybe_ours[i] = True
-            else:
-                busy_ttls.append(max(0, int(reply[1])) / 1000.0)
-        elif isinstance(reply, NodeError):
-            errors[reply.node] = reply.reason
-            maybe_ours[i] = reply.sent
-        else:
-            errors[mgr.nodes[i].name] = f"unexpected reply: {reply!r}"[:160]
-    valid = q.validity(ttl, elapsed, mgr.drift_factor)
-    if ok >= mgr.quorum and valid > 0:
-        return AcquireResult(True, fence=fence, valid_until=start + valid)
-    if any(maybe_ours):
+    tally = rounds.tally_acquire(replies, [node.name for node in mgr.nodes])
+    won = rounds.granted(tally, n_nodes=n, start=start, elapsed=elapsed, ttl=ttl,
+                         drift_factor=mgr.drift_factor)
+    if won is not None:
+        return won
+    if any(tally.maybe_ours):
         # Release wherever the key may be ours, including nodes that went silent
         # after the request left: a leftover would block others.
-        await _release_round(mgr, transport, key, fkey, token, 0, only=maybe_ours)
-    answered = ok + len(busy_ttls)
-    if answered < mgr.quorum:
-        raise mgr._quorum_error(f"cannot acquire lock {lock_name!r}", answered, errors, lock_name)
-    holder_ttl = sorted(busy_ttls)[len(busy_ttls) // 2] if busy_ttls else None
-    if ok >= mgr.quorum:
-        logger.info("lock %r: quorum reached but the round took %.3f s of a %.3f s lease; "
-                    "retrying", lock_name, elapsed, ttl)
-    return AcquireResult(False, holder_ttl=holder_ttl, errors=errors)
+        await _release_round(mgr, transport, key, fkey, token, 0, only=tally.maybe_ours)
+    return rounds.refused(tally, n_nodes=n, elapsed=elapsed, ttl=ttl, lock_name=lock_name)
 
 
 async def _release_round(mgr: LockManager, transport: AsyncTransport, key: bytes, fkey: bytes,
                          token: str, fence: int, *,
                          only: Sequence[bool] | None = None) -> ReleaseResult:
-    call = Call(RELEASE, (key, fkey), (token, fence, _FENCE_GRACE_B))
-    requests = [call if only is None or only[i] else None for i in range(len(mgr.nodes))]
-    replies = await transport.round(requests, skip_backoff=only is None)
-    failed = [r for r in replies if isinstance(r, NodeError)]
-    if failed:
-        logger.info("release of %r did not reach %d node(s): %s; the key expires there "
-                    "with its lease", key.decode(), len(failed), "; ".join(str(e) for e in failed))
-    not_ours = sum(1 for r in replies if r == 0)
-    return ReleaseResult(released=sum(1 for r in replies if r == 1), not_ours=not_ours,
-                         lost=not_ours > len(mgr.nodes) - mgr.quorum)
+    requests = rounds.release_requests(len(mgr.nodes), key, fkey, token, fence, only)
+    return rounds.tally_release(await transport.round(requests, skip_backoff=only is None), key)
 
 
 async def _extend_round(mgr: LockManager, transport: AsyncTransport, key: bytes, fkey: bytes,
                         token: str, fence: int, ttl: float) -> ExtendResult:
-    call = Call(EXTEND, (key, fkey), (token, max(1, int(ttl * 1000)), fence, _FENCE_GRACE_B))
-    n = len(mgr.nodes)
+    call = rounds.extend_call(key, fkey, token, fence, ttl)
     start = mgr.clock()
-    replies = await transport.round([call] * n)
-    elapsed = mgr.clock() - start
-    ok = sum(1 for r in replies if r == 1)
-    not_ours = sum(1 for r in replies if r == 0)
-    errors = [str(r) for r in replies if isinstance(r, (NodeError, Exception))]
-    valid = q.validity(ttl, elapsed, mgr.drift_factor)
-    if ok >= mgr.quorum and valid > 0:
-        return ExtendResult(True, valid_until=start + valid)
-    if not_ours > n - mgr.quorum:
-        return ExtendResult(False, lost=True, reason=(
-            f"{not_ours} of {n} nodes no longer have this holder's key (it expired or was taken)"))
-    reason = f"{ok} of {n} nodes extended, {mgr.quorum} needed"
-    if errors:
-        reason += " (" + "; ".join(errors) + ")"
-    return ExtendResult(False, reason=reason)
+    replies = await transport.round([call] * len(mgr.nodes))
+    return rounds.tally_extend(replies, start=start, elapsed=mgr.clock() - start, ttl=ttl,
+                               drift_factor=mgr.drift_factor)
 
 
 async def _holders(mgr: LockManager, transport: AsyncTransport, key: bytes) -> int:
-    replies = await transport.round([Command(b"EXISTS", key)] * len(mgr.nodes))
-    answered = [r for r in replies if isinstance(r, int)]
-    if len(answered) < mgr.quorum:
-        errors = {r.node: r.reason for r in replies if isinstance(r, NodeError)}
-        raise mgr._quorum_error(f"cannot tell whether {key.decode()!r} is locked",
-                                len(answered), errors, None)
-    return sum(answered)
+    return rounds.tally_holders(
+        await transport.round([rounds.exists_command(key)] * len(mgr.nodes)), key)
 
 
 def _renewal_due(ref: weakref.ref[AsyncLock]) -> None:

@@ -534,7 +534,7 @@ def force_release(manager: LockManager, name: str) -> ReleaseReport:
     deleted: list[tuple[str, Any]] = []
     absent: list[str] = []
     failures: list[NodeFailure] = []
-    for node, reply in zip(manager.nodes, replies):
+    for node, reply in zip(manager.nodes, replies, strict=True):
         if isinstance(reply, NodeError):
             failures.append(NodeFailure(node.name, short_reason(node, Exception(reply.reason))))
         elif isinstance(reply, Exception):
@@ -707,7 +707,7 @@ def check_health(manager: LockManager, *, deadline: float | None = None) -> Heal
     limit = deadline if deadline is not None else (PINGS + 3) * max(n.timeout for n in nodes) + 1.0
     outcomes = _each_node(nodes, _probe, limit)
     report: list[NodeHealth] = []
-    for node, outcome in zip(nodes, outcomes):
+    for node, outcome in zip(nodes, outcomes, strict=True):
         if outcome.error is not None:
             report.append(NodeHealth(node=node.name, ok=False, error=outcome.error))
         else:

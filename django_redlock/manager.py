@@ -24,31 +24,27 @@ import random
 import threading
 import time
 import weakref
-from dataclasses import dataclass, field
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
 
 from django.core.exceptions import ImproperlyConfigured
 
+from . import rounds
 from .core import quorum as q
 from .core.config import DEFAULTS, NodeSpec, check_options, parse_nodes, resolve_options
 from .core.keys import lock_key, validate_name
 from .core.retry import next_wait
-from .exceptions import QuorumUnavailable
 from .lock import Lock
+from .rounds import AcquireResult, ExtendResult, ReleaseResult
 from .transport.notify import ReleaseNotifier
-from .transport.resp import ACQUIRE, EXTEND, FORCE_RELEASE, RELEASE, Call, Command
-from .transport.sync import NodeClient, NodeError, SyncTransport
+from .transport.resp import FORCE_RELEASE, Call
+from .transport.sync import NodeClient, SyncTransport
 from .watchdog import Watchdog
 
 if TYPE_CHECKING:
     from .aio import AsyncLock
 
 logger = logging.getLogger("django_redlock.manager")
-
-#: How long a fencing counter outlives the clock passing it (ms). See core/keys.py.
-FENCE_GRACE_MS = 3_600_000
-_FENCE_GRACE_B = b"%d" % FENCE_GRACE_MS
 
 _managers: "weakref.WeakSet[LockManager]" = weakref.WeakSet()
 
@@ -60,33 +56,6 @@ def _after_fork_in_child() -> None:
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_after_fork_in_child)
-
-
-@dataclass
-class AcquireResult:
-    acquired: bool
-    fence: int = 0
-    valid_until: float = 0.0
-    reachable: bool = True
-    holder_ttl: float | None = None
-    errors: dict[str, str] = field(default_factory=dict)
-
-
-@dataclass
-class ReleaseResult:
-    released: int
-    not_ours: int
-    #: A majority no longer had this holder's key: it had expired or been taken
-    #: before the release, whatever the holder's clock said.
-    lost: bool
-
-
-@dataclass
-class ExtendResult:
-    extended: bool
-    valid_until: float = 0.0
-    lost: bool = False
-    reason: str = ""
 
 
 def _default_pool_factory(spec: NodeSpec) -> Any:
@@ -251,103 +220,42 @@ class LockManager:
         return next_wait(remaining=remaining, max_delay=self.retry_delay, holder_ttl=holder_ttl,
                          rng=self.rng)
 
-    # -- rounds ----------------------------------------------------------------
-    def _quorum_error(self, what: str, answered: int, errors: dict[str, str],
-                      lock_name: str | None) -> QuorumUnavailable:
-        detail = "; ".join(f"{node}: {why}" for node, why in errors.items())
-        return QuorumUnavailable(
-            f"{what}: {answered} of {len(self.nodes)} nodes answered, {self.quorum} needed"
-            + (f" ({detail})" if detail else ""),
-            lock_name=lock_name, answered=answered, needed=self.quorum, errors=errors)
-
+    # -- rounds (the rules live in rounds.py, shared with the asyncio flavour) ----
     def _acquire_round(self, key: bytes, fkey: bytes, token: str, ttl_ms: int, owner: str,
                        fencing: bool, ttl: float, *, lock_name: str) -> AcquireResult:
-        call = Call(ACQUIRE, (key, fkey),
-                    (token, ttl_ms, owner, b"1" if fencing else b"0", _FENCE_GRACE_B))
+        call = rounds.acquire_call(key, fkey, token, ttl_ms, owner, fencing)
         n = len(self.nodes)
         start = self.clock()
         replies = self.transport.round([call] * n)
         elapsed = self.clock() - start
-        ok = 0
-        fence = 0
-        busy_ttls: list[float] = []
-        errors: dict[str, str] = {}
-        maybe_ours: list[bool] = [False] * n
-        for i, reply in enumerate(replies):
-            if isinstance(reply, list) and len(reply) == 2:
-                if reply[0] == 1:
-                    ok += 1
-                    fence = max(fence, int(reply[1]))
-                    maybe_ours[i] = True
-                else:
-                    busy_ttls.append(max(0, int(reply[1])) / 1000.0)
-            elif isinstance(reply, NodeError):
-                errors[reply.node] = reply.reason
-                maybe_ours[i] = reply.sent
-            else:
-                errors[self.nodes[i].name] = f"unexpected reply: {reply!r}"[:160]
-        valid = q.validity(ttl, elapsed, self.drift_factor)
-        if ok >= self.quorum and valid > 0:
-            return AcquireResult(True, fence=fence, valid_until=start + valid)
-        if any(maybe_ours):
+        tally = rounds.tally_acquire(replies, [node.name for node in self.nodes])
+        won = rounds.granted(tally, n_nodes=n, start=start, elapsed=elapsed, ttl=ttl,
+                             drift_factor=self.drift_factor)
+        if won is not None:
+            return won
+        if any(tally.maybe_ours):
             # Release wherever the key may be ours, including nodes that went
             # silent after the request left: a leftover would block others.
-            self._release_round(key, fkey, token, 0, only=maybe_ours)
-        answered = ok + len(busy_ttls)
-        if answered < self.quorum:
-            raise self._quorum_error(f"cannot acquire lock {lock_name!r}", answered, errors,
-                                     lock_name)
-        holder_ttl = sorted(busy_ttls)[len(busy_ttls) // 2] if busy_ttls else None
-        if ok >= self.quorum:
-            logger.info("lock %r: quorum reached but the round took %.3f s of a %.3f s lease; "
-                        "retrying", lock_name, elapsed, ttl)
-        return AcquireResult(False, holder_ttl=holder_ttl, errors=errors)
+            self._release_round(key, fkey, token, 0, only=tally.maybe_ours)
+        return rounds.refused(tally, n_nodes=n, elapsed=elapsed, ttl=ttl, lock_name=lock_name)
 
     def _release_round(self, key: bytes, fkey: bytes, token: str, fence: int, *,
-                       only: list[bool] | None = None) -> "ReleaseResult":
-        call = Call(RELEASE, (key, fkey), (token, fence, _FENCE_GRACE_B))
-        requests = [call if only is None or only[i] else None for i in range(len(self.nodes))]
-        replies = self.transport.round(requests, skip_backoff=only is None)
-        released = sum(1 for r in replies if r == 1)
-        not_ours = sum(1 for r in replies if r == 0)
-        failed = [r for r in replies if isinstance(r, NodeError)]
-        if failed:
-            logger.info("release of %r did not reach %d node(s): %s; the key expires there "
-                        "with its lease", key.decode(), len(failed),
-                        "; ".join(str(e) for e in failed))
-        return ReleaseResult(released=released, not_ours=not_ours,
-                             lost=not_ours > len(self.nodes) - self.quorum)
+                       only: list[bool] | None = None) -> ReleaseResult:
+        requests = rounds.release_requests(len(self.nodes), key, fkey, token, fence, only)
+        return rounds.tally_release(self.transport.round(requests, skip_backoff=only is None), key)
 
     def _extend_round(self, key: bytes, fkey: bytes, token: str, fence: int, ttl: float, *,
                       lock_name: str) -> ExtendResult:
-        call = Call(EXTEND, (key, fkey), (token, max(1, int(ttl * 1000)), fence, _FENCE_GRACE_B))
+        call = rounds.extend_call(key, fkey, token, fence, ttl)
         start = self.clock()
         replies = self.transport.round([call] * len(self.nodes))
-        elapsed = self.clock() - start
-        ok = sum(1 for r in replies if r == 1)
-        not_ours = sum(1 for r in replies if r == 0)
-        errors = [str(r) for r in replies if isinstance(r, (NodeError, Exception))]
-        valid = q.validity(ttl, elapsed, self.drift_factor)
-        if ok >= self.quorum and valid > 0:
-            return ExtendResult(True, valid_until=start + valid)
-        if not_ours > len(self.nodes) - self.quorum:
-            return ExtendResult(False, lost=True, reason=(
-                f"{not_ours} of {len(self.nodes)} nodes no longer have this holder's key "
-                f"(it expired or was taken)"))
-        reason = f"{ok} of {len(self.nodes)} nodes extended, {self.quorum} needed"
-        if errors:
-            reason += " (" + "; ".join(errors) + ")"
-        return ExtendResult(False, reason=reason)
+        return rounds.tally_extend(replies, start=start, elapsed=self.clock() - start, ttl=ttl,
+                                   drift_factor=self.drift_factor)
 
     def _holders(self, key: bytes) -> int:
         """How many nodes have ``key``; raises QuorumUnavailable when too few answer."""
-        replies = self.transport.round([Command(b"EXISTS", key)] * len(self.nodes))
-        answered = [r for r in replies if isinstance(r, int)]
-        if len(answered) < self.quorum:
-            errors = {r.node: r.reason for r in replies if isinstance(r, NodeError)}
-            raise self._quorum_error(f"cannot tell whether {key.decode()!r} is locked",
-                                     len(answered), errors, None)
-        return sum(answered)
+        return rounds.tally_holders(
+            self.transport.round([rounds.exists_command(key)] * len(self.nodes)), key)
 
     def force_release(self, name: str) -> list[Any]:
         """Delete lock ``name`` on every node whoever holds it; wake its waiters.

@@ -1,0 +1,189 @@
+"""What each Redlock round asks the nodes, and what their answers mean.
+
+Sans-I/O: these functions build the requests and interpret the replies; the
+sync manager and the asyncio flavour only carry them to the nodes and back, so
+the two flavours cannot drift apart on the rules:
+
+* acquire: granted only with ``N // 2 + 1`` yes answers *and* validity
+  ``ttl - elapsed - drift`` > 0; otherwise the caller releases wherever the key
+  may be ours (``maybe_ours``), then either the lock is busy (a quorum answered)
+  or :class:`QuorumUnavailable` is raised (fewer than a quorum answered);
+* extend: the same counting; "lost" when more than ``N - quorum`` nodes no
+  longer have our key (the quorum can no longer be ours);
+* release: "lost" on the same condition, so a release notices a lock that was
+  taken before the renewal thread did.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from .core import quorum as q
+from .exceptions import QuorumUnavailable
+from .transport.resp import ACQUIRE, EXTEND, RELEASE, Call, Command
+from .transport.sync import NodeError
+
+logger = logging.getLogger("django_redlock.manager")
+
+#: How long a fencing counter outlives the clock passing it (ms). See core/keys.py.
+FENCE_GRACE_MS = 3_600_000
+_FENCE_GRACE_B = b"%d" % FENCE_GRACE_MS
+
+
+@dataclass
+class AcquireResult:
+    acquired: bool
+    fence: int = 0
+    valid_until: float = 0.0
+    holder_ttl: float | None = None
+    errors: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass
+class AcquireTally:
+    """The replies of one acquire round, counted."""
+
+    ok: int
+    fence: int
+    busy_ttls: list[float]
+    errors: dict[str, str]
+    maybe_ours: list[bool]
+
+    @property
+    def answered(self) -> int:
+        return self.ok + len(self.busy_ttls)
+
+
+@dataclass
+class ReleaseResult:
+    released: int
+    not_ours: int
+    #: A majority no longer had this holder's key: it had expired or been taken
+    #: before the release, whatever the holder's clock said.
+    lost: bool
+
+
+@dataclass
+class ExtendResult:
+    extended: bool
+    valid_until: float = 0.0
+    lost: bool = False
+    reason: str = ""
+
+
+def quorum_error(what: str, n_nodes: int, answered: int, errors: dict[str, str],
+                 lock_name: str | None) -> QuorumUnavailable:
+    needed = q.quorum(n_nodes)
+    detail = "; ".join(f"{node}: {why}" for node, why in errors.items())
+    return QuorumUnavailable(
+        f"{what}: {answered} of {n_nodes} nodes answered, {needed} needed"
+        + (f" ({detail})" if detail else ""),
+        lock_name=lock_name, answered=answered, needed=needed, errors=errors)
+
+
+# -- acquire -------------------------------------------------------------------
+def acquire_call(key: bytes, fkey: bytes, token: str, ttl_ms: int, owner: str,
+                 fencing: bool) -> Call:
+    return Call(ACQUIRE, (key, fkey),
+                (token, ttl_ms, owner, b"1" if fencing else b"0", _FENCE_GRACE_B))
+
+
+def tally_acquire(replies: Sequence[Any], node_names: Sequence[str]) -> AcquireTally:
+    tally = AcquireTally(ok=0, fence=0, busy_ttls=[], errors={},
+                         maybe_ours=[False] * len(replies))
+    for i, reply in enumerate(replies):
+        if isinstance(reply, list) and len(reply) == 2:
+            if reply[0] == 1:
+                tally.ok += 1
+                tally.fence = max(tally.fence, int(reply[1]))
+                tally.maybe_ours[i] = True
+            else:
+                tally.busy_ttls.append(max(0, int(reply[1])) / 1000.0)
+        elif isinstance(reply, NodeError):
+            tally.errors[reply.node] = reply.reason
+            tally.maybe_ours[i] = reply.sent
+        else:
+            tally.errors[node_names[i]] = f"unexpected reply: {reply!r}"[:160]
+    return tally
+
+
+def granted(tally: AcquireTally, *, n_nodes: int, start: float, elapsed: float, ttl: float,
+            drift_factor: float) -> AcquireResult | None:
+    """The acquired result when the round won the lock, else None."""
+    valid = q.validity(ttl, elapsed, drift_factor)
+    if tally.ok >= q.quorum(n_nodes) and valid > 0:
+        return AcquireResult(True, fence=tally.fence, valid_until=start + valid)
+    return None
+
+
+def refused(tally: AcquireTally, *, n_nodes: int, elapsed: float, ttl: float,
+            lock_name: str) -> AcquireResult:
+    """After a lost round (and its clean-up release): busy, or QuorumUnavailable."""
+    if tally.answered < q.quorum(n_nodes):
+        raise quorum_error(f"cannot acquire lock {lock_name!r}", n_nodes, tally.answered,
+                           tally.errors, lock_name)
+    if tally.ok >= q.quorum(n_nodes):
+        logger.info("lock %r: quorum reached but the round took %.3f s of a %.3f s lease; "
+                    "retrying", lock_name, elapsed, ttl)
+    busy = sorted(tally.busy_ttls)
+    holder_ttl = busy[len(busy) // 2] if busy else None
+    return AcquireResult(False, holder_ttl=holder_ttl, errors=tally.errors)
+
+
+# -- release -------------------------------------------------------------------
+def release_requests(n_nodes: int, key: bytes, fkey: bytes, token: str, fence: int,
+                     only: Sequence[bool] | None) -> list[Call | None]:
+    call = Call(RELEASE, (key, fkey), (token, fence, _FENCE_GRACE_B))
+    return [call if only is None or only[i] else None for i in range(n_nodes)]
+
+
+def tally_release(replies: Sequence[Any], key: bytes) -> ReleaseResult:
+    failed = [r for r in replies if isinstance(r, NodeError)]
+    if failed:
+        logger.info("release of %r did not reach %d node(s): %s; the key expires there "
+                    "with its lease", key.decode(), len(failed), "; ".join(map(str, failed)))
+    n = len(replies)
+    not_ours = sum(1 for r in replies if r == 0)
+    return ReleaseResult(released=sum(1 for r in replies if r == 1), not_ours=not_ours,
+                         lost=not_ours > n - q.quorum(n))
+
+
+# -- extend --------------------------------------------------------------------
+def extend_call(key: bytes, fkey: bytes, token: str, fence: int, ttl: float) -> Call:
+    return Call(EXTEND, (key, fkey), (token, max(1, int(ttl * 1000)), fence, _FENCE_GRACE_B))
+
+
+def tally_extend(replies: Sequence[Any], *, start: float, elapsed: float, ttl: float,
+                 drift_factor: float) -> ExtendResult:
+    n = len(replies)
+    need = q.quorum(n)
+    ok = sum(1 for r in replies if r == 1)
+    not_ours = sum(1 for r in replies if r == 0)
+    valid = q.validity(ttl, elapsed, drift_factor)
+    if ok >= need and valid > 0:
+        return ExtendResult(True, valid_until=start + valid)
+    if not_ours > n - need:
+        return ExtendResult(False, lost=True, reason=(
+            f"{not_ours} of {n} nodes no longer have this holder's key (it expired or was taken)"))
+    reason = f"{ok} of {n} nodes extended, {need} needed"
+    errors = [str(r) for r in replies if isinstance(r, Exception)]
+    if errors:
+        reason += " (" + "; ".join(errors) + ")"
+    return ExtendResult(False, reason=reason)
+
+
+# -- locked() ------------------------------------------------------------------
+def exists_command(key: bytes) -> Command:
+    return Command(b"EXISTS", key)
+
+
+def tally_holders(replies: Sequence[Any], key: bytes) -> int:
+    """How many nodes have the key; QuorumUnavailable when too few answered."""
+    answered = [r for r in replies if isinstance(r, int)]
+    if len(answered) < q.quorum(len(replies)):
+        errors = {r.node: r.reason for r in replies if isinstance(r, NodeError)}
+        raise quorum_error(f"cannot tell whether {key.decode()!r} is locked", len(replies),
+                           len(answered), errors, None)
+    return sum(answered)
