@@ -61,16 +61,13 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from django.dispatch import Signal
 
 from . import rounds, signals
-from .core.keys import fence_key, lock_key, validate_name
-from .core.owner import new_token, owner_json
 from .exceptions import (
     LockLost,
-    LockNotAcquired,
     LockNotOwned,
     QuorumUnavailable,
     RedlockError,
 )
-from .lock import Lock
+from .lock import _HELD, _LOST, _UNLOCKED, Lock, LockBase
 from .rounds import AcquireResult, ExtendResult, ReleaseResult
 
 if TYPE_CHECKING:
@@ -82,7 +79,6 @@ __all__ = ["AsyncLock", "alock"]
 
 logger = logging.getLogger("django_redlock.lock")
 
-_UNLOCKED, _HELD, _LOST = "unlocked", "held", "lost"
 
 T = TypeVar("T")
 
@@ -240,7 +236,7 @@ def _renewal_due(ref: weakref.ref[AsyncLock]) -> None:
 
 
 # -- the lock ------------------------------------------------------------------
-class AsyncLock:
+class AsyncLock(LockBase):
     """A distributed lock on ``name`` for asyncio code; from :meth:`LockManager.alock`.
 
     Same semantics as :class:`~django_redlock.lock.Lock`, with coroutines:
@@ -250,51 +246,13 @@ class AsyncLock:
     one holder, used from one event loop; locks are not reentrant.
     """
 
-    def __init__(self, manager: LockManager, transport: AsyncTransport, name: str, *,
-                 ttl: float, timeout: float | None, auto_renew: bool, fencing: bool = True,
-                 max_hold: float | None = None, label: str | None = None) -> None:
-        self.manager = manager
+    def __init__(self, manager: LockManager, transport: AsyncTransport, name: str,
+                 **options: Any) -> None:
+        super().__init__(manager, name, **options)
         self.transport = transport
-        self.name = validate_name(name)
-        self.key = lock_key(manager.key_prefix, name)
-        self._key_b = self.key.encode()
-        self._fence_key_b = fence_key(self.key).encode()
-        self.ttl = float(ttl)
-        self.timeout = timeout
-        self.auto_renew = auto_renew
-        self.fencing = fencing
-        self.max_hold = max_hold
-        self.label = label
-        self.fence = 0
-        self.retry_after = 0.0
-        self._state = _UNLOCKED
-        self._token = ""
-        self._valid_until = 0.0
-        self._acquired_at = 0.0
-        self._pid = 0
-        self._lost_reason = ""
         self._io = asyncio.Lock()
         self._renewal_timer: asyncio.TimerHandle | None = None
         self._renewal: asyncio.Task[None] | None = None
-
-    def __repr__(self) -> str:
-        return f"<AsyncLock {self.name!r} {self._state} fence={self.fence}>"
-
-    # -- state ---------------------------------------------------------------
-    @property
-    def validity(self) -> float:
-        """Seconds of lease left by the monotonic clock (0.0 when not held or lost).
-
-        Read from the clock, not from the renewal task: it is right even when the
-        event loop was blocked and no renewal could run.
-        """
-        if self._state != _HELD or self._pid != os.getpid():
-            return 0.0
-        return max(0.0, self._valid_until - self.manager.clock())
-
-    def owned(self) -> bool:
-        """True while this object holds the lock on a quorum with lease left (no I/O)."""
-        return self.validity > 0.0
 
     async def locked(self) -> bool:
         """Whether anyone holds the lock (its key is on a quorum of nodes); one round trip."""
@@ -310,19 +268,9 @@ class AsyncLock:
         ``blocking=False`` is the same as ``timeout=0``. Raises
         :class:`QuorumUnavailable` when fewer than a quorum of nodes answer.
         """
-        if self._state == _HELD and self._pid == os.getpid():
-            raise RedlockError(f"lock {self.name!r} is already held by this object "
-                               f"(locks are not reentrant)", lock_name=self.name)
         mgr = self.manager
-        wait_for = self.timeout if timeout is ... else timeout
-        if not blocking:
-            wait_for = 0
+        started, deadline, token, owner, ttl_ms = self._start_acquire(blocking, timeout)
         clock = mgr.clock
-        started = clock()
-        deadline = None if wait_for is None else started + float(wait_for)
-        token = new_token()
-        owner = owner_json(self.label)
-        ttl_ms = max(1, int(self.ttl * 1000))
         waiter: _Waiter | None = None
         try:
             while True:
@@ -536,10 +484,7 @@ class AsyncLock:
     # -- context manager -------------------------------------------------------
     async def __aenter__(self) -> AsyncLock:
         if not await self.acquire():
-            raise LockNotAcquired(
-                f"lock {self.name!r} is busy: not acquired within "
-                f"{'no' if self.timeout is None else format(self.timeout, 'g')} s",
-                lock_name=self.name, retry_after=self.retry_after)
+            raise self._busy_error()
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -555,9 +500,6 @@ class AsyncLock:
             # the loss is logged.
             logger.warning("lock %r was lost while the body raised %s", self.name,
                            exc_type.__name__)
-
-    def __getstate__(self) -> Any:
-        raise TypeError("AsyncLock objects cannot be pickled: a lock belongs to one process")
 
 
 def alock(name: str, *, ttl: float | EllipsisType = ...,

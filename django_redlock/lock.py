@@ -39,12 +39,12 @@ logger = logging.getLogger("django_redlock.lock")
 _UNLOCKED, _HELD, _LOST = "unlocked", "held", "lost"
 
 
-class Lock:
-    """A distributed lock on ``name``; created by :meth:`LockManager.lock`, not yet acquired.
+class LockBase:
+    """State and rules shared by :class:`Lock` and :class:`~django_redlock.aio.AsyncLock`.
 
-    One object is one holder: use it from one thread at a time (the manager and
-    its connections are shared safely between threads; create one ``Lock`` per
-    critical section). Locks are not reentrant.
+    Everything here is local: no I/O, so both flavours read their state the same
+    way (``owned()`` and ``validity`` come from the monotonic clock, which stays
+    right even when the renewal could not run).
     """
 
     def __init__(self, manager: "LockManager", name: str, *, ttl: float,
@@ -69,12 +69,10 @@ class Lock:
         self._acquired_at = 0.0
         self._pid = 0
         self._lost_reason = ""
-        self._io = threading.RLock()
 
     def __repr__(self) -> str:
-        return f"<Lock {self.name!r} {self._state} fence={self.fence}>"
+        return f"<{type(self).__name__} {self.name!r} {self._state} fence={self.fence}>"
 
-    # -- state ---------------------------------------------------------------
     @property
     def validity(self) -> float:
         """Seconds of lease left (0.0 when not held, lost, or in a forked child)."""
@@ -85,10 +83,45 @@ class Lock:
     def owned(self) -> bool:
         """True while this object holds the lock on a quorum with lease left.
 
-        This is the local view, kept current by acquire, extend and the renewal
-        thread; it costs no round trip. False in a child process after ``fork()``.
+        This is the local view, kept current by acquire, extend and the renewal;
+        it costs no round trip. False in a child process after ``fork()``.
         """
         return self.validity > 0.0
+
+    def _start_acquire(self, blocking: bool,
+                       timeout: float | None | EllipsisType) -> tuple[float, float | None, str, str, int]:
+        """Check re-entry and resolve the wait: (started, deadline, token, owner, ttl_ms)."""
+        if self._state == _HELD and self._pid == os.getpid():
+            raise RedlockError(f"lock {self.name!r} is already held by this object "
+                               f"(locks are not reentrant)", lock_name=self.name)
+        wait_for = self.timeout if timeout is ... else timeout
+        if not blocking:
+            wait_for = 0
+        started = self.manager.clock()
+        deadline = None if wait_for is None else started + float(wait_for)
+        return started, deadline, new_token(), owner_json(self.label), max(1, int(self.ttl * 1000))
+
+    def _busy_error(self) -> LockNotAcquired:
+        return LockNotAcquired(
+            f"lock {self.name!r} is busy: not acquired within "
+            f"{'no' if self.timeout is None else format(self.timeout, 'g')} s",
+            lock_name=self.name, retry_after=self.retry_after)
+
+    def __getstate__(self) -> Any:
+        raise TypeError("lock objects cannot be pickled: a lock belongs to one process")
+
+
+class Lock(LockBase):
+    """A distributed lock on ``name``; created by :meth:`LockManager.lock`, not yet acquired.
+
+    One object is one holder: use it from one thread at a time (the manager and
+    its connections are shared safely between threads; create one ``Lock`` per
+    critical section). Locks are not reentrant.
+    """
+
+    def __init__(self, manager: "LockManager", name: str, **options: Any) -> None:
+        super().__init__(manager, name, **options)
+        self._io = threading.RLock()
 
     def locked(self) -> bool:
         """Whether anyone holds the lock (its key is on a quorum of nodes); one round trip."""
@@ -103,19 +136,9 @@ class Lock:
         ``blocking=False`` is the same as ``timeout=0``. Raises
         :class:`QuorumUnavailable` when fewer than a quorum of nodes answer.
         """
-        if self._state == _HELD and self._pid == os.getpid():
-            raise RedlockError(f"lock {self.name!r} is already held by this object "
-                               f"(locks are not reentrant)", lock_name=self.name)
         mgr = self.manager
-        wait_for = self.timeout if timeout is ... else timeout
-        if not blocking:
-            wait_for = 0
+        started, deadline, token, owner, ttl_ms = self._start_acquire(blocking, timeout)
         clock = mgr.clock
-        started = clock()
-        deadline = None if wait_for is None else started + float(wait_for)
-        token = new_token()
-        owner = owner_json(self.label)
-        ttl_ms = max(1, int(self.ttl * 1000))
         subscription = None
         try:
             while True:
@@ -281,10 +304,7 @@ class Lock:
     # -- context manager -------------------------------------------------------
     def __enter__(self) -> "Lock":
         if not self.acquire():
-            raise LockNotAcquired(
-                f"lock {self.name!r} is busy: not acquired within "
-                f"{'no' if self.timeout is None else format(self.timeout, 'g')} s",
-                lock_name=self.name, retry_after=self.retry_after)
+            raise self._busy_error()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -299,6 +319,3 @@ class Lock:
             # The body already failed; its exception propagates, the loss is logged.
             logger.warning("lock %r was lost while the body raised %s", self.name,
                            exc_type.__name__)
-
-    def __getstate__(self) -> Any:
-        raise TypeError("Lock objects cannot be pickled: a lock belongs to one process")
