@@ -25,14 +25,10 @@ from django_redlock.testing import (
 )
 
 redis = pytest.importorskip("redis")
-from redis.backoff import NoBackoff
-from redis.retry import Retry
+from redis.backoff import NoBackoff  # noqa: E402  (after the importorskip above)
+from redis.retry import Retry  # noqa: E402
 
-# The plugin's fixtures, also usable before its pytest11 entry point is installed
-# (a module-level fixture shadows the plugin's one of the same name).
-redis_server = pytest_plugin.redis_server
-redis_nodes_factory = pytest_plugin.redis_nodes_factory
-fault_proxy_factory = pytest_plugin.fault_proxy_factory
+# The plugin's context manager, used directly to test teardown after a failure.
 nodes_factory = pytest_plugin.nodes_factory
 
 PING = b"*1\r\n$4\r\nPING\r\n"
