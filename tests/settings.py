@@ -14,6 +14,7 @@ INSTALLED_APPS = [
     "django.contrib.auth",
     "django_redlock",
     "tests.testapp",
+    "testproject.inventory",  # the demo app (tests/test_demo.py)
 ]
 MIDDLEWARE: list[str] = []
 ROOT_URLCONF = "tests.urls"

@@ -1,0 +1,1 @@
+"""The demo's inventory app: products whose stock is decremented under a Redis lock."""
