@@ -99,8 +99,10 @@ def test_function_view_holds_the_lock_and_exposes_it(client: Client,
 
 
 def test_views_renew_by_default_even_when_settings_say_no(client: Client, settings: Any) -> None:
-    settings.REDLOCK = {"NODE_TIMEOUT": 0.5, "AUTO_RENEW": False}
-    body = client.get("/slow/s/?sleep=0.8").json()  # > 2 leases of 0.3 s
+    # A node timeout well under the lease, so one slow round on this shared
+    # machine cannot eat a whole lease.
+    settings.REDLOCK = {"NODE_TIMEOUT": 0.1, "TTL": 10, "AUTO_RENEW": False}
+    body = client.get("/slow/s/?sleep=1.5").json()  # > 2 leases of 0.6 s
     assert body == {"owned": True, "auto_renew": True, "label": "view:tests.testapp.views.slow"}
 
 

@@ -73,9 +73,9 @@ def atomic_restock(request: HttpRequest, pk: int) -> HttpResponse:
     return HttpResponse(str(product.stock))
 
 
-@with_lock("slow:<name>", ttl=0.3, timeout=5)
+@with_lock("slow:<name>", ttl=0.6, timeout=5)
 def slow(request: HttpRequest, name: str) -> HttpResponse:
-    """Outlives several 0.3 s leases: views renew by default, so the lock holds."""
+    """Outlives several 0.6 s leases: views renew by default, so the lock holds."""
     time.sleep(float(request.GET.get("sleep", 0)))
     lock = request.redlock  # type: ignore[attr-defined]
     return JsonResponse({"owned": lock.owned(), "auto_renew": lock.auto_renew,
