@@ -1,0 +1,134 @@
+"""The two kinds of protected resource the workers update, and their audit logs.
+
+Both keep a counter that the workers increment by a *non-atomic*
+read-modify-write under the lock (read the value, compute value + 1, write it).
+If mutual exclusion ever fails and nothing stops the late writer, an increment
+is lost, which the checker sees: final value < number of writes the resource
+accepted.
+
+``db:<pk>``
+    A ``tests.testapp.models.Product`` row (a ``LockableModel``) in a SQLite file
+    shared by the worker processes. Fenced mode writes through the public ORM API:
+    ``Product.objects.locked(pk=...)`` then ``fenced_save(lock)``, one conditional
+    ``UPDATE ... WHERE id = %s AND fence < %s``. Unfenced mode writes the same
+    columns unconditionally (``filter(pk=...).update(stock=..., fence=...)``).
+    A trigger (created here, outside the app's migrations, on the run's own
+    database file) copies every applied update into ``chaos_audit`` in commit
+    order, so the checker reads the resource's own history.
+
+``ctr:<n>``
+    A counter on a separate Redis server (not one of the lock nodes, never
+    faulted). :data:`WRITE_LUA` is "write only if fence > stored fence" when
+    fencing is on, and appends every applied write to a list, in the order Redis
+    applied them.
+
+``cas:<n>``
+    The same counter with a stricter check: "write only if fence > stored fence
+    *and* the stored fence is still the one read with the value". The fence
+    check alone stops a paused holder's write once a newer holder has *written*;
+    it lets it through while a newer holder has only *read*, and that newer
+    holder's write then erases it (a lost update with every fence in order). The
+    unchanged-since-read check closes that window too: the two counters side by
+    side show whether it matters.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from typing import Any
+
+from .history import Write
+
+#: KEYS: value, stored fence, log list. ARGV: new value, fence, check ('0' none,
+#: '1' fence > stored, '2' that and stored == the fence read), op id, fence read.
+#: Returns {1, stored} when applied, {0, stored} when refused.
+WRITE_LUA = """
+local stored = redis.call('GET', KEYS[2]) or '0'
+if ARGV[3] ~= '0' and tonumber(ARGV[2]) <= tonumber(stored) then
+  return {0, stored}
+end
+if ARGV[3] == '2' and stored ~= ARGV[5] then
+  return {0, stored}
+end
+local old = redis.call('GET', KEYS[1]) or '0'
+redis.call('SET', KEYS[1], ARGV[1])
+redis.call('SET', KEYS[2], ARGV[2])
+redis.call('RPUSH', KEYS[3], ARGV[2] .. ' ' .. stored .. ' ' .. old .. ' ' .. ARGV[1] .. ' ' .. ARGV[4])
+return {1, stored}
+"""
+
+AUDIT_SQL = """
+CREATE TABLE IF NOT EXISTS chaos_audit (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT,
+    product_id INTEGER NOT NULL,
+    old_fence INTEGER NOT NULL,
+    new_fence INTEGER NOT NULL,
+    old_stock INTEGER NOT NULL,
+    new_stock INTEGER NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS chaos_audit_product AFTER UPDATE OF stock ON testapp_product
+BEGIN
+    INSERT INTO chaos_audit (product_id, old_fence, new_fence, old_stock, new_stock)
+    VALUES (NEW.id, OLD.fence, NEW.fence, OLD.stock, NEW.stock);
+END;
+"""
+
+
+def counter_keys(resource: str) -> tuple[str, str, str]:
+    """Keys of counter ``ctr:<n>`` on the resource server: value, fence, log."""
+    return f"chaos:{resource}:value", f"chaos:{resource}:fence", f"chaos:{resource}:log"
+
+
+def counter_state(client: Any, resource: str) -> tuple[int, list[Write]]:
+    """Final value and applied-write log of a counter."""
+    value_key, _, log_key = counter_keys(resource)
+    value = int(client.get(value_key) or 0)
+    writes = []
+    for i, raw in enumerate(client.lrange(log_key, 0, -1)):
+        fence, prev, old, new, _op = raw.decode().split(" ")
+        writes.append(Write(resource, i, int(fence), int(prev), int(old), int(new)))
+    return value, writes
+
+
+def db_prepare(db_path: str) -> None:
+    """Add the audit table and trigger to a migrated database (idempotent); WAL mode
+    so readers do not block the one writer."""
+    con = sqlite3.connect(db_path, timeout=10)
+    try:
+        con.execute("PRAGMA journal_mode=WAL")
+        con.executescript(AUDIT_SQL)
+        con.commit()
+    finally:
+        con.close()
+
+
+def db_create_rows(db_path: str, names: list[str]) -> list[int]:
+    """Insert one Product row per name (stock 0, fence 0); return their pks."""
+    con = sqlite3.connect(db_path, timeout=10)
+    try:
+        pks = []
+        for name in names:
+            cur = con.execute(
+                "INSERT INTO testapp_product (fence, name, stock, updated) "
+                "VALUES (0, ?, 0, datetime('now'))", (name,))
+            pks.append(int(cur.lastrowid or 0))
+        con.commit()
+        return pks
+    finally:
+        con.close()
+
+
+def db_state(db_path: str, resource: str) -> tuple[int, list[Write]]:
+    """Final stock and applied-update log of row ``db:<pk>``."""
+    pk = int(resource.split(":", 1)[1])
+    con = sqlite3.connect(db_path, timeout=10)
+    try:
+        row = con.execute("SELECT stock FROM testapp_product WHERE id = ?", (pk,)).fetchone()
+        rows = con.execute(
+            "SELECT old_fence, new_fence, old_stock, new_stock FROM chaos_audit "
+            "WHERE product_id = ? ORDER BY seq", (pk,)).fetchall()
+    finally:
+        con.close()
+    writes = [Write(resource, i, int(nf), int(of), int(os_), int(ns))
+              for i, (of, nf, os_, ns) in enumerate(rows)]
+    return int(row[0]) if row else 0, writes

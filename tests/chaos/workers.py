@@ -1,0 +1,216 @@
+"""A chaos worker: one process doing locked read-modify-writes through the public API.
+
+Each worker is a separate process (``multiprocessing`` with the *spawn* start
+method: a fresh interpreter, its own ``LockManager``, watchdog thread and
+connections, so a SIGSTOP of the process freezes its renewals too, as a real GC
+pause or a frozen VM would). It configures Django from ``tests.settings`` with
+the run's SQLite file and the proxies' URLs as ``REDLOCK_NODES``, then, until the
+run's deadline, picks a resource at random and does::
+
+    with <lock on the resource>:             # LockNotAcquired / QuorumUnavailable
+        value = read()                       # read under the lock
+        if not lock.owned(): skip            # the careful client's last check
+        phase = CRITICAL                     # <- the nemesis may SIGSTOP us here
+        sleep(think)                         #    (a GC pause between check and write)
+        write(value + 1, fence)              # fenced (or not): accepted / refused
+    # release: LockLost if the lease ran out or was taken meanwhile
+
+and appends one :class:`~tests.chaos.history.Op` per attempt to its JSONL file
+(resources: :mod:`tests.chaos.resources`).
+The shared ``phase`` array tells the nemesis when a worker is between its last
+check and its write, which is where a pause does harm.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from typing import Any
+
+from .history import JsonlWriter, Op
+
+PHASE_STARTING, PHASE_READY, PHASE_IDLE, PHASE_CRITICAL, PHASE_DONE = 0, 1, 2, 3, 4
+
+#: How long a worker waits for the start signal before giving up.
+START_WAIT = 120.0
+
+
+def _setup_django(cfg: dict[str, Any]) -> None:
+    os.environ["DJANGO_SETTINGS_MODULE"] = "tests.settings"
+    os.environ["REDLOCK_TEST_DB"] = cfg["db_path"]
+    from django.conf import settings
+
+    # Several processes write one SQLite file: wait for its write lock rather than
+    # fail at once (a worker SIGSTOPped inside a statement holds it for the pause).
+    settings.DATABASES["default"]["OPTIONS"] = {"timeout": 10}
+    settings.REDLOCK_NODES = list(cfg["node_urls"])
+    settings.REDLOCK = {
+        "KEY_PREFIX": "chaos",
+        "TTL": cfg["ttl"],
+        "TIMEOUT": cfg["timeout"],
+        "NODE_TIMEOUT": cfg["node_timeout"],
+        "RETRY_DELAY": cfg["retry_delay"],
+        "AUTO_RENEW": True,
+    }
+    import django
+
+    django.setup()
+    # The engine logs each lost lock at WARNING; the history records them instead.
+    logging.getLogger("django_redlock").setLevel(logging.CRITICAL)
+
+
+class Worker:
+    def __init__(self, cfg: dict[str, Any], index: int) -> None:
+        import redis
+
+        import django_redlock
+        from django_redlock import signals
+        from tests.chaos.resources import WRITE_LUA
+        from tests.testapp.models import Product
+
+        self.cfg = cfg
+        self.index = index
+        self.rng = random.Random(f"{cfg['seed']}:{cfg['schedule']}:worker{index}")
+        self.fenced: bool = cfg["fenced"]
+        self.ttl: float = cfg["ttl"]
+        self.timeout: float = cfg["timeout"]
+        self.think: tuple[float, float] = tuple(cfg["think"])  # type: ignore[assignment]
+        self.lock_fn = django_redlock.lock
+        self.Product = Product
+        self.resource_client = redis.Redis.from_url(cfg["resource_url"], socket_timeout=10,
+                                                    socket_connect_timeout=10)
+        self.write_script = self.resource_client.register_script(WRITE_LUA)
+        self.lost: set[tuple[str, int]] = set()
+        signals.lock_lost.connect(self._on_lost, weak=False)
+
+    def _on_lost(self, sender: Any, *, name: str, fence: int, **kwargs: Any) -> None:
+        self.lost.add((name, fence))
+
+    # -- one operation -------------------------------------------------------------
+    def op(self, seq: int, resource: str, phase: Any) -> Op:
+        from django.db import OperationalError
+        from redis.exceptions import RedisError
+
+        from django_redlock import (
+            FencedWriteRejected,
+            LockLost,
+            LockNotAcquired,
+            QuorumUnavailable,
+            RedlockError,
+        )
+
+        kind, ident = resource.split(":", 1)
+        lock_name = f"testapp.product:{ident}" if kind == "db" else f"chaos-{kind}:{ident}"
+        op = Op(worker=self.index, seq=seq, resource=resource, lock=lock_name,
+                start=time.monotonic(), start_wall=time.time())
+        read_fence = "0"
+        try:
+            if kind == "db":
+                ctx: Any = self.Product.objects.locked(pk=int(ident), ttl=self.ttl,
+                                                       timeout=self.timeout)
+            else:
+                ctx = self.lock_fn(lock_name, ttl=self.ttl, timeout=self.timeout,
+                                   label=f"chaos-w{self.index}")
+            with ctx as held:
+                lock = held.held_lock if kind == "db" else held
+                op.acquired = time.monotonic()
+                op.fence = lock.fence
+                if kind == "db":
+                    op.read = held.stock
+                else:
+                    value, fence_read = self.resource_client.mget(
+                        f"chaos:{resource}:value", f"chaos:{resource}:fence")
+                    op.read = int(value or 0)
+                    read_fence = (fence_read or b"0").decode()
+                op.owned_before_write = lock.owned()
+                if op.owned_before_write:
+                    phase[self.index] = PHASE_CRITICAL
+                    try:
+                        time.sleep(self.rng.uniform(*self.think))
+                        op.write_start = time.monotonic()
+                        if kind == "db":
+                            op.write, op.stored_fence = self._write_db(held, lock, op.read + 1,
+                                                                       FencedWriteRejected)
+                        else:
+                            op.write, op.stored_fence = self._write_counter(
+                                resource, op, lock, "2" if kind == "cas" else "1", read_fence)
+                        op.write_end = time.monotonic()
+                    finally:
+                        phase[self.index] = PHASE_IDLE
+                op.released = time.monotonic()
+            if op.write is False:
+                op.outcome = "refused-by-fence"
+            elif op.write is None:
+                op.outcome = "lost"  # owned() was false: the careful client did not write
+                op.detail = "lease over before the write"
+            else:
+                op.outcome = "ok"
+        except LockNotAcquired as e:
+            op.outcome, op.error, op.detail = "not-acquired", type(e).__name__, str(e)[:200]
+        except QuorumUnavailable as e:
+            op.outcome, op.error, op.detail = "quorum-unavailable", type(e).__name__, str(e)[:200]
+        except LockLost as e:
+            # Raised by release at the end of the block; a refused write stays "refused".
+            op.outcome = "refused-by-fence" if op.write is False else "lost"
+            op.error, op.detail = type(e).__name__, str(e)[:200]
+        except (RedlockError, RedisError, OperationalError, OSError) as e:
+            op.outcome, op.error, op.detail = "error", type(e).__name__, str(e)[:200]
+        finally:
+            phase[self.index] = PHASE_IDLE
+        op.end = time.monotonic()
+        op.end_wall = time.time()
+        op.lost_signal = (lock_name, op.fence) in self.lost if op.fence else False
+        return op
+
+    def _write_db(self, row: Any, lock: Any, new: int, rejected: type[Exception]
+                  ) -> tuple[bool, int | None]:
+        if self.fenced:
+            row.stock = new
+            try:
+                row.fenced_save(lock, update_fields=["stock"])
+            except rejected as e:
+                return False, getattr(e, "context", {}).get("stored_fence")
+            return True, None
+        # The resource does not check: the same columns, written unconditionally.
+        n = self.Product.objects.filter(pk=row.pk).update(stock=new, fence=lock.fence)
+        return n == 1, None
+
+    def _write_counter(self, resource: str, op: Op, lock: Any, check: str, read_fence: str
+                       ) -> tuple[bool, int | None]:
+        value_key, fence_key, log_key = (f"chaos:{resource}:value", f"chaos:{resource}:fence",
+                                         f"chaos:{resource}:log")
+        assert op.read is not None
+        applied, stored = self.write_script(
+            keys=[value_key, fence_key, log_key],
+            args=[op.read + 1, lock.fence, check if self.fenced else "0",
+                  f"w{self.index}.{op.seq}", read_fence])
+        return applied == 1, int(stored)
+
+
+def worker_main(cfg: dict[str, Any], index: int, phase: Any, go: Any, start_at: Any) -> None:
+    """Process entry point. Bounded: at most ``cfg['max_ops']`` operations, none
+    started after ``start_at + cfg['duration']``."""
+    phase[index] = PHASE_STARTING
+    _setup_django(cfg)
+    worker = Worker(cfg, index)
+    out = JsonlWriter(os.path.join(cfg["out_dir"], f"worker-{index}.jsonl"))
+    phase[index] = PHASE_READY
+    try:
+        if not go.wait(START_WAIT):
+            return
+        deadline = start_at.value + cfg["duration"]
+        resources: list[str] = list(cfg["resources"])
+        pause = tuple(cfg["between"])
+        for seq in range(int(cfg["max_ops"])):
+            if time.monotonic() >= deadline:
+                break
+            out.write(worker.op(seq, worker.rng.choice(resources), phase))
+            time.sleep(worker.rng.uniform(*pause))
+    finally:
+        phase[index] = PHASE_DONE
+        out.close()
+        from django_redlock.conf import reset_manager
+
+        reset_manager()
