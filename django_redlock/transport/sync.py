@@ -186,38 +186,58 @@ class SyncTransport:
         n = len(nodes)
         results: list[Any] = [None] * n
         conns: list[Any] = [None] * n
+        deadlines = [0.0] * n
         start = self.clock()
         try:
+            # Nodes with an open connection are asked first; a node that needs a
+            # (re)connect is asked after them, so a black-holed node stalling in
+            # its connect handshake cannot hold back the healthy nodes' requests.
+            fresh: list[int] = []
             for i in range(n):
-                request = requests[i]
-                if request is None:
+                if requests[i] is None:
                     continue
                 node = nodes[i]
                 if skip_backoff and node.backing_off(start):
                     results[i] = NodeError(node.name, "skipped: failed recently", sent=False)
                     continue
-                conn = None
                 try:
-                    conn = node.get()
-                    conn.send_packed_command((request.packed,), check_health=False)
-                    conns[i] = conn
+                    conn = conns[i] = node.get()  # a borrowed pool may connect here
                 except NODE_DOWN_ERRORS as e:
                     node.mark_failed(self.clock())
                     results[i] = NodeError(node.name, _short(e), sent=False)
-                    if conn is not None:
-                        conn.disconnect()
-                        node.put(conn)
+                    continue
+                if getattr(conn, "_sock", None) is None:
+                    fresh.append(i)
+                else:
+                    self._send(i, requests[i], conns, results, deadlines)
+            for i in fresh:
+                self._send(i, requests[i], conns, results, deadlines)
+            # Each node's deadline counts from its own send: one slow connect
+            # costs the others nothing.
             for i in range(n):
                 conn = conns[i]
-                if conn is None:
-                    continue
-                node = nodes[i]
-                results[i] = self._read(node, conn, requests[i], start + node.timeout)
+                if conn is not None:
+                    results[i] = self._read(nodes[i], conn, requests[i], deadlines[i])
         finally:
             for i in range(n):
                 if conns[i] is not None:
                     nodes[i].put(conns[i])
         return results
+
+    def _send(self, i: int, request: Request, conns: list[Any], results: list[Any],
+              deadlines: list[float]) -> None:
+        node, conn = self.nodes[i], conns[i]
+        assert request is not None
+        try:
+            conn.send_packed_command((request.packed,), check_health=False)
+        except NODE_DOWN_ERRORS as e:
+            node.mark_failed(self.clock())
+            results[i] = NodeError(node.name, _short(e), sent=False)
+            conns[i] = None
+            conn.disconnect()
+            node.put(conn)
+            return
+        deadlines[i] = self.clock() + node.timeout
 
     def _read(self, node: NodeClient, conn: Any, request: Request, deadline: float) -> Any:
         for _ in range(2):  # the second pass only after NOSCRIPT
