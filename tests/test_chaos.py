@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 
-from django_redlock.exceptions import QuorumUnavailable
 from tests.chaos import checker, nemesis
 from tests.chaos.history import Event, Op, Write
 
