@@ -1,0 +1,308 @@
+"""The contestants: the two floors, django-redlock and the peers, behind one interface.
+
+Every lock library is used the way its README shows: a new lock object per critical
+section, a blocking ``acquire()`` and a ``release()``, lease 10 s. Each has
+``op()`` (one uncontended acquire + release, what the latency table measures) and
+``acquire(lock, timeout)`` / ``release(lock)`` for the multi-process measurements.
+
+The floors are not locks: the least a Python client can do for one acquire and one
+release (``SET key token NX PX`` then an ``EVALSHA`` compare-and-delete), once
+hand-encoded over raw sockets and once through redis-py.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+import math
+import os
+import socket
+from collections.abc import Callable
+from typing import Any
+from urllib.parse import urlsplit
+
+import redis
+
+TTL = 10.0
+TTL_MS = int(TTL * 1000)
+#: Bound on an uncontended acquire (pottery's blocking acquire never gives up).
+OP_TIMEOUT = 5.0
+
+#: The compare-and-delete every lock library's release boils down to.
+CAD_SCRIPT = b"if redis.call('get', KEYS[1]) == ARGV[1] then " \
+             b"return redis.call('del', KEYS[1]) else return 0 end"
+
+_GET_NEEDS_NAME = (
+    inspect.signature(redis.ConnectionPool.get_connection).parameters["command_name"].default
+    is inspect.Parameter.empty)
+
+
+class BenchError(RuntimeError):
+    """A contestant misbehaved (an uncontended acquire failed, a reply was wrong)."""
+
+
+def quiet_loggers() -> None:
+    """Failures are counted in the results; one log line per failed request would
+    drown the progress lines on a machine where nodes time out under load."""
+    for name in ("django_redlock", "pottery", "redis_lock"):
+        logging.getLogger(name).setLevel(logging.CRITICAL)
+
+
+# -- floors ---------------------------------------------------------------------
+def _connect(url: str) -> socket.socket:
+    parts = urlsplit(url)
+    sock = socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def _read_reply(sock: socket.socket) -> bytes:
+    """One short single-line reply (``+OK``, ``:1``, ``$-1``): enough for the floor."""
+    data = sock.recv(256)
+    while not data.endswith(b"\r\n"):
+        more = sock.recv(256)
+        if not more:
+            raise BenchError("connection closed")
+        data += more
+    return data
+
+
+def _bulk(arg: bytes) -> bytes:
+    return b"$%d\r\n%s\r\n" % (len(arg), arg)
+
+
+class RawFloor:
+    """The physical floor: hand-encoded RESP on raw sockets, all nodes in parallel.
+
+    Per operation: a fresh token, ``SET key token NX PX 10000`` sent to every node
+    before any reply is read, then ``EVALSHA <cad> 1 key token`` the same way.
+    """
+
+    def __init__(self, urls: list[str], key: str) -> None:
+        self.socks = [_connect(u) for u in urls]
+        self.key = key.encode()
+        self.prefix = os.urandom(8).hex().encode()
+        self.count = 0
+        load = b"*3\r\n$6\r\nSCRIPT\r\n$4\r\nLOAD\r\n" + _bulk(CAD_SCRIPT)
+        for s in self.socks:
+            s.sendall(load)
+        for s in self.socks:
+            reply = _read_reply(s)
+            sha = reply.split(b"\r\n")[1]
+        self.sha = sha
+        self._set_head = b"*6\r\n$3\r\nSET\r\n" + _bulk(self.key)
+        self._set_tail = b"$2\r\nNX\r\n$2\r\nPX\r\n" + _bulk(b"%d" % TTL_MS)
+        self._del_head = b"*5\r\n$7\r\nEVALSHA\r\n" + _bulk(self.sha) + b"$1\r\n1\r\n" + _bulk(self.key)
+
+    def op(self) -> None:
+        self.count += 1
+        token = _bulk(b"%s%d" % (self.prefix, self.count))
+        socks = self.socks
+        cmd = self._set_head + token + self._set_tail
+        for s in socks:
+            s.sendall(cmd)
+        for s in socks:
+            if _read_reply(s) != b"+OK\r\n":
+                raise BenchError("raw floor: SET NX failed")
+        cmd = self._del_head + token
+        for s in socks:
+            s.sendall(cmd)
+        for s in socks:
+            if _read_reply(s) != b":1\r\n":
+                raise BenchError("raw floor: compare-and-delete failed")
+
+    def close(self) -> None:
+        for s in self.socks:
+            s.close()
+
+
+class RedisPyFloor:
+    """The same two commands through redis-py (hiredis parser when installed).
+
+    One node: the client's ``set()`` and ``evalsha()``. Several nodes: a
+    connection checked out of each node's pool, every ``SET`` sent before any
+    reply is read, then every ``EVALSHA`` the same way (what a parallel Redlock
+    client built on redis-py can do without threads).
+    """
+
+    def __init__(self, urls: list[str], key: str) -> None:
+        self.clients = [redis.Redis.from_url(u) for u in urls]
+        self.pools = [c.connection_pool for c in self.clients]
+        self.key = key
+        self.prefix = os.urandom(8).hex()
+        self.count = 0
+        self.sha = self.clients[0].script_load(CAD_SCRIPT)
+        for c in self.clients[1:]:
+            c.script_load(CAD_SCRIPT)
+        self.op = self._op_one if len(urls) == 1 else self._op_many
+
+    def _op_one(self) -> None:
+        self.count += 1
+        token = f"{self.prefix}{self.count}"
+        client = self.clients[0]
+        if not client.set(self.key, token, nx=True, px=TTL_MS):
+            raise BenchError("redis-py floor: SET NX failed")
+        if client.evalsha(self.sha, 1, self.key, token) != 1:
+            raise BenchError("redis-py floor: compare-and-delete failed")
+
+    def _get(self, pool: Any) -> Any:
+        return pool.get_connection("_") if _GET_NEEDS_NAME else pool.get_connection()
+
+    def _op_many(self) -> None:
+        self.count += 1
+        token = f"{self.prefix}{self.count}"
+        conns = [self._get(p) for p in self.pools]
+        try:
+            for c in conns:
+                c.send_command("SET", self.key, token, "NX", "PX", TTL_MS)
+            for c in conns:
+                if c.read_response() != b"OK":
+                    raise BenchError("redis-py floor: SET NX failed")
+            for c in conns:
+                c.send_command("EVALSHA", self.sha, 1, self.key, token)
+            for c in conns:
+                if c.read_response() != 1:
+                    raise BenchError("redis-py floor: compare-and-delete failed")
+        finally:
+            for p, c in zip(self.pools, conns):
+                p.release(c)
+
+    def close(self) -> None:
+        for c in self.clients:
+            c.close()
+
+
+# -- lock libraries ---------------------------------------------------------------
+class Contestant:
+    """A lock library on a set of nodes."""
+
+    label = ""
+    nodes = 1
+
+    def new(self, name: str) -> Any:
+        raise NotImplementedError
+
+    def acquire(self, lock: Any, timeout: float) -> bool:
+        raise NotImplementedError
+
+    def release(self, lock: Any) -> None:
+        lock.release()
+
+    def make_op(self, name: str) -> Callable[[], None]:
+        """One blocking acquire (bounded, so a dead node cannot hang the run) + release."""
+        new, acquire, release = self.new, self.acquire, self.release
+
+        def op() -> None:
+            lock = new(name)
+            if not acquire(lock, OP_TIMEOUT):
+                raise BenchError(f"{self.label}: uncontended acquire failed")
+            release(lock)
+        return op
+
+    def close(self) -> None:
+        pass
+
+
+class DjangoRedlock(Contestant):
+    """django-redlock with fencing and owner metadata (always stored), lease 10 s."""
+
+    def __init__(self, urls: list[str], *, auto_renew: bool) -> None:
+        from django_redlock import LockManager
+
+        self.manager = LockManager(urls, ttl=TTL, auto_renew=auto_renew)
+        self.auto_renew = auto_renew
+        self.nodes = len(urls)
+
+    def new(self, name: str) -> Any:
+        return self.manager.lock(name, fencing=True)
+
+    def acquire(self, lock: Any, timeout: float) -> bool:
+        return bool(lock.acquire(timeout=timeout))
+
+    def close(self) -> None:
+        self.manager.close()
+
+
+class RedisPyLock(Contestant):
+    """redis-py's ``Lock`` (SET NX PX, Lua release, 0.1 s sleep loop when busy)."""
+
+    def __init__(self, urls: list[str]) -> None:
+        self.client = redis.Redis.from_url(urls[0])
+
+    def new(self, name: str) -> Any:
+        return self.client.lock(name, timeout=TTL)
+
+    def acquire(self, lock: Any, timeout: float) -> bool:
+        return bool(lock.acquire(blocking=True, blocking_timeout=timeout))
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class PythonRedisLock(Contestant):
+    """python-redis-lock (GET + SET NX EX, BLPOP on a signal list when busy)."""
+
+    def __init__(self, urls: list[str]) -> None:
+        import redis_lock
+
+        self.module = redis_lock
+        self.client = redis.StrictRedis.from_url(urls[0])
+
+    def new(self, name: str) -> Any:
+        return self.module.Lock(self.client, name, expire=int(TTL))
+
+    def acquire(self, lock: Any, timeout: float) -> bool:
+        # Whole seconds only (it truncates), and at least 1 (0 means "the lease").
+        return bool(lock.acquire(blocking=True, timeout=max(1, math.ceil(timeout))))
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class PotteryRedlock(Contestant):
+    """pottery's ``Redlock`` (a thread pool per call, random 0-0.2 s retry sleep)."""
+
+    def __init__(self, urls: list[str]) -> None:
+        from pottery import Redlock
+
+        self.cls = Redlock
+        self.masters = {redis.Redis.from_url(u) for u in urls}
+        self.nodes = len(urls)
+
+    def new(self, name: str) -> Any:
+        return self.cls(key=name, masters=self.masters, auto_release_time=TTL)
+
+    def acquire(self, lock: Any, timeout: float) -> bool:
+        return bool(lock.acquire(timeout=timeout))
+
+    def close(self) -> None:
+        for m in self.masters:
+            m.close()
+
+
+#: id -> (label, builder(urls1, urls5)). The ids are the keys of results.json.
+LIBRARIES: dict[str, tuple[str, Callable[[list[str], list[str]], Contestant]]] = {
+    "drl-1": ("django-redlock, 1 node", lambda u1, u5: DjangoRedlock(u1, auto_renew=False)),
+    "drl-renew-1": ("django-redlock, 1 node, auto_renew on",
+                    lambda u1, u5: DjangoRedlock(u1, auto_renew=True)),
+    "drl-5": ("django-redlock, 5 nodes", lambda u1, u5: DjangoRedlock(u5, auto_renew=False)),
+    "drl-renew-5": ("django-redlock, 5 nodes, auto_renew on",
+                    lambda u1, u5: DjangoRedlock(u5, auto_renew=True)),
+    "redispy-1": ("redis-py Lock, 1 node", lambda u1, u5: RedisPyLock(u1)),
+    "prl-1": ("python-redis-lock, 1 node", lambda u1, u5: PythonRedisLock(u1)),
+    "pottery-1": ("pottery Redlock, 1 node", lambda u1, u5: PotteryRedlock(u1)),
+    "pottery-5": ("pottery Redlock, 5 nodes", lambda u1, u5: PotteryRedlock(u5)),
+}
+
+
+#: Seconds between a blocked waiter's polls, for the libraries that poll (pottery
+#: sleeps uniform(0, 0.2) s: 0.1 s on average). The handoff spreads its release
+#: instants over this period so the waiter is caught at a random phase.
+POLL_PERIOD = {"redispy-1": 0.1, "pottery-1": 0.1, "pottery-5": 0.1}
+
+
+def build(lib_id: str, urls1: list[str], urls5: list[str]) -> Contestant:
+    label, builder = LIBRARIES[lib_id]
+    contestant = builder(urls1, urls5)
+    contestant.label = label
+    return contestant

@@ -1,0 +1,220 @@
+"""The goals of issue 7, and the tables: markdown (results.md), reST (the docs) and JSON."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from typing import Any
+
+from .procs import CONTENDED, HANDOFF
+from .uncontended import FIVE_NODES, ONE_NODE
+from .view import VARIANTS
+
+# id -> (what, target text, test on the measured value)
+GOALS: dict[str, tuple[str, str, Callable[[float], bool]]] = {
+    "uncontended-1": ("1 node: acquire + release p50 vs raw-socket floor", "<= 1.15x",
+                      lambda v: v <= 1.15),
+    "uncontended-5": ("5 nodes: acquire + release p50 vs raw 5-node parallel floor", "<= 1.20x",
+                      lambda v: v <= 1.20),
+    "handoff-1": ("handoff p50, 1 node", "< 1.5 ms", lambda v: v < 1.5),
+    "handoff-5": ("handoff p50, 5 nodes", "< 1.5 ms", lambda v: v < 1.5),
+    "contended-1": ("contended acquisitions/s, 1 node, vs python-redis-lock", ">= 1.2x",
+                    lambda v: v >= 1.2),
+    "fairness-1": ("contended fairness, 1 node: min worker / mean", ">= 0.5",
+                   lambda v: v >= 0.5),
+    "contended-5": ("contended acquisitions/s, 5 nodes, vs pottery", ">= 4x",
+                    lambda v: v >= 4.0),
+    "view": ("@with_lock view overhead (p50), 1 node", "< 0.5 ms", lambda v: v < 500.0),
+}
+
+
+def _status(goal: str, value: float | None) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "n/a"
+    return "PASS" if GOALS[goal][2](value) else "MISS"
+
+
+def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
+    unc = results.get("uncontended", {})
+    con = results.get("contended", {})
+    hand = results.get("handoff", {})
+    view = results.get("view", {})
+
+    def get(section: dict[str, Any], row: str, field: str) -> float | None:
+        value = section.get(row, {}).get(field)
+        return None if value is None else float(value)
+
+    measured = [
+        ("uncontended-1", "drl-1", get(unc, "drl-1", "x_raw"), "x"),
+        ("uncontended-1", "drl-renew-1", get(unc, "drl-renew-1", "x_raw"), "x"),
+        ("uncontended-5", "drl-5", get(unc, "drl-5", "x_raw"), "x"),
+        ("uncontended-5", "drl-renew-5", get(unc, "drl-renew-5", "x_raw"), "x"),
+        ("handoff-1", "drl-renew-1", get(hand, "drl-renew-1", "p50_ms"), "ms"),
+        ("handoff-5", "drl-renew-5", get(hand, "drl-renew-5", "p50_ms"), "ms"),
+        ("contended-1", "drl-renew-1", get(con, "drl-renew-1", "x_prl"), "x"),
+        ("fairness-1", "drl-renew-1", get(con, "drl-renew-1", "fairness"), ""),
+        ("contended-5", "drl-renew-5", get(con, "drl-renew-5", "x_pottery"), "x"),
+        ("view", "with_lock", get(view, "with_lock", "overhead_us"), "us"),
+    ]
+    out = []
+    for goal, row, value, unit in measured:
+        what, target, _ = GOALS[goal]
+        out.append({"goal": goal, "what": what, "row": row, "target": target,
+                    "value": value, "unit": unit, "status": _status(goal, value)})
+    return out
+
+
+# -- formatting --------------------------------------------------------------------
+def _num(value: Any, digits: int = 0) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "-"
+    return f"{value:,.{digits}f}"
+
+
+def _goal_cell(goals: list[dict[str, Any]], goal: str, row: str) -> str:
+    for g in goals:
+        if g["goal"] == goal and g["row"] == row:
+            return g["status"]
+    return ""
+
+
+def _value_text(g: dict[str, Any]) -> str:
+    v = g["value"]
+    if v is None:
+        return "-"
+    if g["unit"] == "x":
+        return f"{v:.2f}x"
+    if g["unit"] == "ms":
+        return f"{v:.2f} ms"
+    if g["unit"] == "us":
+        return f"{v / 1000:.3f} ms"
+    return f"{v:.2f}"
+
+
+def _with_errors(row: dict[str, Any]) -> str:
+    n = row.get("errors") or 0
+    return f"{row['label']} ({n} failed)" if n else row["label"]
+
+
+def tables(results: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]]]]:
+    """(title, header, rows) for every table, shared by the markdown and reST output."""
+    goals = results["goals"]
+    out: list[tuple[str, list[str], list[list[str]]]] = []
+    out.append(("Goals (issue 7)", ["goal", "row", "target", "measured", "status"],
+                [[g["what"], g["row"], g["target"], _value_text(g), g["status"]] for g in goals]))
+
+    unc = results.get("uncontended")
+    if unc:
+        for title, group, goal in (("Uncontended acquire + release, 1 node", ONE_NODE,
+                                    "uncontended-1"),
+                                   ("Uncontended acquire + release, 5 nodes", FIVE_NODES,
+                                    "uncontended-5")):
+            rows = []
+            for cid, _, _ in group:
+                r = unc.get(cid)
+                if not r:
+                    continue
+                rows.append([_with_errors(r), _num(r["p50_us"]), _num(r["p99_us"]), _num(r["ops_s"]),
+                             _num(r["x_raw"], 2), _num(r["x_redispy"], 2),
+                             _goal_cell(goals, goal, cid)])
+            out.append((title, ["library", "p50 µs", "p99 µs", "ops/s", "x raw floor",
+                                "x redis-py floor", "goal"], rows))
+
+    con = results.get("contended")
+    if con:
+        rows = []
+        for lib, _, n in CONTENDED:
+            r = con.get(lib)
+            if not r:
+                continue
+            ratio = ""
+            if "x_prl" in r:
+                ratio = f"{r['x_prl']:.2f}x python-redis-lock"
+            elif "x_pottery" in r:
+                ratio = f"{r['x_pottery']:.2f}x pottery"
+            goal = "contended-1" if lib == "drl-renew-1" else "contended-5"
+            cell = _goal_cell(goals, goal, lib)
+            if lib == "drl-renew-1":
+                cell = f"{cell} / fair {_goal_cell(goals, 'fairness-1', lib)}"
+            rows.append([r["label"], str(n), _num(r.get("acq_s")),
+                         " / ".join(str(c) for c in r.get("per_worker_last", [])),
+                         _num(r.get("fairness"), 2), _num(r.get("min_fairness"), 2),
+                         {True: "yes", False: "NO", None: "-"}[r.get("counter_exact")],
+                         str(r.get("errors", 0)), ratio, cell])
+        out.append(("Contended: 4 processes, one lock, GET/SET counter inside",
+                    ["library", "nodes", "acq/s", "per worker (last round)", "min/mean",
+                     "worst round min/mean", "counter exact", "errors", "ratio", "goal"], rows))
+
+    hand = results.get("handoff")
+    if hand:
+        rows = []
+        for lib, _, n in HANDOFF:
+            r = hand.get(lib)
+            if not r:
+                continue
+            goal = {"drl-renew-1": "handoff-1", "drl-renew-5": "handoff-5"}.get(lib, "")
+            rows.append([r["label"], str(n), _num(r["p50_ms"], 2), _num(r["p90_ms"], 2),
+                         _num(r["p99_ms"], 2), str(r["samples"]),
+                         _goal_cell(goals, goal, lib) if goal else ""])
+        out.append(("Handoff: release() in one process -> blocked acquire() returns in another",
+                    ["library", "nodes", "p50 ms", "p90 ms", "p99 ms", "samples", "goal"], rows))
+
+    view = results.get("view")
+    if view:
+        rows = []
+        for variant, _ in VARIANTS:
+            r = view.get(variant)
+            if not r:
+                continue
+            rows.append([_with_errors(r), _num(r["p50_us"]), _num(r["p99_us"]),
+                         _num(r.get("overhead_us")),
+                         _goal_cell(goals, "view", variant) if variant == "with_lock" else ""])
+        if view.get("skipped"):
+            rows.append([f"skipped: {view['skipped']}", "-", "-", "-", "n/a"])
+        out.append(("Decorated view through the Django test client, 1 node",
+                    ["view", "p50 µs", "p99 µs", "overhead µs", "goal"], rows))
+    return out
+
+
+def machine_line(results: dict[str, Any]) -> str:
+    m = results["machine"]
+    c = results["config"]
+    pk = m["packages"]
+    return (f"{m['date']}; {m['nproc']} CPUs ({m['cpu']}), {m['os']}, {m['python']}, "
+            f"{m['server']} on loopback; redis-py {pk['redis']}, hiredis {pk['hiredis']}, "
+            f"python-redis-lock {pk['python-redis-lock']}, pottery {pk['pottery']}, "
+            f"Django {pk['Django']}; load average {m['loadavg_start']} at start, "
+            f"{m.get('loadavg_end')} at end; {c['rounds']} rounds"
+            f"{' (--quick)' if c['quick'] else ''}, {c['elapsed_s']:.0f} s.")
+
+
+def markdown(results: dict[str, Any]) -> str:
+    lines = ["# django-redlock benchmark", "", f"Machine: {machine_line(results)}", "",
+             ("Medians over rounds; within a round every library and its floor are measured "
+              "back to back in a shuffled order, and ratios are taken inside the round. "
+              "Reproduce with `make bench` (or `python -m bench`)."), ""]
+    for title, header, rows in tables(results):
+        lines += [f"## {title}", "", "| " + " | ".join(header) + " |",
+                  "|" + "|".join("---" for _ in header) + "|"]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+        lines.append("")
+    return "\n".join(lines)
+
+
+def _rst_cell(text: str) -> str:
+    text = text.replace("\\", "\\\\").replace("*", "\\*").replace("|", "\\|").replace("`", "\\`")
+    return "\\" + text if text.startswith(("-", "+", "#")) else text
+
+
+def rst(results: dict[str, Any]) -> str:
+    """The tables as reST, included by docs/performance.rst (valid under sphinx -W)."""
+    lines = [".. Generated by python -m bench; do not edit by hand.", "",
+             f"Measured {_rst_cell(machine_line(results))}", ""]
+    for title, header, rows in tables(results):
+        lines += [f".. list-table:: {_rst_cell(title)}", "   :header-rows: 1", ""]
+        for row in [header, *rows]:
+            for i, cell in enumerate(row):
+                prefix = "   * - " if i == 0 else "     - "
+                lines.append((prefix + _rst_cell(cell)).rstrip())
+        lines.append("")
+    return "\n".join(lines)
