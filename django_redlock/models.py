@@ -331,16 +331,29 @@ class LockableModel(models.Model):
 
     def fenced_save(self, lock: Any, update_fields: Iterable[str] | None = None,
                     using: str | None = None) -> None:
-        """Write this row only if ``lock.fence`` is higher than the stored fence.
+        """Write this row only if nobody wrote it since it was read, with a newer fence.
 
         One conditional UPDATE (``... SET <fields>, fence = F WHERE pk = %s AND
-        fence < F``), so no other writer can slip in between a check and the
-        write. ``update_fields``: the fields to write (default: every concrete
-        field except the primary key and fields not loaded). Raises
+        fence = <the fence this instance was loaded with>``), after checking that
+        ``F = lock.fence`` is higher than that loaded fence. Checking only
+        "stored fence < F" is not enough, as the chaos run showed::
+
+            A (fence 41) reads stock 10, is paused past its lease
+            B (fence 42) acquires, reads stock 10
+            A resumes and writes 9 with fence 41: accepted (stored fence < 41)
+            B writes 9 with fence 42: accepted, and A's sale is lost
+
+        With the loaded fence in the WHERE clause, B's write is refused (the row
+        changed since B read it) and B re-reads under its lock. So read the row
+        under the lock (``Model.objects.locked()`` does) and write it once.
+
+        ``update_fields``: the fields to write (default: every concrete field
+        except the primary key and fields not loaded). Raises
         :class:`~django_redlock.FencedWriteRejected` when no row was written
-        (a holder with a newer fence wrote first, or the row is gone), and
-        ``ValueError`` when the lock has no fence (``fencing=False`` or never
-        acquired). On success ``self.fence`` is the lock's fence.
+        (a newer holder wrote, the row changed since this instance was read, or
+        the row is gone), and ``ValueError`` when the lock has no fence
+        (``fencing=False`` or never acquired). On success ``self.fence`` is the
+        lock's fence.
 
         Like ``QuerySet.update()``, it sends no ``pre_save``/``post_save`` signals
         and does not insert: save the row once before writing it fenced. Write a
@@ -359,17 +372,23 @@ class LockableModel(models.Model):
         for name in self._unfenced_fields(update_fields):
             field = meta.get_field(name)
             values[field.attname] = field.pre_save(self, False)  # type: ignore[union-attr]
-        written = model._base_manager.using(db).filter(
-            pk=self.pk, **{f"{fence_field.attname}__lt": fence}
-        ).update(**{fence_field.attname: fence}, **values)
+        loaded = getattr(self, fence_field.attname) or 0
+        written = 0
+        if fence > loaded:
+            written = model._base_manager.using(db).filter(
+                pk=self.pk, **{fence_field.attname: loaded}
+            ).update(**{fence_field.attname: fence}, **values)
         if written == 0:
             stored = model._base_manager.using(db).filter(pk=self.pk).values_list(
                 fence_field.attname, flat=True).first()
             if stored is None:
                 why = "the row no longer exists"
+            elif stored >= fence or fence <= loaded:
+                why = (f"the row carries fence {max(stored, loaded)} >= {fence}: a newer lock "
+                       f"holder already wrote it")
             else:
-                why = (f"the row carries fence {stored} >= {fence}: a newer lock holder "
-                       f"already wrote it")
+                why = (f"the row was written (fence {loaded} -> {stored}) since this instance "
+                       f"was read: read it again under the lock and write once")
             raise FencedWriteRejected(
                 f"fenced save of {meta.label} pk={self.pk!r} refused: {why}",
                 lock_name=getattr(lock, "name", None), fence=fence, stored_fence=stored)

@@ -275,11 +275,8 @@ def test_majority_plan_breaks_three_of_five() -> None:
 
 # -- what the chaos run found, reproduced deterministically ---------------------------------
 @pytest.mark.django_db
-@pytest.mark.xfail(strict=True, raises=AssertionError, reason=(
-    "known issue: fenced_save checks only 'stored fence < mine', so a paused holder's write "
-    "that lands after a newer holder READ the row (but before it wrote) is accepted, and the "
-    "newer holder's write then erases it (chaos: safe schedule, lost update on db rows)"))
-def test_known_issue_fenced_save_stale_read() -> None:
+def test_fenced_save_refuses_a_write_based_on_a_stale_read() -> None:
+    """Found by the chaos run (safe schedule, a lost update on a DB row)."""
     from django_redlock import FencedWriteRejected
     from tests.testapp.models import Product
 
@@ -302,7 +299,9 @@ def test_known_issue_fenced_save_stale_read() -> None:
         b_written = False  # what a compare-and-set on the loaded fence would do
     finally:
         lock_b.release()
-    # Every write that was accepted must be in the value.
+    # Every write that was accepted must be in the value; B's is refused because
+    # the row changed since B read it.
+    assert not b_written
     assert Product.objects.get(pk=row.pk).stock == 1 + int(b_written)
 
 

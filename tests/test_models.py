@@ -123,11 +123,17 @@ def test_fenced_save_writes_with_a_newer_fence(alias: str) -> None:
     row = Product.objects.using(alias).get(pk=product.pk)
     assert (row.stock, row.name, row.fence) == (2, "p", locked.fence)
     assert row.updated > before  # auto_now honoured (pre_save)
-    with product.lock() as lock:  # every field by default
+    with product.lock() as lock:
+        # `product` was read before the write above: writing it back would undo
+        # that write (stock 2 -> 1), so it is refused.
         product.name = "renamed"
-        product.fenced_save(lock)
+        with pytest.raises(FencedWriteRejected, match="since this instance was read"):
+            product.fenced_save(lock)
+        product.refresh_from_db()
+        product.name = "renamed"
+        product.fenced_save(lock)  # every field by default
     row = Product.objects.using(alias).get(pk=product.pk)
-    assert (row.stock, row.name, row.fence) == (1, "renamed", lock.fence)
+    assert (row.stock, row.name, row.fence) == (2, "renamed", lock.fence)
 
 
 @pytest.mark.parametrize("alias", DATABASES)
