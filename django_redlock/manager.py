@@ -232,7 +232,13 @@ class LockManager:
         won = rounds.granted(tally, n_nodes=n, start=start, elapsed=elapsed, ttl=ttl,
                              drift_factor=self.drift_factor)
         if won is not None:
-            return won
+            if not rounds.fences_disagree(tally, ttl):
+                return won
+            synced = self._extend_round(key, fkey, token, won.fence, ttl, lock_name=lock_name)
+            if synced.extended:
+                return won
+            logger.info("lock %r: the fence could not be written back to a quorum; retrying",
+                        lock_name)
         if any(tally.maybe_ours):
             # Release wherever the key may be ours, including nodes that went
             # silent after the request left: a leftover would block others.

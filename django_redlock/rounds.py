@@ -47,6 +47,9 @@ class AcquireTally:
 
     ok: int
     fence: int
+    #: The lowest fence among the granting nodes: far below ``fence`` means one
+    #: node's clock runs ahead (see :func:`fences_disagree`).
+    fence_min: int
     busy_ttls: list[float]
     errors: dict[str, str]
     maybe_ours: list[bool]
@@ -91,13 +94,15 @@ def acquire_call(key: bytes, fkey: bytes, token: str, ttl_ms: int, owner: str,
 
 
 def tally_acquire(replies: Sequence[Any], node_names: Sequence[str]) -> AcquireTally:
-    tally = AcquireTally(ok=0, fence=0, busy_ttls=[], errors={},
+    tally = AcquireTally(ok=0, fence=0, fence_min=0, busy_ttls=[], errors={},
                          maybe_ours=[False] * len(replies))
     for i, reply in enumerate(replies):
         if isinstance(reply, list) and len(reply) == 2:
             if reply[0] == 1:
+                fence = int(reply[1])
+                tally.fence_min = fence if tally.ok == 0 else min(tally.fence_min, fence)
+                tally.fence = max(tally.fence, fence)
                 tally.ok += 1
-                tally.fence = max(tally.fence, int(reply[1]))
                 tally.maybe_ours[i] = True
             else:
                 tally.busy_ttls.append(max(0, int(reply[1])) / 1000.0)
@@ -116,6 +121,27 @@ def granted(tally: AcquireTally, *, n_nodes: int, start: float, elapsed: float, 
     if tally.ok >= q.quorum(n_nodes) and valid > 0:
         return AcquireResult(True, fence=tally.fence, valid_until=start + valid)
     return None
+
+
+#: Granting nodes whose fences differ by this share of the lease or more must
+#: agree before the fence is handed out (see :func:`fences_disagree`).
+FENCE_SPREAD_LIMIT = 0.25
+
+
+def fences_disagree(tally: AcquireTally, ttl: float) -> bool:
+    """Whether the maximum fence must be written back before it is used.
+
+    Each node issues ``max(counter + 1, its clock in ms)``, and the holder takes
+    the maximum. When one granting node's clock runs far ahead, that maximum
+    comes from it alone; if the holder then pauses before its first renewal (the
+    usual write-back) and the next holder's quorum lacks that node, the next
+    fence would be *lower*: a stale holder's writes would win. The chaos run
+    showed it with a node 5 s ahead and a 1 s lease. So when the granting nodes
+    disagree by a quarter of the lease or more, the holder first writes the
+    maximum back to a quorum (one extend round); only then is the lock acquired.
+    With clocks within that bound (NTP), this costs nothing.
+    """
+    return tally.ok > 1 and tally.fence - tally.fence_min >= ttl * 1000 * FENCE_SPREAD_LIMIT
 
 
 def refused(tally: AcquireTally, *, n_nodes: int, elapsed: float, ttl: float,

@@ -131,3 +131,16 @@ def test_script_sha_matches_source() -> None:
 
     assert ACQUIRE.sha == hashlib.sha1(ACQUIRE.source).hexdigest().encode()
     assert b"KEYS[1]" in ACQUIRE.source
+
+
+def test_fences_disagree_only_when_granting_nodes_are_far_apart() -> None:
+    from django_redlock.rounds import fences_disagree, tally_acquire
+
+    names = ["a", "b", "c"]
+    near = tally_acquire([[1, 1_000_000], [1, 1_000_003], [0, 500]], names)
+    assert near.ok == 2 and near.fence == 1_000_003 and near.fence_min == 1_000_000
+    assert not fences_disagree(near, ttl=10.0)
+    # One node's clock 5 s ahead with a 1 s lease: write the maximum back first.
+    far = tally_acquire([[1, 1_000_000], [1, 1_005_000], [1, 1_000_001]], names)
+    assert fences_disagree(far, ttl=1.0)
+    assert not fences_disagree(tally_acquire([[1, 7], [0, 5], [0, 5]], names), ttl=0.001)
