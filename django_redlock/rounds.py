@@ -161,7 +161,9 @@ def refused(tally: AcquireTally, *, n_nodes: int, elapsed: float, ttl: float,
 # -- release -------------------------------------------------------------------
 def release_requests(n_nodes: int, key: bytes, fkey: bytes, token: str, fence: int,
                      only: Sequence[bool] | None) -> list[Call | None]:
-    call = Call(RELEASE, (key, fkey), (token, fence, _FENCE_GRACE_B))
+    """Release on every node, or only where ``only`` says (the clean-up after a
+    lost attempt, which wakes nobody: the lock was never held)."""
+    call = Call(RELEASE, (key, fkey), (token, fence, _FENCE_GRACE_B, b"1" if only is None else b"0"))
     return [call if only is None or only[i] else None for i in range(n_nodes)]
 
 

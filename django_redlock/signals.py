@@ -29,8 +29,8 @@ logger = logging.getLogger("django_redlock.signals")
 
 def send(signal: Signal, sender: Any, **kwargs: Any) -> None:
     """Send ``signal``; a failing receiver is logged, never propagated into lock code."""
-    if not signal.has_listeners(sender):
-        return
+    if not signal.receivers or not signal.has_listeners(sender):
+        return  # the first test is free; has_listeners() walks the receivers
     for receiver, result in signal.send_robust(sender, **kwargs):
         if isinstance(result, Exception):
             logger.error("receiver %r of %s failed", receiver, kwargs.get("name"), exc_info=result)

@@ -19,6 +19,9 @@ from typing import Callable, Protocol
 
 logger = logging.getLogger("django_redlock.watchdog")
 
+#: Longest single sleep of the thread (a huge due time must not overflow the wait).
+_MAX_WAIT = 3600.0
+
 
 class Renewable(Protocol):
     def _watchdog_tick(self) -> float | None:
@@ -41,7 +44,10 @@ class Watchdog:
                 self._thread = threading.Thread(target=self._run, name="redlock-watchdog",
                                                 daemon=True)
                 self._thread.start()
-            self._cond.notify()
+            elif self._heap[0][0] == due:
+                # Wake the thread only when its next deadline moved closer: on the
+                # acquire hot path most entries land behind an earlier one.
+                self._cond.notify()
 
     def close(self) -> None:
         with self._cond:
@@ -62,7 +68,7 @@ class Watchdog:
                     delay = self._heap[0][0] - self._clock()
                     if delay <= 0:
                         break
-                    self._cond.wait(timeout=delay)
+                    self._cond.wait(timeout=min(delay, _MAX_WAIT))
                 if self._stopping:
                     return
                 _, _, ref = heapq.heappop(self._heap)

@@ -1,7 +1,9 @@
 -- Release a lock on one node: compare-and-delete, then wake the waiters.
 -- KEYS[1] lock key, KEYS[2] fencing counter key
 -- ARGV[1] holder token, ARGV[2] the holder's fence ('0' when unfenced),
--- ARGV[3] counter grace in ms
+-- ARGV[3] counter grace in ms, ARGV[4] '1' to wake the waiters ('0' for the
+-- clean-up after a lost attempt: waking every waiter for a lock that was never
+-- held only makes them all race again)
 -- Returns 1 when the key was ours and is gone, 0 otherwise (never touches others' keys).
 local mine = ARGV[1] .. '|'
 local current = redis.call('GET', KEYS[1])
@@ -22,5 +24,7 @@ if fence > 0 then
     redis.call('SET', KEYS[2], ARGV[2], 'PX', string.format('%.0f', px))
   end
 end
-redis.call('PUBLISH', KEYS[1], 'released')
+if ARGV[4] == '1' then
+  redis.call('PUBLISH', KEYS[1], 'released')
+end
 return 1

@@ -57,7 +57,7 @@ from typing import Any
 import redis.asyncio.connection as aconn
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
-from .sync import NODE_DOWN_ERRORS, NodeClient, NodeError, Request, _short
+from .sync import NODE_DOWN_ERRORS, NodeClient, NodeError, Request, _short, nodes_to_skip
 
 if sys.version_info >= (3, 11, 3):
     from asyncio import timeout as _timeout
@@ -242,11 +242,12 @@ class AsyncTransport:
         n = len(nodes)
         results: list[Any] = [None] * n
         start = self.clock()
+        skip = nodes_to_skip(nodes, requests, start, skip_backoff)
         asked: list[int] = []
         for i in range(n):
             if requests[i] is None:
                 continue
-            if skip_backoff and nodes[i].backing_off(start):
+            if skip[i]:
                 results[i] = NodeError(nodes[i].name, "skipped: failed recently", sent=False)
                 continue
             asked.append(i)

@@ -169,6 +169,24 @@ class NodeClient:
 Request = Call | Command | None
 
 
+def nodes_to_skip(nodes: Sequence[NodeClient], requests: Sequence[Request], now: float,
+                  skip_backoff: bool) -> list[bool]:
+    """Which nodes a round skips because they failed recently.
+
+    Skipping saves a timeout per round on a dead node, but never when it would
+    leave fewer than a quorum to ask: then every node gets its chance (with a
+    single node, a node that failed once would otherwise refuse every request
+    for the length of its back-off).
+    """
+    n = len(nodes)
+    if not skip_backoff:
+        return [False] * n
+    skip = [requests[i] is not None and nodes[i].backing_off(now) for i in range(n)]
+    if n - sum(skip) < n // 2 + 1:
+        return [False] * n
+    return skip
+
+
 class SyncTransport:
     """Sends one request per node and gathers the replies within the node timeouts."""
 
@@ -188,6 +206,7 @@ class SyncTransport:
         conns: list[Any] = [None] * n
         deadlines = [0.0] * n
         start = self.clock()
+        skip = nodes_to_skip(nodes, requests, start, skip_backoff)
         try:
             # Nodes with an open connection are asked first; a node that needs a
             # (re)connect is asked after them, so a black-holed node stalling in
@@ -197,7 +216,7 @@ class SyncTransport:
                 if requests[i] is None:
                     continue
                 node = nodes[i]
-                if skip_backoff and node.backing_off(start):
+                if skip[i]:
                     results[i] = NodeError(node.name, "skipped: failed recently", sent=False)
                     continue
                 try:
