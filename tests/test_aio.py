@@ -315,7 +315,8 @@ def test_cancelled_acquire_leaves_nothing_behind(nodes3: RedisNodes,
         with pytest.raises(asyncio.CancelledError):
             await task
         await holder.release()
-        assert not mgr.notifier._subs  # the waiter's subscription was closed
+        # The waiter's subscription was closed (its channel may linger, empty).
+        assert not any(mgr.notifier._subs.values())
         # Cancelled in the middle of a round: two nodes said yes, the third is
         # silent (paused). What the round set is taken back.
         quick = mgr.alock("cancel-acquire", timeout=None)

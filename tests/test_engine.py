@@ -464,3 +464,37 @@ def test_release_notices_a_loss_the_watchdog_did_not_see_yet(
         signals.lock_lost.disconnect(on_lost)
     assert lost and thief.owned()
     thief.release()
+
+
+def test_release_channel_lingers_then_unsubscribes(nodes3: RedisNodes, make_manager: MakeManager,
+                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from django_redlock.transport import notify
+
+    monkeypatch.setattr(notify, "LINGER", 0.3)
+    mgr = make_manager(nodes3)
+    sub = mgr.notifier.subscribe(b"redlock:linger", confirm_timeout=1.0)
+    sub.close()
+    assert b"redlock:linger" in mgr.notifier._subs  # kept for the next waiter
+    again = mgr.notifier.subscribe(b"redlock:linger", confirm_timeout=0.0)
+    assert again.notifier._confirmed[b"redlock:linger"].is_set()  # no new round trip
+    again.close()
+    deadline = time.monotonic() + 3
+    while b"redlock:linger" in mgr.notifier._subs and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert b"redlock:linger" not in mgr.notifier._subs
+
+
+def test_listener_does_not_spin_with_a_dead_node_and_no_waiters(
+        redis_nodes_factory: Callable[..., RedisNodes], make_manager: MakeManager,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    from django_redlock.transport import notify
+
+    monkeypatch.setattr(notify, "LINGER", 0.1)
+    nodes = redis_nodes_factory(3)
+    mgr = make_manager(nodes)
+    mgr.notifier.subscribe(b"redlock:spin", confirm_timeout=1.0).close()
+    nodes[0].kill()
+    time.sleep(0.5)  # the channel expired; node 0's link is down
+    cpu = time.process_time()
+    time.sleep(1.0)
+    assert time.process_time() - cpu < 0.3

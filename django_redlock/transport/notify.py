@@ -28,6 +28,8 @@ from .sync import NODE_DOWN_ERRORS, NodeClient
 
 logger = logging.getLogger("django_redlock.notify")
 
+#: Seconds a channel stays subscribed after its last waiter left.
+LINGER = 5.0
 RECONNECT_FIRST = 0.05
 RECONNECT_MAX = 2.0
 _POLL = 0.5
@@ -136,6 +138,7 @@ class ReleaseNotifier:
         self._lock = threading.Lock()
         self._subs: dict[bytes, set[Subscription]] = {}
         self._confirmed: dict[bytes, threading.Event] = {}
+        self._idle_since: dict[bytes, float] = {}
         self._ops: collections.deque[tuple[str, bytes]] = collections.deque()
         self._wake_r, self._wake_w = socket.socketpair()
         self._wake_r.setblocking(False)
@@ -149,6 +152,7 @@ class ReleaseNotifier:
         with self._lock:
             subs = self._subs.setdefault(channel, set())
             subs.add(sub)
+            self._idle_since.pop(channel, None)
             confirmed = self._confirmed.get(channel)
             if confirmed is None:
                 confirmed = self._confirmed[channel] = threading.Event()
@@ -167,10 +171,22 @@ class ReleaseNotifier:
                 return
             subs.discard(sub)
             if not subs:
-                del self._subs[sub.channel]
-                self._confirmed.pop(sub.channel, None)
-                self._ops.append(("unsubscribe", sub.channel))
-                self._wake()
+                # Stay subscribed a while: a lock that had waiters will likely
+                # have them again, and re-subscribing costs the next waiter a
+                # round trip before its final attempt.
+                self._idle_since[sub.channel] = time.monotonic()
+
+    def _expire_idle(self) -> None:
+        """Unsubscribe channels nobody waited on for LINGER seconds (listener thread)."""
+        now = time.monotonic()
+        with self._lock:
+            expired = [ch for ch, since in self._idle_since.items() if now - since >= LINGER]
+            for channel in expired:
+                del self._idle_since[channel]
+                if not self._subs.get(channel):
+                    self._subs.pop(channel, None)
+                    self._confirmed.pop(channel, None)
+                    self._ops.append(("unsubscribe", channel))
 
     def _wake(self) -> None:
         try:
@@ -200,6 +216,7 @@ class ReleaseNotifier:
         sel.register(self._wake_r, selectors.EVENT_READ, None)
         try:
             while not self._stopping:
+                self._expire_idle()
                 self._apply_ops()
                 self._connect_due()
                 self._sync_selector(sel)
@@ -231,6 +248,10 @@ class ReleaseNotifier:
             sel.register(sock, selectors.EVENT_READ, desired[sock])
 
     def _next_timeout(self) -> float:
+        with self._lock:
+            waiting = bool(self._subs)
+        if not waiting:
+            return _POLL  # nothing to (re)connect for: links connect when someone waits
         now = time.monotonic()
         due = [link.next_connect - now for link in self._links if link.sock is None]
         return max(0.0, min([_POLL, *due]))
