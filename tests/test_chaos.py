@@ -74,10 +74,12 @@ def test_safe_schedule_fences_hold_and_nothing_acknowledged_is_lost(chaos: dict[
     assert r["value_gaps"] == 0, r["resources"]
     # A stale write that left after another holder wrote is always refused.
     assert r["refused_by_fence"] >= r["worker_pauses_provoked"]
-    # The resource that checks "fence higher AND unchanged since read" never loses one.
+    # The resources that check "fence higher AND unchanged since read" never lose one:
+    # the cas counter and the database rows (fenced_save).
     assert r["lost_updates_by_kind"].get("cas", 0) == 0, r["resources"]
-    # Lost updates elsewhere can only come from the window a write-only fence check
-    # leaves open (test_known_issue_fenced_save_stale_read); none from a stale fence.
+    assert r["lost_updates_by_kind"].get("db", 0) == 0, r["resources"]
+    # The ctr counter checks only "fence higher" on write: its losses can only come
+    # from the stale-read window that leaves open, never from a stale fence.
     assert r["erased_stale_fence"] == 0, r["resources"]
     assert r["failed_over_bound"] == 0
 

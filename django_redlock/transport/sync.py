@@ -38,6 +38,9 @@ NODE_DOWN_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 BACKOFF_FIRST = 0.05
 BACKOFF_MAX = 1.0
 
+#: redis-py >= 5.1 reads with a per-call timeout; older versions need a poll first.
+_READ_TAKES_TIMEOUT = "timeout" in inspect.signature(redis.Connection.read_response).parameters
+
 _GET_NEEDS_NAME = (
     inspect.signature(redis.ConnectionPool.get_connection).parameters["command_name"].default
     is inspect.Parameter.empty)
@@ -261,11 +264,16 @@ class SyncTransport:
     def _read(self, node: NodeClient, conn: Any, request: Request, deadline: float) -> Any:
         for _ in range(2):  # the second pass only after NOSCRIPT
             try:
-                if not conn.can_read(timeout=max(deadline - self.clock(), 0.0)):
+                left = deadline - self.clock()
+                if _READ_TAKES_TIMEOUT:
+                    # One syscall fewer than poll-then-read; a timeout disconnects.
+                    reply = conn.read_response(timeout=max(left, 0.0005))
+                elif conn.can_read(timeout=max(left, 0.0)):
+                    reply = conn.read_response()
+                else:
                     conn.disconnect()
                     node.mark_failed(self.clock())
                     return NodeError(node.name, f"no answer within {node.timeout:g} s")
-                reply = conn.read_response()
             except NoScriptError:
                 assert request is not None and request.packed_eval is not None
                 try:
@@ -278,6 +286,10 @@ class SyncTransport:
             except ResponseError as e:
                 node.mark_ok()
                 return e
+            except RedisTimeoutError:
+                conn.disconnect()
+                node.mark_failed(self.clock())
+                return NodeError(node.name, f"no answer within {node.timeout:g} s")
             except NODE_DOWN_ERRORS as e:
                 conn.disconnect()
                 node.mark_failed(self.clock())
