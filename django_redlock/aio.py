@@ -187,11 +187,20 @@ async def _subscribe(manager: LockManager, channel: bytes, confirm: float) -> _W
 # -- rounds (the rules live in rounds.py, shared with the sync manager) --------
 async def _acquire_round(mgr: LockManager, transport: AsyncTransport, key: bytes, fkey: bytes,
                          token: str, ttl_ms: int, owner: str, fencing: bool, ttl: float, *,
-                         lock_name: str) -> AcquireResult:
+                         lock_name: str, gated: bool = False) -> AcquireResult:
     call = rounds.acquire_call(key, fkey, token, ttl_ms, owner, fencing)
     n = len(mgr.nodes)
     start = mgr.clock()
-    replies = await transport.round([call] * n)
+    gate = rounds.gate_node(key, mgr.nodes, start) if gated else None
+    if gate is not None:
+        first = (await transport.round([call if i == gate else None for i in range(n)]))[gate]
+        busy = rounds.busy_at_gate(first)
+        if busy is not None:
+            return busy
+        replies = await transport.round([None if i == gate else call for i in range(n)])
+        replies[gate] = first
+    else:
+        replies = await transport.round([call] * n)
     elapsed = mgr.clock() - start
     tally = rounds.tally_acquire(replies, [node.name for node in mgr.nodes])
     won = rounds.granted(tally, n_nodes=n, start=start, elapsed=elapsed, ttl=ttl,
@@ -277,13 +286,18 @@ class AsyncLock(LockBase):
         mgr = self.manager
         started, deadline, token, owner, ttl_ms = self._start_acquire(blocking, timeout)
         clock = mgr.clock
+        if deadline is None or deadline > started:
+            pause = mgr._handoff_pause(self._key_b)
+            if pause:
+                await asyncio.sleep(pause if deadline is None else min(pause, deadline - started))
         waiter: _Waiter | None = None
         try:
             while True:
                 try:
                     result = await _acquire_round(mgr, self.transport, self._key_b,
                                                   self._fence_key_b, token, ttl_ms, owner,
-                                                  self.fencing, self.ttl, lock_name=self.name)
+                                                  self.fencing, self.ttl, lock_name=self.name,
+                                                  gated=waiter is not None)
                 except asyncio.CancelledError:
                     # The round may have set our key on some nodes: take it back.
                     await _complete(_release_round(mgr, self.transport, self._key_b,
@@ -402,8 +416,10 @@ class AsyncLock(LockBase):
         if renewal is not None and not renewal.done():
             renewal.cancel()
             await asyncio.wait([renewal])  # no renewal outlives release()
-        return await _release_round(self.manager, self.transport, self._key_b, self._fence_key_b,
-                             token, fence)
+        result = await _release_round(self.manager, self.transport, self._key_b,
+                                      self._fence_key_b, token, fence)
+        self.manager._note_release(self._key_b, result.listeners)
+        return result
 
     # -- extend / renew --------------------------------------------------------
     async def extend(self, ttl: float | EllipsisType = ...) -> None:

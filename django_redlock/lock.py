@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from types import EllipsisType, TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -139,11 +140,16 @@ class Lock(LockBase):
         mgr = self.manager
         started, deadline, token, owner, ttl_ms = self._start_acquire(blocking, timeout)
         clock = mgr.clock
+        if deadline is None or deadline > started:
+            pause = mgr._handoff_pause(self._key_b)
+            if pause:
+                time.sleep(pause if deadline is None else min(pause, deadline - started))
         subscription = None
         try:
             while True:
                 result = mgr._acquire_round(self._key_b, self._fence_key_b, token, ttl_ms,
-                                            owner, self.fencing, self.ttl, lock_name=self.name)
+                                            owner, self.fencing, self.ttl, lock_name=self.name,
+                                            gated=subscription is not None)
                 if result.acquired:
                     self._on_acquired(token, result.fence, result.valid_until, started)
                     return True
@@ -206,6 +212,7 @@ class Lock(LockBase):
             self._valid_until = 0.0
             held = mgr.clock() - self._acquired_at
         result = mgr._release_round(self._key_b, self._fence_key_b, token, fence)
+        mgr._note_release(self._key_b, result.listeners)
         if result.lost and not was_lost:
             was_lost = True
             reason = (f"{result.not_ours} of {len(mgr.nodes)} nodes no longer had this holder's "

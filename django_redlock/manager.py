@@ -48,6 +48,11 @@ logger = logging.getLogger("django_redlock.manager")
 
 _managers: "weakref.WeakSet[LockManager]" = weakref.WeakSet()
 
+#: How long a process that just woke other processes' waiters by a release lets
+#: them go first before its own next attempt on the same lock (about one
+#: wake-up: the notice, the listener thread, the waiter's round trip).
+HANDOFF_YIELD = 0.002
+
 
 def _after_fork_in_child() -> None:
     for manager in list(_managers):
@@ -123,6 +128,8 @@ class LockManager:
         self._async_transport: Any = None  # transport.aio.AsyncTransport, made by alock()
         self._lazy_lock = threading.Lock()
         self._closed = False
+        #: lock key -> until when this process lets woken waiters go first
+        self._handoff: dict[bytes, float] = {}
         _managers.add(self)
 
     def __repr__(self) -> str:
@@ -216,17 +223,44 @@ class LockManager:
         for node in self.nodes:
             node.reset_backoff()
 
+    def _note_release(self, key: bytes, listeners: int) -> None:
+        """After a release that woke other processes' waiters, step back briefly.
+
+        Without it, a process that releases and re-acquires in a loop wins almost
+        every time (it is awake; the waiters are still waking up), and the others
+        starve. Our own listener, if subscribed, is one of the listeners.
+        """
+        notifier = self._notifier
+        mine = 1 if notifier is not None and key in notifier._subs else 0
+        if listeners > mine:
+            self._handoff[key] = self.clock() + HANDOFF_YIELD
+
+    def _handoff_pause(self, key: bytes) -> float:
+        """Seconds to wait before a first attempt on ``key`` (see _note_release)."""
+        until = self._handoff.pop(key, None)
+        return 0.0 if until is None else max(0.0, until - self.clock())
+
     def next_wait(self, remaining: float | None, holder_ttl: float | None) -> float:
         return next_wait(remaining=remaining, max_delay=self.retry_delay, holder_ttl=holder_ttl,
                          rng=self.rng)
 
     # -- rounds (the rules live in rounds.py, shared with the asyncio flavour) ----
     def _acquire_round(self, key: bytes, fkey: bytes, token: str, ttl_ms: int, owner: str,
-                       fencing: bool, ttl: float, *, lock_name: str) -> AcquireResult:
+                       fencing: bool, ttl: float, *, lock_name: str,
+                       gated: bool = False) -> AcquireResult:
         call = rounds.acquire_call(key, fkey, token, ttl_ms, owner, fencing)
         n = len(self.nodes)
         start = self.clock()
-        replies = self.transport.round([call] * n)
+        gate = rounds.gate_node(key, self.nodes, start) if gated else None
+        if gate is not None:
+            first = self.transport.round([call if i == gate else None for i in range(n)])[gate]
+            busy = rounds.busy_at_gate(first)
+            if busy is not None:
+                return busy
+            replies = self.transport.round([None if i == gate else call for i in range(n)])
+            replies[gate] = first
+        else:
+            replies = self.transport.round([call] * n)
         elapsed = self.clock() - start
         tally = rounds.tally_acquire(replies, [node.name for node in self.nodes])
         won = rounds.granted(tally, n_nodes=n, start=start, elapsed=elapsed, ttl=ttl,

@@ -4,7 +4,8 @@
 -- ARGV[3] counter grace in ms, ARGV[4] '1' to wake the waiters ('0' for the
 -- clean-up after a lost attempt: waking every waiter for a lock that was never
 -- held only makes them all race again)
--- Returns 1 when the key was ours and is gone, 0 otherwise (never touches others' keys).
+-- Returns 0 when the key was not ours (never touches others' keys), else 1 + the
+-- number of subscribers the release notice reached.
 local mine = ARGV[1] .. '|'
 local current = redis.call('GET', KEYS[1])
 if not current or string.sub(current, 1, #mine) ~= mine then
@@ -25,6 +26,7 @@ if fence > 0 then
   end
 end
 if ARGV[4] == '1' then
-  redis.call('PUBLISH', KEYS[1], 'released')
+  -- 1 + how many subscribers heard it: the releaser learns whether anyone waits.
+  return 1 + redis.call('PUBLISH', KEYS[1], 'released')
 end
 return 1
