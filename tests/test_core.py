@@ -144,3 +144,25 @@ def test_fences_disagree_only_when_granting_nodes_are_far_apart() -> None:
     far = tally_acquire([[1, 1_000_000], [1, 1_005_000], [1, 1_000_001]], names)
     assert fences_disagree(far, ttl=1.0)
     assert not fences_disagree(tally_acquire([[1, 7], [0, 5], [0, 5]], names), ttl=0.001)
+
+
+def test_gate_node_is_stable_per_name_and_skips_a_failing_node() -> None:
+    from django_redlock.rounds import busy_at_gate, gate_node
+
+    class Node:
+        def __init__(self, down: bool = False) -> None:
+            self.down = down
+
+        def backing_off(self, now: float) -> bool:
+            return self.down
+
+    nodes = [Node() for _ in range(5)]
+    first = gate_node(b"redlock:stock:1", nodes, 0.0)
+    assert first is not None and first == gate_node(b"redlock:stock:1", nodes, 0.0)
+    assert len({gate_node(b"redlock:n%d" % i, nodes, 0.0) for i in range(50)}) > 1  # spread
+    nodes[first].down = True
+    assert gate_node(b"redlock:stock:1", nodes, 0.0) is None  # ask everyone at once
+    assert gate_node(b"redlock:x", [Node()], 0.0) is None  # one node: nothing to gate
+    busy = busy_at_gate([0, 1500])
+    assert busy is not None and not busy.acquired and busy.holder_ttl == 1.5
+    assert busy_at_gate([1, 7]) is None

@@ -498,3 +498,22 @@ def test_listener_does_not_spin_with_a_dead_node_and_no_waiters(
     cpu = time.process_time()
     time.sleep(1.0)
     assert time.process_time() - cpu < 0.3
+
+
+def test_releaser_steps_back_only_when_another_process_waits(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    releaser, other = make_manager(nodes3), make_manager(nodes3)  # two "processes"
+    lock = releaser.lock("fair")
+    lock.acquire()
+    lock.release()
+    assert releaser._handoff_pause(lock._key_b) == 0.0  # nobody waited
+    lock.acquire()
+    waiting = threading.Thread(target=lambda: other.lock("fair", timeout=5).acquire())
+    waiting.start()
+    deadline = time.monotonic() + 3
+    while not other._notifier and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.2)  # the waiter is subscribed
+    lock.release()
+    assert releaser._handoff_pause(lock._key_b) > 0.0  # it lets the woken waiter go first
+    waiting.join(timeout=5)
