@@ -38,12 +38,28 @@ def pack(*args: Arg) -> bytes:
     return b"".join(out)
 
 
+def _load_lua(name: str) -> str:
+    """A script's source, with ``--#include <name>`` lines replaced by that file.
+
+    Lua scripts sent to Redis cannot import each other; this lets two scripts
+    share one function (the fence write-back) without two copies in the tree.
+    """
+    text = (resources.files("django_redlock") / "lua" / f"{name}.lua").read_text("utf-8")
+    lines = []
+    for line in text.splitlines():
+        if line.startswith("--#include "):
+            lines.append(_load_lua(line.split(None, 1)[1].strip()))
+        else:
+            lines.append(line)
+    return "\n".join(lines) + "\n"
+
+
 class Script:
     """A Lua script shipped with the package, addressed by its SHA1."""
 
     def __init__(self, name: str) -> None:
         self.name = name
-        self.source = (resources.files("django_redlock") / "lua" / f"{name}.lua").read_bytes()
+        self.source = _load_lua(name).encode("utf-8")
         self.sha = hashlib.sha1(self.source).hexdigest().encode("ascii")
 
     def evalsha(self, keys: tuple[Arg, ...], args: tuple[Arg, ...]) -> bytes:

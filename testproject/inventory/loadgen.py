@@ -254,13 +254,18 @@ def run_load(base_url: str, path: str, *, requests: int, concurrency: int, proce
         raise
     finally:
         go.set()
-        for proc in procs:
-            proc.join(timeout=10)
-            if proc.is_alive():
-                proc.terminate()
-                proc.join(timeout=5)
-        results.close()
-        results.join_thread()
+        stop_workers(procs, results)
+
+
+def stop_workers(procs: list[Any], results: Any) -> None:
+    """Join worker processes (bounded), terminate stragglers, close their queue."""
+    for proc in procs:
+        proc.join(timeout=10)
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(timeout=5)
+    results.close()
+    results.join_thread()
 
 
 class ProgressBar:

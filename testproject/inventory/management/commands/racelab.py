@@ -21,6 +21,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_redlock.core.config import parse_nodes
 
+from ...loadgen import stop_workers
 from ...race import STRATEGIES, client_main
 
 
@@ -97,13 +98,7 @@ class Command(BaseCommand):
                 raise
             finally:
                 go.set()
-                for proc in procs:
-                    proc.join(timeout=10)
-                    if proc.is_alive():
-                        proc.terminate()
-                        proc.join(timeout=5)
-                results.close()
-                results.join_thread()
+                stop_workers(procs, results)
             final = int(r.get(key) or 0)
             r.delete(key)
         except redis.RedisError as exc:
