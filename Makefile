@@ -17,7 +17,7 @@ help:
 	@echo "make test   - run the whole test suite against real Redis servers it starts"
 	@echo "make docs   - build the Sphinx docs (warnings are errors)"
 	@echo "make bench  - benchmarks against redis-py Lock, python-redis-lock, pottery"
-	@echo "make chaos  - Jepsen-style fault run with a history checker"
+	@echo "make chaos  - Jepsen-style fault run with a history checker (chaos-long: 5 min)"
 	@echo "make lint   - ruff"
 
 $(STAMP): setup.cfg pyproject.toml
@@ -49,6 +49,9 @@ bench: $(STAMP)
 
 chaos: $(STAMP)
 	$(PY) -m tests.chaos --duration 60
+
+chaos-long: $(STAMP)
+	$(PY) -m tests.chaos --duration 300
 
 check: $(STAMP)
 	$(PY) -m pip install -q build twine

@@ -166,3 +166,12 @@ def test_gate_node_is_stable_per_name_and_skips_a_failing_node() -> None:
     busy = busy_at_gate([0, 1500])
     assert busy is not None and not busy.acquired and busy.holder_ttl == 1.5
     assert busy_at_gate([1, 7]) is None
+
+
+def test_scripts_inline_their_shared_function() -> None:
+    from django_redlock.transport.resp import EXTEND, RELEASE
+
+    for script in (RELEASE, EXTEND):
+        assert b"--#include" not in script.source
+        assert script.source.count(b"local function write_back_fence") == 1
+        assert b"write_back_fence(KEYS[2]" in script.source
