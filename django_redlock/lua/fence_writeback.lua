@@ -1,4 +1,4 @@
--- Shared by release.lua and extend.lua (inlined where they say `--#include`).
+-- Shared by release.lua and extend.lua, which include it when they load.
 -- Write the holder's fence (the maximum over its quorum) back to this node's
 -- counter when it is higher, so that the next holder's fence is higher on
 -- whichever majority it gets. The counter expires `grace` ms after this node's
