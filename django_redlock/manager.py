@@ -231,7 +231,7 @@ class LockManager:
         starve. Our own listener, if subscribed, is one of the listeners.
         """
         notifier = self._notifier
-        mine = 1 if notifier is not None and key in notifier._subs else 0
+        mine = 1 if notifier is not None and notifier.is_subscribed(key) else 0
         if listeners > mine:
             self._handoff[key] = self.clock() + HANDOFF_YIELD
 
