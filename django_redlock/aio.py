@@ -284,12 +284,10 @@ class AsyncLock(LockBase):
         :class:`QuorumUnavailable` when fewer than a quorum of nodes answer.
         """
         mgr = self.manager
-        started, deadline, token, owner, ttl_ms = self._start_acquire(blocking, timeout)
+        started, deadline, token, owner, ttl_ms, pause = self._start_acquire(blocking, timeout)
         clock = mgr.clock
-        if deadline is None or deadline > started:
-            pause = mgr._handoff_pause(self._key_b)
-            if pause:
-                await asyncio.sleep(pause if deadline is None else min(pause, deadline - started))
+        if pause:
+            await asyncio.sleep(pause)
         waiter: _Waiter | None = None
         try:
             while True:

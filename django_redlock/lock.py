@@ -89,9 +89,14 @@ class LockBase:
         """
         return self.validity > 0.0
 
-    def _start_acquire(self, blocking: bool,
-                       timeout: float | None | EllipsisType) -> tuple[float, float | None, str, str, int]:
-        """Check re-entry and resolve the wait: (started, deadline, token, owner, ttl_ms)."""
+    def _start_acquire(self, blocking: bool, timeout: float | None | EllipsisType
+                       ) -> tuple[float, float | None, str, str, int, float]:
+        """Check re-entry and resolve the wait.
+
+        Returns (started, deadline, token, owner, ttl_ms, pause): ``pause`` is how
+        long to step back before the first attempt, because this process just woke
+        other processes' waiters for this lock (``LockManager._note_release``).
+        """
         if self._state == _HELD and self._pid == os.getpid():
             raise RedlockError(f"lock {self.name!r} is already held by this object "
                                f"(locks are not reentrant)", lock_name=self.name)
@@ -100,7 +105,13 @@ class LockBase:
             wait_for = 0
         started = self.manager.clock()
         deadline = None if wait_for is None else started + float(wait_for)
-        return started, deadline, new_token(), owner_json(self.label), max(1, int(self.ttl * 1000))
+        pause = 0.0
+        if deadline is None or deadline > started:
+            pause = self.manager._handoff_pause(self._key_b)
+            if deadline is not None:
+                pause = min(pause, deadline - started)
+        return (started, deadline, new_token(), owner_json(self.label),
+                max(1, int(self.ttl * 1000)), pause)
 
     def _busy_error(self) -> LockNotAcquired:
         return LockNotAcquired(
@@ -138,12 +149,10 @@ class Lock(LockBase):
         :class:`QuorumUnavailable` when fewer than a quorum of nodes answer.
         """
         mgr = self.manager
-        started, deadline, token, owner, ttl_ms = self._start_acquire(blocking, timeout)
+        started, deadline, token, owner, ttl_ms, pause = self._start_acquire(blocking, timeout)
         clock = mgr.clock
-        if deadline is None or deadline > started:
-            pause = mgr._handoff_pause(self._key_b)
-            if pause:
-                time.sleep(pause if deadline is None else min(pause, deadline - started))
+        if pause:
+            time.sleep(pause)
         subscription = None
         try:
             while True:
