@@ -249,12 +249,17 @@ def run_load(base_url: str, path: str, *, requests: int, concurrency: int, proce
                 progress(len(result.samples), requests)
         return result
     except BaseException:  # Ctrl-C or a failure: do not let the workers finish the load
-        for proc in procs:
-            proc.terminate()
+        terminate_workers(procs)
         raise
     finally:
         go.set()
         stop_workers(procs, results)
+
+
+def terminate_workers(procs: list[Any]) -> None:
+    """Stop every worker now (Ctrl-C, or one failed): nobody finishes the run."""
+    for proc in procs:
+        proc.terminate()
 
 
 def stop_workers(procs: list[Any], results: Any) -> None:

@@ -21,7 +21,7 @@ from django.core.management.base import BaseCommand, CommandError, CommandParser
 
 from django_redlock.core.config import parse_nodes
 
-from ...loadgen import stop_workers
+from ...loadgen import stop_workers, terminate_workers
 from ...race import STRATEGIES, client_main
 
 
@@ -93,8 +93,7 @@ class Command(BaseCommand):
                 finished = self._collect(results, clients, "done", 120)
                 elapsed = time.monotonic() - started
             except BaseException:  # Ctrl-C or a failed client: stop the others now
-                for proc in procs:
-                    proc.terminate()
+                terminate_workers(procs)
                 raise
             finally:
                 go.set()
