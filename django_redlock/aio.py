@@ -165,10 +165,11 @@ def _close_subscription(fut: asyncio.Future[Subscription]) -> None:
         fut.result().close()
 
 
-async def _subscribe(manager: LockManager, channel: bytes, confirm: float) -> _Waiter:
+async def _subscribe(manager: LockManager, channel: bytes, confirm: float,
+                     waiter: bytes) -> _Waiter:
     loop = asyncio.get_running_loop()
     notifier = manager.notifier
-    fut = loop.run_in_executor(None, notifier.subscribe, channel, confirm)
+    fut = loop.run_in_executor(None, notifier.subscribe, channel, confirm, waiter)
     try:
         sub = await asyncio.shield(fut)
     except asyncio.CancelledError:
@@ -186,12 +187,14 @@ async def _subscribe(manager: LockManager, channel: bytes, confirm: float) -> _W
 
 # -- rounds (the rules live in rounds.py, shared with the sync manager) --------
 async def _acquire_round(mgr: LockManager, transport: AsyncTransport, key: bytes, fkey: bytes,
-                         token: str, ttl_ms: int, owner: str, fencing: bool, ttl: float, *,
-                         lock_name: str, gated: bool = False) -> AcquireResult:
-    call = rounds.acquire_call(key, fkey, token, ttl_ms, owner, fencing)
+                         wkey: bytes, token: str, ttl_ms: int, owner: str, fencing: bool,
+                         ttl: float, *, lock_name: str, waiter: bytes = b"",
+                         woken: bool = False) -> AcquireResult:
+    call = rounds.acquire_call(key, fkey, wkey, token, ttl_ms, owner, fencing, waiter, woken)
     n = len(mgr.nodes)
     start = mgr.clock()
-    gate = rounds.gate_node(key, mgr.nodes, start) if gated else None
+    # A waiter (it queues) asks the gate node first; see rounds.gate_node.
+    gate = rounds.gate_node(key, mgr.nodes, start) if waiter else None
     if gate is not None:
         first = (await transport.round([call if i == gate else None for i in range(n)]))[gate]
         busy = rounds.busy_at_gate(first)
@@ -216,15 +219,21 @@ async def _acquire_round(mgr: LockManager, transport: AsyncTransport, key: bytes
     if any(tally.maybe_ours):
         # Release wherever the key may be ours, including nodes that went silent
         # after the request left: a leftover would block others.
-        await _release_round(mgr, transport, key, fkey, token, 0, only=tally.maybe_ours)
+        await _release_round(mgr, transport, key, fkey, wkey, token, 0, only=tally.maybe_ours)
     return rounds.refused(tally, n_nodes=n, elapsed=elapsed, ttl=ttl, lock_name=lock_name)
 
 
 async def _release_round(mgr: LockManager, transport: AsyncTransport, key: bytes, fkey: bytes,
-                         token: str, fence: int, *,
+                         wkey: bytes, token: str, fence: int, *,
                          only: Sequence[bool] | None = None) -> ReleaseResult:
-    requests = rounds.release_requests(len(mgr.nodes), key, fkey, token, fence, only)
+    requests = rounds.release_requests(len(mgr.nodes), key, fkey, wkey, token, fence, only)
     return rounds.tally_release(await transport.round(requests, skip_backoff=only is None), key)
+
+
+async def _leave_queue(mgr: LockManager, transport: AsyncTransport, wkey: bytes,
+                       waiter: bytes) -> None:
+    """See :meth:`LockManager._leave_queue`."""
+    await transport.round([rounds.leave_queue_command(wkey, waiter)] * len(mgr.nodes))
 
 
 async def _extend_round(mgr: LockManager, transport: AsyncTransport, key: bytes, fkey: bytes,
@@ -286,20 +295,25 @@ class AsyncLock(LockBase):
         mgr = self.manager
         started, deadline, token, owner, ttl_ms, pause = self._start_acquire(blocking, timeout)
         clock = mgr.clock
-        if pause:
-            await asyncio.sleep(pause)
         waiter: _Waiter | None = None
+        woken = False
+        if pause:
+            # We just handed the lock over: go straight into the line (Lock.acquire).
+            await asyncio.sleep(pause)
+            waiter = await _subscribe(mgr, self._key_b, mgr.node_timeout, token.encode())
         try:
             while True:
                 try:
-                    result = await _acquire_round(mgr, self.transport, self._key_b,
-                                                  self._fence_key_b, token, ttl_ms, owner,
-                                                  self.fencing, self.ttl, lock_name=self.name,
-                                                  gated=waiter is not None)
+                    result = await _acquire_round(
+                        mgr, self.transport, self._key_b, self._fence_key_b,
+                        self._waiters_key_b, token, ttl_ms, owner, self.fencing, self.ttl,
+                        lock_name=self.name, waiter=waiter.sub.entry if waiter else b"",
+                        woken=woken)
                 except asyncio.CancelledError:
                     # The round may have set our key on some nodes: take it back.
                     await _complete(_release_round(mgr, self.transport, self._key_b,
-                                                   self._fence_key_b, token, 0))
+                                                   self._fence_key_b, self._waiters_key_b,
+                                                   token, 0))
                     raise
                 if result.acquired:
                     self._on_acquired(token, result.fence, result.valid_until)
@@ -320,15 +334,19 @@ class AsyncLock(LockBase):
                 if remaining is not None and remaining <= 0:
                     self.retry_after = result.holder_ttl if result.holder_ttl is not None \
                         else mgr.retry_delay
+                    if waiter is not None:
+                        await _leave_queue(mgr, self.transport, self._waiters_key_b,
+                                           waiter.sub.entry)
                     return False
                 if waiter is None:
                     # Subscribe before the final attempt, so a release that lands
-                    # between that attempt and the wait still wakes us.
+                    # between that attempt and the wait still wakes us. That
+                    # attempt puts us in the waiter queue (the release names us).
                     confirm = mgr.node_timeout if remaining is None else min(mgr.node_timeout,
                                                                              remaining)
-                    waiter = await _subscribe(mgr, self._key_b, confirm)
+                    waiter = await _subscribe(mgr, self._key_b, confirm, token.encode())
                     continue
-                await waiter.wait(mgr.next_wait(remaining, result.holder_ttl))
+                woken = await waiter.wait(mgr.next_wait(remaining, result.holder_ttl))
                 waiter.clear()
         finally:
             if waiter is not None:
@@ -415,8 +433,8 @@ class AsyncLock(LockBase):
             renewal.cancel()
             await asyncio.wait([renewal])  # no renewal outlives release()
         result = await _release_round(self.manager, self.transport, self._key_b,
-                                      self._fence_key_b, token, fence)
-        self.manager._note_release(self._key_b, result.listeners)
+                                      self._fence_key_b, self._waiters_key_b, token, fence)
+        self.manager._note_release(self._key_b, result.woken)
         return result
 
     # -- extend / renew --------------------------------------------------------

@@ -28,7 +28,7 @@ from types import EllipsisType, TracebackType
 from typing import TYPE_CHECKING, Any
 
 from . import signals
-from .core.keys import fence_key, lock_key, validate_name
+from .core.keys import fence_key, lock_key, validate_name, waiters_key
 from .core.owner import new_token, owner_json
 from .exceptions import LockLost, LockNotAcquired, LockNotOwned, QuorumUnavailable, RedlockError
 
@@ -56,6 +56,7 @@ class LockBase:
         self.key = lock_key(manager.key_prefix, name)
         self._key_b = self.key.encode()
         self._fence_key_b = fence_key(self.key).encode()
+        self._waiters_key_b = waiters_key(self.key).encode()
         self.ttl = float(ttl)
         self.timeout = timeout
         self.auto_renew = auto_renew
@@ -151,14 +152,21 @@ class Lock(LockBase):
         mgr = self.manager
         started, deadline, token, owner, ttl_ms, pause = self._start_acquire(blocking, timeout)
         clock = mgr.clock
-        if pause:
-            time.sleep(pause)
         subscription = None
+        woken = False
+        if pause:
+            # We just handed the lock over: the others are queued, so skip the
+            # attempt that would find it busy and go straight into the line.
+            time.sleep(pause)
+            subscription = mgr.notifier.subscribe(self._key_b, mgr.node_timeout,
+                                                  waiter=token.encode())
         try:
             while True:
-                result = mgr._acquire_round(self._key_b, self._fence_key_b, token, ttl_ms,
-                                            owner, self.fencing, self.ttl, lock_name=self.name,
-                                            gated=subscription is not None)
+                result = mgr._acquire_round(self._key_b, self._fence_key_b, self._waiters_key_b,
+                                            token, ttl_ms, owner, self.fencing, self.ttl,
+                                            lock_name=self.name,
+                                            waiter=subscription.entry if subscription else b"",
+                                            woken=woken)
                 if result.acquired:
                     self._on_acquired(token, result.fence, result.valid_until, started)
                     return True
@@ -167,14 +175,18 @@ class Lock(LockBase):
                 if remaining is not None and remaining <= 0:
                     self.retry_after = result.holder_ttl if result.holder_ttl is not None \
                         else mgr.retry_delay
+                    if subscription is not None:
+                        mgr._leave_queue(self._waiters_key_b, subscription.entry)
                     return False
                 if subscription is None:
                     # Subscribe before the final attempt, so a release that lands
-                    # between that attempt and the wait still wakes us.
+                    # between that attempt and the wait still wakes us. That
+                    # attempt puts us in the waiter queue (the release names us).
                     confirm = mgr.node_timeout if remaining is None else min(mgr.node_timeout, remaining)
-                    subscription = mgr.notifier.subscribe(self._key_b, confirm)
+                    subscription = mgr.notifier.subscribe(self._key_b, confirm,
+                                                          waiter=token.encode())
                     continue
-                subscription.wait(mgr.next_wait(remaining, result.holder_ttl))
+                woken = subscription.wait(mgr.next_wait(remaining, result.holder_ttl))
                 subscription.clear()
         finally:
             if subscription is not None:
@@ -220,8 +232,9 @@ class Lock(LockBase):
             self._token = ""
             self._valid_until = 0.0
             held = mgr.clock() - self._acquired_at
-        result = mgr._release_round(self._key_b, self._fence_key_b, token, fence)
-        mgr._note_release(self._key_b, result.listeners)
+        result = mgr._release_round(self._key_b, self._fence_key_b, self._waiters_key_b, token,
+                                    fence)
+        mgr._note_release(self._key_b, result.woken)
         if result.lost and not was_lost:
             was_lost = True
             reason = (f"{result.not_ours} of {len(mgr.nodes)} nodes no longer had this holder's "

@@ -67,8 +67,8 @@ class ReleaseResult:
     #: A majority no longer had this holder's key: it had expired or been taken
     #: before the release, whatever the holder's clock said.
     lost: bool
-    #: How many subscribers the release notice reached (on the node that had most).
-    listeners: int = 0
+    #: How many nodes woke a queued waiter (named it in their release notice).
+    woken: int = 0
 
 
 @dataclass
@@ -90,10 +90,25 @@ def quorum_error(what: str, n_nodes: int, answered: int, errors: dict[str, str],
 
 
 # -- acquire -------------------------------------------------------------------
-def acquire_call(key: bytes, fkey: bytes, token: str, ttl_ms: int, owner: str,
-                 fencing: bool) -> Call:
-    return Call(ACQUIRE, (key, fkey),
-                (token, ttl_ms, owner, b"1" if fencing else b"0", _FENCE_GRACE_B))
+#: How long a waiter queue outlives the lock (ms). Waiters refresh it with each
+#: attempt; the grace only bounds how long entries of dead waiters survive.
+WAITERS_GRACE_MS = 30_000
+_WAITERS_GRACE_B = b"%d" % WAITERS_GRACE_MS
+
+
+def acquire_call(key: bytes, fkey: bytes, wkey: bytes, token: str, ttl_ms: int, owner: str,
+                 fencing: bool, waiter: bytes = b"", woken: bool = False) -> Call:
+    """One node's acquire script call.
+
+    ``waiter`` is the waiter's queue entry (``Subscription.entry``), empty for a
+    first attempt, which stays out of the queue. A waiter joins the queue at the
+    back; one that was woken by name (``woken``) and still lost, to a newcomer
+    that got there first, goes back to the front.
+    """
+    mode = b"0" if not waiter else b"2" if woken else b"1"
+    return Call(ACQUIRE, (key, fkey, wkey),
+                (token, ttl_ms, owner, b"1" if fencing else b"0", _FENCE_GRACE_B, mode,
+                 _WAITERS_GRACE_B, waiter))
 
 
 def tally_acquire(replies: Sequence[Any], node_names: Sequence[str]) -> AcquireTally:
@@ -186,11 +201,17 @@ def refused(tally: AcquireTally, *, n_nodes: int, elapsed: float, ttl: float,
 
 
 # -- release -------------------------------------------------------------------
-def release_requests(n_nodes: int, key: bytes, fkey: bytes, token: str, fence: int,
-                     only: Sequence[bool] | None) -> list[Call | None]:
+def leave_queue_command(wkey: bytes, waiter: bytes) -> Command:
+    """Take a waiter that gives up out of the line, so no release wakes it in vain."""
+    return Command(b"LREM", wkey, 0, waiter)
+
+
+def release_requests(n_nodes: int, key: bytes, fkey: bytes, wkey: bytes, token: str,
+                     fence: int, only: Sequence[bool] | None) -> list[Call | None]:
     """Release on every node, or only where ``only`` says (the clean-up after a
     lost attempt, which wakes nobody: the lock was never held)."""
-    call = Call(RELEASE, (key, fkey), (token, fence, _FENCE_GRACE_B, b"1" if only is None else b"0"))
+    call = Call(RELEASE, (key, fkey, wkey),
+                (token, fence, _FENCE_GRACE_B, b"1" if only is None else b"0"))
     return [call if only is None or only[i] else None for i in range(n_nodes)]
 
 
@@ -204,7 +225,7 @@ def tally_release(replies: Sequence[Any], key: bytes) -> ReleaseResult:
     not_ours = sum(1 for r in counts if r == 0)
     return ReleaseResult(released=sum(1 for r in counts if r >= 1), not_ours=not_ours,
                          lost=not_ours > n - q.quorum(n),
-                         listeners=max((r - 1 for r in counts if r >= 1), default=0))
+                         woken=sum(1 for r in counts if r == 2))
 
 
 # -- extend --------------------------------------------------------------------

@@ -11,6 +11,12 @@ Every key django-redlock writes:
   expires an hour after its last use; see ``docs/safety.rst`` for why that keeps
   fences increasing.
 
+* ``{{KEY_PREFIX}:{NAME}}:waiters``: the queue of NAME's waiting acquirers (a
+  list of holder tokens, first come first served), in the same slot for the
+  same reason. A release wakes only the first (see ``lua/release.lua``), so one
+  release costs one retry, not one per waiter. It expires shortly after the
+  lock does when nobody waits any more.
+
 Release notices are published on a channel named like the lock key (channels and
 keys are separate namespaces in Redis).
 """
@@ -83,3 +89,10 @@ def fence_key(lock_key_: str) -> str:
     if _has_hash_tag(lock_key_):
         return lock_key_ + ":fence"
     return "{" + lock_key_ + "}:fence"
+
+
+def waiters_key(lock_key_: str) -> str:
+    """The waiter queue key of a lock key, in the same Cluster slot."""
+    if _has_hash_tag(lock_key_):
+        return lock_key_ + ":waiters"
+    return "{" + lock_key_ + "}:waiters"

@@ -1,9 +1,14 @@
 -- Acquire a lock on one node, in one round trip.
--- KEYS[1] lock key, KEYS[2] fencing counter key
+-- KEYS[1] lock key, KEYS[2] fencing counter key, KEYS[3] waiter queue key
 -- ARGV[1] holder token, ARGV[2] lease in ms, ARGV[3] owner JSON,
--- ARGV[4] '1' to issue a fencing token, ARGV[5] counter grace in ms
+-- ARGV[4] '1' to issue a fencing token, ARGV[5] counter grace in ms,
+-- ARGV[6] the waiter queue: '0' leave it alone (a first attempt), '1' join at
+-- the back when busy, '2' join at the front (a waiter that was just woken and
+-- lost the race keeps its place); ARGV[7] how long the queue outlives the lock
+-- (ms); ARGV[8] the waiter's queue entry, '<inbox channel>|<token>'
 -- Returns {1, fence} when this holder now has the key, {0, pttl} when it is busy.
 local mine = ARGV[1] .. '|'
+local queue = ARGV[6]
 local current = redis.call('GET', KEYS[1])
 if current then
   if string.sub(current, 1, #mine) == mine then
@@ -11,7 +16,24 @@ if current then
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {1, string.match(current, '^[^|]*|([^|]*)|')}
   end
-  return {0, redis.call('PTTL', KEYS[1])}
+  local pttl = redis.call('PTTL', KEYS[1])
+  if queue ~= '0' then
+    -- Wait in line once: a waiter retrying on its timer is already queued.
+    if not redis.call('LPOS', KEYS[3], ARGV[8]) then
+      if queue == '2' then
+        redis.call('LPUSH', KEYS[3], ARGV[8])
+      else
+        redis.call('RPUSH', KEYS[3], ARGV[8])
+      end
+    end
+    local keep = tonumber(ARGV[7])
+    if pttl > 0 then keep = keep + pttl end
+    redis.call('PEXPIRE', KEYS[3], keep)
+  end
+  return {0, pttl}
+end
+if queue ~= '0' then
+  redis.call('LREM', KEYS[3], 0, ARGV[8])  -- served: out of the line
 end
 local fence = '0'
 if ARGV[4] == '1' then

@@ -1,8 +1,13 @@
 """Release notices: waking blocked acquirers when a lock is released.
 
-The release script publishes on a channel named like the lock key. One listener
-thread per lock manager holds one pub/sub connection per node and wakes the
-waiters of that key. A waiter subscribes *before* its final attempt and waits for
+One listener thread per lock manager holds one pub/sub connection per node.
+It subscribes to the manager's own *inbox* channel, and to a channel named like
+each lock key someone in this process waits for. A waiter queues on the nodes
+as ``<inbox>|<token>``; a release pops the first entry and publishes the token
+on that inbox, so only that waiter's process hears it and only that waiter
+wakes (waking every waiter made each release cost one failed attempt per
+waiter). ``force_release`` publishes on the key's channel, which wakes every
+waiter of the key in every process. A waiter subscribes *before* its final attempt and waits for
 the node's confirmation, so a release that happens between its failed attempt and
 its wait cannot be missed (Redisson's #1763 missed exactly that and slept out the
 whole lease). Notices can still be lost (a node down, a connection reset): the
@@ -23,6 +28,7 @@ import threading
 import time
 from typing import Any, Sequence
 
+from ..core.owner import new_token
 from .resp import pack
 from .sync import NODE_DOWN_ERRORS, NodeClient
 
@@ -39,9 +45,13 @@ _DRAIN_MAX = 1000
 class Subscription:
     """A waiter's interest in one channel. Not thread-shared: one per waiting call."""
 
-    def __init__(self, notifier: "ReleaseNotifier", channel: bytes) -> None:
+    def __init__(self, notifier: "ReleaseNotifier", channel: bytes, waiter: bytes) -> None:
         self.notifier = notifier
         self.channel = channel
+        #: The token a release notice names to wake this waiter.
+        self.waiter = waiter
+        #: What the waiter puts in the lock's waiter queue: where to send the notice.
+        self.entry = notifier.inbox + b"|" + waiter
         self.event = threading.Event()
         self.closed = False
 
@@ -136,7 +146,10 @@ class ReleaseNotifier:
     def __init__(self, nodes: Sequence[NodeClient]) -> None:
         self._links = [_Link(node) for node in nodes]
         self._lock = threading.Lock()
+        #: This listener's own channel: release notices for its waiters.
+        self.inbox = b"redlock:inbox:" + new_token().encode()
         self._subs: dict[bytes, set[Subscription]] = {}
+        self._named: dict[bytes, Subscription] = {}
         self._confirmed: dict[bytes, threading.Event] = {}
         self._idle_since: dict[bytes, float] = {}
         self._ops: collections.deque[tuple[str, bytes]] = collections.deque()
@@ -146,12 +159,20 @@ class ReleaseNotifier:
         self._thread: threading.Thread | None = None
 
     # -- waiter side --------------------------------------------------------
-    def subscribe(self, channel: bytes, confirm_timeout: float) -> Subscription:
-        """Register a waiter and wait (bounded) until a node confirmed the subscription."""
-        sub = Subscription(self, channel)
+    def subscribe(self, channel: bytes, confirm_timeout: float,
+                  waiter: bytes | None = None) -> Subscription:
+        """Register a waiter and wait (bounded) until a node confirmed the subscription.
+
+        ``waiter`` is the token the waiter queues under (``Subscription.entry``);
+        a notice naming it wakes this subscription only. The inbox is subscribed
+        on each connection before any key channel, so a confirmed key channel
+        means a confirmed inbox.
+        """
+        sub = Subscription(self, channel, waiter or new_token().encode())
         with self._lock:
             subs = self._subs.setdefault(channel, set())
             subs.add(sub)
+            self._named[sub.waiter] = sub
             self._idle_since.pop(channel, None)
             confirmed = self._confirmed.get(channel)
             if confirmed is None:
@@ -171,6 +192,8 @@ class ReleaseNotifier:
 
     def _remove(self, sub: Subscription) -> None:
         with self._lock:
+            if self._named.get(sub.waiter) is sub:
+                del self._named[sub.waiter]
             subs = self._subs.get(sub.channel)
             if subs is None:
                 return
@@ -294,7 +317,7 @@ class ReleaseNotifier:
                 sock = conn._sock
                 sock.setblocking(True)
                 sock.settimeout(link.node.timeout)
-                sock.sendall(pack("SUBSCRIBE", *channels))
+                sock.sendall(pack("SUBSCRIBE", self.inbox, *channels))
                 sock.setblocking(False)
             except NODE_DOWN_ERRORS as e:
                 link.failures += 1
@@ -331,7 +354,11 @@ class ReleaseNotifier:
         kind, channel = reply[0], reply[1]
         if kind == b"message":
             with self._lock:
-                subs = list(self._subs.get(channel, ()))
+                if channel == self.inbox:
+                    named = self._named.get(reply[2])
+                    subs = [] if named is None else [named]
+                else:  # a key channel: force_release wakes them all
+                    subs = list(self._subs.get(channel, ()))
             for sub in subs:
                 sub.event.set()
         elif kind == b"subscribe":

@@ -1,0 +1,221 @@
+"""The waiter queue: a release wakes the first waiter in line, and only that one.
+
+Each manager stands for a process: it has its own listener and inbox channel.
+The retry delay is long (5 s) wherever a test measures a handoff, so a waiter
+that the release did not wake by name would show up as a slow handoff instead
+of being rescued by its timer. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any, Callable
+
+import redis
+
+from django_redlock.core.keys import waiters_key
+from django_redlock.testing import RedisNodes
+
+MakeManager = Callable[..., Any]
+SLOW_RETRY = 5.0  # longer than any handoff below may take
+
+
+def _queues(nodes: RedisNodes, mgr: Any, name: str) -> list[list[bytes]]:
+    key = waiters_key(mgr.key(name))
+    out = []
+    for url in nodes.urls:
+        client = redis.Redis.from_url(str(url))
+        try:
+            out.append(client.lrange(key, 0, -1))
+        finally:
+            client.close()
+    return out
+
+
+def _queued(nodes: RedisNodes, mgr: Any, name: str) -> int:
+    return max(len(q) for q in _queues(nodes, mgr, name))
+
+
+def _wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+def _count_rounds(mgr: Any) -> list[int]:
+    """Count the manager's acquire rounds (each is one attempt on the nodes)."""
+    calls = [0]
+    real = mgr._acquire_round
+
+    def counting(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    mgr._acquire_round = counting
+    return calls
+
+
+def test_waiters_are_served_one_at_a_time_in_arrival_order(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    holder = make_manager(nodes3, retry_delay=SLOW_RETRY)
+    waiters = [make_manager(nodes3, retry_delay=SLOW_RETRY) for _ in range(3)]
+    lock = holder.lock("line")
+    assert lock.acquire()
+    order: list[int] = []
+    threads = []
+
+    def wait_then_hold(i: int, mgr: Any) -> None:
+        mine = mgr.lock("line", timeout=10, auto_renew=False)
+        if mine.acquire():
+            order.append(i)
+            time.sleep(0.05)
+            mine.release()
+
+    for i, mgr in enumerate(waiters):
+        t = threading.Thread(target=wait_then_hold, args=(i, mgr))
+        t.start()
+        threads.append(t)
+        assert _wait_until(lambda n=i + 1: _queued(nodes3, holder, "line") == n), "not queued"
+    started = time.monotonic()
+    lock.release()
+    for t in threads:
+        t.join(timeout=10)
+    assert order == [0, 1, 2]
+    # Three handoffs, each by notice: far below one retry delay in all.
+    assert time.monotonic() - started < SLOW_RETRY
+    assert _queued(nodes3, holder, "line") == 0
+
+
+def test_a_release_wakes_only_the_waiter_it_names(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    holder = make_manager(nodes3, retry_delay=SLOW_RETRY)
+    first, second = (make_manager(nodes3, retry_delay=SLOW_RETRY) for _ in range(2))
+    second_rounds = _count_rounds(second)
+    lock = holder.lock("one-at-a-time")
+    assert lock.acquire()
+    got: dict[str, Any] = {}
+
+    def wait(label: str, mgr: Any) -> None:
+        mine = mgr.lock("one-at-a-time", timeout=10, auto_renew=False)
+        if mine.acquire():
+            got[label] = time.monotonic()
+            time.sleep(1.0)  # hold: the second waiter must sleep through this
+            mine.release()
+
+    t1 = threading.Thread(target=wait, args=("first", first))
+    t1.start()
+    assert _wait_until(lambda: _queued(nodes3, holder, "one-at-a-time") == 1)
+    t2 = threading.Thread(target=wait, args=("second", second))
+    t2.start()
+    assert _wait_until(lambda: _queued(nodes3, holder, "one-at-a-time") == 2)
+    rounds_before = second_rounds[0]
+    released = time.monotonic()
+    lock.release()
+    assert _wait_until(lambda: "first" in got, timeout=3.0)
+    assert got["first"] - released < 1.0
+    time.sleep(0.3)  # the first holds; a broadcast notice would have made the second retry
+    assert second_rounds[0] == rounds_before
+    t1.join(timeout=10)
+    t2.join(timeout=10)
+    assert "second" in got  # and its turn came with the first's release
+
+
+def test_a_waiter_that_gives_up_leaves_the_line(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    holder, waiter = make_manager(nodes3), make_manager(nodes3, retry_delay=0.05)
+    lock = holder.lock("impatient")
+    assert lock.acquire()
+    assert waiter.lock("impatient", timeout=0.3).acquire() is False
+    assert _queued(nodes3, holder, "impatient") == 0
+    lock.release()
+
+
+def test_an_entry_of_a_dead_waiter_costs_the_next_waiter_one_retry_delay(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    holder = make_manager(nodes3)
+    waiter = make_manager(nodes3, retry_delay=0.3)
+    lock = holder.lock("ghost")
+    assert lock.acquire()
+    got: list[float] = []
+    t = threading.Thread(target=lambda: waiter.lock("ghost", timeout=10).acquire()
+                         and got.append(time.monotonic()))
+    t.start()
+    assert _wait_until(lambda: _queued(nodes3, holder, "ghost") == 1)
+    # A waiter of a process that died stands first in line on every node.
+    key = waiters_key(holder.key("ghost"))
+    for url in nodes3.urls:
+        client = redis.Redis.from_url(str(url))
+        client.lpush(key, b"redlock:inbox:gone|token-of-a-dead-process")
+        client.close()
+    released = time.monotonic()
+    lock.release()  # the notice goes to the dead inbox
+    t.join(timeout=10)
+    assert got, "the live waiter never got the lock"
+    assert got[0] - released < 0.3 + 1.0  # its timer, then it takes the free lock
+
+
+def test_the_waiter_queue_expires(nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    holder, waiter = make_manager(nodes3, ttl=2.0), make_manager(nodes3, retry_delay=SLOW_RETRY)
+    lock = holder.lock("tidy")
+    assert lock.acquire()
+    t = threading.Thread(target=lambda: waiter.lock("tidy", timeout=1.0).acquire())
+    t.start()
+    assert _wait_until(lambda: _queued(nodes3, holder, "tidy") == 1)
+    key = waiters_key(holder.key("tidy"))
+    ttls = []
+    for url in nodes3.urls:
+        client = redis.Redis.from_url(str(url))
+        if client.exists(key):
+            ttls.append(client.pttl(key))
+        client.close()
+    assert ttls and all(0 < ttl <= 2_000 + 30_000 for ttl in ttls)
+    t.join(timeout=5)
+    lock.release()
+
+
+def test_an_async_waiter_is_woken_by_name(nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    holder = make_manager(nodes3)
+    waiter = make_manager(nodes3, retry_delay=SLOW_RETRY)
+    lock = holder.lock("async-line")
+    assert lock.acquire()
+
+    async def wait() -> float:
+        mine = waiter.alock("async-line", timeout=10, auto_renew=False)
+        try:
+            assert await mine.acquire()
+            took = time.monotonic()
+            await mine.release()
+            return took
+        finally:
+            await waiter.aclose()
+
+    def release_when_queued() -> None:
+        if _wait_until(lambda: _queued(nodes3, holder, "async-line") == 1):
+            times.append(time.monotonic())
+        lock.release()
+
+    times: list[float] = []
+    releaser = threading.Thread(target=release_when_queued)
+    releaser.start()
+    took = asyncio.run(asyncio.wait_for(wait(), 15))
+    releaser.join(timeout=10)
+    assert times, "the async waiter never queued"
+    assert took - times[0] < 1.0
+
+
+def test_a_waiter_served_without_a_notice_leaves_the_line(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    # The holder never releases: its lease runs out, and the waiter's timer
+    # finds the lock free. Its entry must not stay behind to swallow a notice.
+    holder = make_manager(nodes3, ttl=0.5, auto_renew=False)
+    waiter = make_manager(nodes3, retry_delay=0.1)
+    assert holder.lock("expired").acquire()
+    mine = waiter.lock("expired", timeout=5, auto_renew=False)
+    assert mine.acquire()
+    assert _queued(nodes3, holder, "expired") == 0
+    mine.release()
