@@ -62,7 +62,13 @@ class Watchdog:
         while True:
             with self._cond:
                 while not self._stopping:
-                    if not self._heap:
+                    heap = self._heap
+                    while heap and heap[0][2]() is None:
+                        # Dropped lock objects: nothing to renew. Popping them now,
+                        # not at their due times, keeps a process that acquires in
+                        # a loop from waking this thread once per acquisition.
+                        heapq.heappop(heap)
+                    if not heap:
                         self._cond.wait()
                         continue
                     delay = self._heap[0][0] - self._clock()

@@ -517,3 +517,25 @@ def test_releaser_steps_back_only_when_another_process_waits(
     lock.release()
     assert releaser._handoff_pause(lock._key_b) > 0.0  # it lets the woken waiter go first
     waiting.join(timeout=5)
+
+
+def test_renewal_thread_does_not_wake_once_per_dropped_lock(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3, ttl=1.5)  # renewals due 0.5 s after each acquire
+    watchdog = mgr.watchdog
+    waits = [0]
+    real_wait = watchdog._cond.wait
+
+    def counting_wait(timeout: float | None = None) -> bool:
+        waits[0] += 1
+        return real_wait(timeout)
+
+    watchdog._cond.wait = counting_wait  # type: ignore[method-assign]
+    for _ in range(200):  # a loop that acquires, releases and drops its lock
+        lock = mgr.lock("loop")
+        lock.acquire()
+        lock.release()
+    del lock
+    time.sleep(1.0)  # every renewal of the loop would have been due by now
+    assert waits[0] < 20, f"the renewal thread woke {waits[0]} times for 200 dropped locks"
+    assert not watchdog._heap
