@@ -296,7 +296,7 @@ class AsyncLock(LockBase):
         started, deadline, token, owner, ttl_ms, pause = self._start_acquire(blocking, timeout)
         clock = mgr.clock
         waiter: _Waiter | None = None
-        woken = False
+        woken = served = False
         if pause:
             # We just handed the lock over: go straight into the line (Lock.acquire).
             await asyncio.sleep(pause)
@@ -316,6 +316,7 @@ class AsyncLock(LockBase):
                                                    token, 0))
                     raise
                 if result.acquired:
+                    served = True  # the script took us out of the line
                     self._on_acquired(token, result.fence, result.valid_until)
                     try:
                         await _send(signals.lock_acquired, lock=self, name=self.name,
@@ -334,9 +335,6 @@ class AsyncLock(LockBase):
                 if remaining is not None and remaining <= 0:
                     self.retry_after = result.holder_ttl if result.holder_ttl is not None \
                         else mgr.retry_delay
-                    if waiter is not None:
-                        await _leave_queue(mgr, self.transport, self._waiters_key_b,
-                                           waiter.sub.entry)
                     return False
                 if waiter is None:
                     # Subscribe before the final attempt, so a release that lands
@@ -351,6 +349,12 @@ class AsyncLock(LockBase):
         finally:
             if waiter is not None:
                 waiter.close()
+                if not served:
+                    # Timed out, failed or cancelled: out of the line, or the next
+                    # release would wake us in vain while others wait. Finished
+                    # even when cancelled; the CancelledError goes on afterwards.
+                    await _complete(_leave_queue(mgr, self.transport, self._waiters_key_b,
+                                                 waiter.sub.entry))
 
     def _on_acquired(self, token: str, fence: int, valid_until: float) -> None:
         mgr = self.manager

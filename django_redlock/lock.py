@@ -153,7 +153,7 @@ class Lock(LockBase):
         started, deadline, token, owner, ttl_ms, pause = self._start_acquire(blocking, timeout)
         clock = mgr.clock
         subscription = None
-        woken = False
+        woken = served = False
         if pause:
             # We just handed the lock over: the others are queued, so skip the
             # attempt that would find it busy and go straight into the line.
@@ -168,6 +168,7 @@ class Lock(LockBase):
                                             waiter=subscription.entry if subscription else b"",
                                             woken=woken)
                 if result.acquired:
+                    served = True  # the script took us out of the line
                     self._on_acquired(token, result.fence, result.valid_until, started)
                     return True
                 now = clock()
@@ -175,8 +176,6 @@ class Lock(LockBase):
                 if remaining is not None and remaining <= 0:
                     self.retry_after = result.holder_ttl if result.holder_ttl is not None \
                         else mgr.retry_delay
-                    if subscription is not None:
-                        mgr._leave_queue(self._waiters_key_b, subscription.entry)
                     return False
                 if subscription is None:
                     # Subscribe before the final attempt, so a release that lands
@@ -191,6 +190,10 @@ class Lock(LockBase):
         finally:
             if subscription is not None:
                 subscription.close()
+                if not served:
+                    # Timed out or interrupted: out of the line, or the next
+                    # release would wake us in vain while others wait.
+                    mgr._leave_queue(self._waiters_key_b, subscription.entry)
 
     def _on_acquired(self, token: str, fence: int, valid_until: float, started: float) -> None:
         mgr = self.manager

@@ -219,3 +219,29 @@ def test_a_waiter_served_without_a_notice_leaves_the_line(
     assert mine.acquire()
     assert _queued(nodes3, holder, "expired") == 0
     mine.release()
+
+
+def test_a_cancelled_async_waiter_leaves_the_line(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    holder, waiter = make_manager(nodes3), make_manager(nodes3, retry_delay=SLOW_RETRY)
+    lock = holder.lock("cancelled")
+    assert lock.acquire()
+
+    async def wait_then_cancel() -> int:
+        task = asyncio.ensure_future(waiter.alock("cancelled", timeout=None).acquire())
+        for _ in range(200):  # bounded: 2 s
+            if _queued(nodes3, holder, "cancelled") == 1:
+                break
+            await asyncio.sleep(0.01)
+        queued = _queued(nodes3, holder, "cancelled")
+        task.cancel()
+        try:
+            await task
+        except asyncio.CancelledError:
+            pass
+        await waiter.aclose()
+        return queued
+
+    assert asyncio.run(asyncio.wait_for(wait_then_cancel(), 15)) == 1
+    assert _queued(nodes3, holder, "cancelled") == 0
+    assert lock.release() is None
