@@ -7,9 +7,11 @@ as ``<inbox>|<token>``; a release pops the first entry and publishes the token
 on that inbox, so only that waiter's process hears it and only that waiter
 wakes (waking every waiter made each release cost one failed attempt per
 waiter). ``force_release`` publishes on the key's channel, which wakes every
-waiter of the key in every process. A waiter subscribes *before* its final attempt and waits for
-the node's confirmation, so a release that happens between its failed attempt and
-its wait cannot be missed (Redisson's #1763 missed exactly that and slept out the
+waiter of the key in every process.
+
+A waiter subscribes *before* its final attempt and waits for the node's
+confirmation, so a release that happens between its failed attempt and its wait
+cannot be missed (Redisson's #1763 missed exactly that and slept out the
 whole lease). Notices can still be lost (a node down, a connection reset): the
 waiter's timed, jittered retry is the fallback, never the main mechanism.
 
