@@ -52,6 +52,9 @@ _managers: "weakref.WeakSet[LockManager]" = weakref.WeakSet()
 #: them go first before its own next attempt on the same lock (about one
 #: wake-up: the notice, the listener thread, the waiter's round trip).
 HANDOFF_YIELD = 0.002
+#: Pending step-backs kept before the ones already over are swept (each entry is
+#: removed when this process next acquires the key, which may be never).
+_HANDOFF_KEYS_MAX = 1024
 
 
 def _after_fork_in_child() -> None:
@@ -234,7 +237,13 @@ class LockManager:
         such win costs the woken waiter a failed attempt.
         """
         if woken:
-            self._handoff[key] = self.clock() + HANDOFF_YIELD
+            now = self.clock()
+            handoff = self._handoff
+            if len(handoff) >= _HANDOFF_KEYS_MAX:
+                # Keys this process never came back to: their pause is long over.
+                for stale in [k for k, until in handoff.items() if until <= now]:
+                    del handoff[stale]
+            handoff[key] = now + HANDOFF_YIELD
 
     def _handoff_pause(self, key: bytes) -> float:
         """Seconds to wait before a first attempt on ``key`` (see _note_release)."""

@@ -539,3 +539,15 @@ def test_renewal_thread_does_not_wake_once_per_dropped_lock(
     time.sleep(1.0)  # every renewal of the loop would have been due by now
     assert waits[0] < 20, f"the renewal thread woke {waits[0]} times for 200 dropped locks"
     assert not watchdog._heap
+
+
+def test_step_back_entries_of_keys_never_acquired_again_are_swept(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    from django_redlock import manager as manager_module
+
+    mgr = make_manager(nodes3)
+    for i in range(manager_module._HANDOFF_KEYS_MAX * 3):
+        mgr._note_release(b"redlock:key-%d" % i, woken=1)
+        if i % 500 == 0:
+            time.sleep(manager_module.HANDOFF_YIELD * 2)  # let earlier pauses run out
+    assert len(mgr._handoff) <= manager_module._HANDOFF_KEYS_MAX + 500
