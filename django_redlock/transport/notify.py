@@ -187,11 +187,6 @@ class ReleaseNotifier:
                          "the waiter falls back to timed retries", channel)
         return sub
 
-    def is_subscribed(self, channel: bytes) -> bool:
-        """Whether this listener is (still, or lingering) subscribed to ``channel``."""
-        with self._lock:
-            return channel in self._subs
-
     def _remove(self, sub: Subscription) -> None:
         with self._lock:
             if self._named.get(sub.waiter) is sub:
