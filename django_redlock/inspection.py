@@ -4,12 +4,18 @@ This is what ``manage.py locks`` shows. It never writes (``release --force`` goe
 through :meth:`LockManager.force_release`), and it never uses ``KEYS``:
 
 * locks are found with ``SCAN MATCH "<prefix>:<glob>" COUNT 500`` on every node,
-  then read with one pipeline of ``GET`` + ``PTTL`` per batch of keys. A lock
-  key's value is ``token|fence|owner-json`` (:mod:`django_redlock.core.owner`),
-  so the owner costs nothing extra. Keys whose value is not a lock value (a
-  fencing counter of a name with its own hash tag, somebody else's data) are
-  skipped. Fencing counters of ordinary names, ``{<prefix>:<name>}:fence``,
-  start with ``{`` and do not even match.
+  then read with one pipeline of ``GET`` + ``PTTL`` + ``LLEN <waiter queue>``
+  per batch of keys. A lock key's value is ``token|fence|owner-json``
+  (:mod:`django_redlock.core.owner`), so the owner costs nothing extra. Keys
+  whose value is not a lock value (the fencing counter or the waiter queue of a
+  name with its own hash tag, somebody else's data) are skipped. Fencing
+  counters and waiter queues of ordinary names, ``{<prefix>:<name>}:fence`` and
+  ``{<prefix>:<name>}:waiters``, start with ``{`` and do not even match.
+* the waiters of a lock are the length of its waiter queue. A waiter joins the
+  queue of each node that refuses it: usually the lock's gate node alone (a
+  waiter's retry asks that node first and stops there when it is busy), every
+  busy node when the gate node is out. So the count shown is the longest queue
+  among the nodes read, not a sum (which would count a waiter once per node).
 * the per-node views are merged by lock name. Nodes that agree on the same
   holder token are counted together: ``k/N`` with ``k`` the size of the largest
   group. ``k`` below the quorum means a *minority* lock: a leftover of a failed
@@ -41,7 +47,7 @@ from urllib.parse import unquote, urlsplit
 import redis
 from redis.exceptions import ResponseError
 
-from .core.keys import MAX_NAME_LENGTH, fence_key, lock_key, name_from_key
+from .core.keys import MAX_NAME_LENGTH, fence_key, lock_key, name_from_key, waiters_key
 from .core.owner import parse_value
 from .transport.sync import NODE_DOWN_ERRORS
 
@@ -210,12 +216,13 @@ class NodeLockValue:
     fence_counter: int | None = None
     error: str | None = None
     agrees: bool = False  # holds the same token as the lock's main holder
+    waiters: int | None = None  # length of the node's waiter queue (None: not read)
 
     def as_json(self) -> dict[str, Any]:
         return {"node": self.node, "state": self.state, "agrees": self.agrees,
                 "token": self.token, "fence": self.fence, "ttl_ms": self.pttl_ms,
                 "owner": self.owner or None, "fence_counter": self.fence_counter,
-                "error": self.error}
+                "error": self.error, "waiters": self.waiters}
 
 
 @dataclass
@@ -236,6 +243,9 @@ class LockInfo:
     since: float | None = None
     age_s: float | None = None
     per_node: list[NodeLockValue] = field(default_factory=list)
+    #: Acquirers queued for the lock: the longest waiter queue among the nodes
+    #: read (None when no node's queue was read).
+    waiters: int | None = None
 
     @property
     def quorum(self) -> bool:
@@ -271,6 +281,7 @@ class LockInfo:
             "age_s": None if self.age_s is None else round(self.age_s, 3),
             "other_holders": self.others,
             "nodes_unread": self.unread,
+            "waiters": self.waiters,
         }
         if per_node:
             data["per_node"] = [v.as_json() for v in self.per_node]
@@ -310,11 +321,15 @@ def _owner_of(stored: Any) -> dict[str, Any]:
 def merge(name: str, key: str, views: Sequence[tuple[str, Any, int | None] | None],
           node_names: Sequence[str], quorum_size: int, *, now: float,
           errors: Sequence[str | None] | None = None,
-          counters: Sequence[int | None] | None = None) -> LockInfo | None:
+          counters: Sequence[int | None] | None = None,
+          waiters: Sequence[int | None] | None = None) -> LockInfo | None:
     """Merge the per-node views of one lock; None when no node holds it.
 
     ``views[i]`` is ``(raw value, StoredLock, pttl_ms)`` for node i, or None when
     node i does not hold the key (or did not answer: ``errors[i]`` then says why).
+    ``waiters[i]`` is the length of node i's waiter queue, None when not read
+    (ignored for a node with an error); the lock's count is the largest, since a
+    waiter may be queued on one node (the gate node) or on several.
     Pure: no I/O, so the arithmetic is tested without Redis.
     """
     total = len(node_names)
@@ -347,48 +362,68 @@ def merge(name: str, key: str, views: Sequence[tuple[str, Any, int | None] | Non
     for i, view in enumerate(views):
         error = errors[i] if errors is not None else None
         counter = counters[i] if counters is not None else None
+        queued = waiters[i] if waiters is not None and not error else None
         if view is None:
             per_node.append(NodeLockValue(
                 node=node_names[i], state="unreachable" if error else "absent", error=error,
-                fence_counter=counter))
+                fence_counter=counter, waiters=queued))
             continue
         _, stored, pttl = view
         per_node.append(NodeLockValue(
             node=node_names[i], state="held", token=_short_token(stored.token), fence=stored.fence,
             pttl_ms=pttl, owner=_owner_of(stored), fence_counter=counter,
-            agrees=stored.token == main))
+            agrees=stored.token == main, waiters=queued))
     return LockInfo(
         name=name, key=key, nodes=len(members), total=total, quorum_size=quorum_size,
         ttl_ms=ttl_ms, owner=owner, fence=fence, token=_short_token(main),
         others=holders - len(members), since=since_f,
         unread=sum(1 for e in (errors or ()) if e is not None),
-        age_s=None if since_f is None else max(0.0, now - since_f), per_node=per_node)
+        age_s=None if since_f is None else max(0.0, now - since_f), per_node=per_node,
+        waiters=max((v.waiters for v in per_node if v.waiters is not None), default=None))
 
 
-def _read_values(client: redis.Redis, keys: Sequence[bytes]) -> dict[bytes, tuple[Any, int | None]]:
-    """``GET`` + ``PTTL`` of ``keys`` in pipelines of SCAN_COUNT keys: {key: (stored, pttl)}."""
+def _queue_key(key: bytes) -> bytes:
+    """The waiter queue key of a lock key as SCAN returned it (bytes in, bytes out)."""
+    return waiters_key(key.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
+
+
+def _queue_length(reply: Any) -> int | None:
+    """An ``LLEN`` reply as a count; None for an error (a key of another type)."""
+    return reply if isinstance(reply, int) and not isinstance(reply, bool) else None
+
+
+def _read_values(client: redis.Redis, keys: Sequence[bytes]
+                 ) -> tuple[dict[bytes, tuple[Any, int | None]], dict[bytes, int]]:
+    """``GET`` + ``PTTL`` of ``keys`` and ``LLEN`` of their waiter queues, in pipelines
+    of SCAN_COUNT keys: ({key: (stored, pttl)}, {key: queued waiters})."""
     found: dict[bytes, tuple[Any, int | None]] = {}
+    queued: dict[bytes, int] = {}
     for start in range(0, len(keys), SCAN_COUNT):
         chunk = keys[start:start + SCAN_COUNT]
         pipe = client.pipeline(transaction=False)
         for k in chunk:
             pipe.get(k)
             pipe.pttl(k)
+            pipe.llen(_queue_key(k))
         replies = pipe.execute(raise_on_error=False)
         for j, k in enumerate(chunk):
-            raw, pttl = replies[2 * j], replies[2 * j + 1]
+            raw, pttl, length = replies[3 * j], replies[3 * j + 1], replies[3 * j + 2]
             if not isinstance(raw, bytes):
                 continue  # expired meanwhile, or not a string (WRONGTYPE)
             if isinstance(pttl, int) and pttl == -2:
                 continue  # expired between the GET and the PTTL
             found[k] = (raw, pttl if isinstance(pttl, int) else None)
-    return found
+            count = _queue_length(length)
+            if count is not None:
+                queued[k] = count
+    return found, queued
 
 
 @dataclass
 class _NodeScan:
     values: dict[bytes, tuple[Any, int | None]]
     truncated: bool
+    waiters: dict[bytes, int] = field(default_factory=dict)
 
 
 def _scan_node(node: NodeClient, match: bytes, deadline: float) -> _NodeScan:
@@ -411,7 +446,8 @@ def _scan_node(node: NodeClient, match: bytes, deadline: float) -> _NodeScan:
             break
         if time.monotonic() > end:
             raise TimeoutError(f"scan did not finish within {deadline:g} s")
-    return _NodeScan(values=_read_values(client, keys), truncated=truncated)
+    values, waiters = _read_values(client, keys)
+    return _NodeScan(values=values, truncated=truncated, waiters=waiters)
 
 
 def scan_locks(manager: LockManager, pattern: str = "*", *,
@@ -424,6 +460,7 @@ def scan_locks(manager: LockManager, pattern: str = "*", *,
     outcomes = _each_node(nodes, lambda node: _scan_node(node, match, deadline), deadline + 1.0)
     node_names = [node.name for node in nodes]
     per_key: dict[bytes, list[tuple[str, Any, int | None] | None]] = {}
+    queued: dict[bytes, list[int | None]] = {}
     errors: list[str | None] = [o.error for o in outcomes]
     skipped: set[bytes] = set()
     truncated = False
@@ -438,6 +475,8 @@ def scan_locks(manager: LockManager, pattern: str = "*", *,
                 skipped.add(k)
                 continue
             per_key.setdefault(k, [None] * len(nodes))[i] = (raw, stored, pttl)
+            if k in result.waiters:
+                queued.setdefault(k, [None] * len(nodes))[i] = result.waiters[k]
     wall = now()
     locks: list[LockInfo] = []
     for k, views in per_key.items():
@@ -445,7 +484,8 @@ def scan_locks(manager: LockManager, pattern: str = "*", *,
         name = name_from_key(prefix, key)
         if name is None:
             continue
-        info = merge(name, key, views, node_names, manager.quorum, now=wall, errors=errors)
+        info = merge(name, key, views, node_names, manager.quorum, now=wall, errors=errors,
+                     waiters=queued.get(k))
         if info is not None:
             locks.append(info)
     locks.sort(key=lambda lock: lock.name)
@@ -469,31 +509,35 @@ class LockDetail:
 
 def inspect_lock(manager: LockManager, name: str, *, now: Callable[[], float] = time.time,
                  deadline: float | None = None) -> LockDetail:
-    """One lock node by node: value, PTTL and the fencing counter of every node.
+    """One lock node by node: value, PTTL, fencing counter and waiter queue of every node.
 
     ``name`` must already be valid (:func:`django_redlock.core.keys.validate_name`).
     """
     key = lock_key(manager.key_prefix, name)
-    kb, fb = key.encode(), fence_key(key).encode()
+    kb, fb, wb = key.encode(), fence_key(key).encode(), waiters_key(key).encode()
 
-    def job(node: NodeClient) -> tuple[Any, Any, Any]:
+    def job(node: NodeClient) -> tuple[Any, Any, Any, Any]:
         pipe = _client(node).pipeline(transaction=False)
         pipe.get(kb)
         pipe.pttl(kb)
         pipe.get(fb)
-        raw, pttl, counter = pipe.execute(raise_on_error=False)
-        return raw, pttl, counter
+        pipe.llen(wb)
+        raw, pttl, counter, length = pipe.execute(raise_on_error=False)
+        return raw, pttl, counter, length
 
     nodes = manager.nodes
     limit = deadline if deadline is not None else 2 * max(n.timeout for n in nodes) + 1.0
     outcomes = _each_node(nodes, job, limit)
     views: list[tuple[str, Any, int | None] | None] = []
     counters: list[int | None] = []
+    queued: list[int | None] = []
     for outcome in outcomes:
         view = None
         counter = None
+        length = None
         if outcome.error is None:
-            raw, pttl, counter_raw = outcome.value
+            raw, pttl, counter_raw, length_raw = outcome.value
+            length = _queue_length(length_raw)
             stored = parse_value(raw) if isinstance(raw, bytes) else None
             if stored is not None and not (isinstance(pttl, int) and pttl == -2):
                 view = (raw, stored, pttl if isinstance(pttl, int) else None)
@@ -501,10 +545,11 @@ def inspect_lock(manager: LockManager, name: str, *, now: Callable[[], float] = 
                 counter = int(counter_raw)
         views.append(view)
         counters.append(counter)
+        queued.append(length)
     node_names = [node.name for node in nodes]
     errors = [o.error for o in outcomes]
     info = merge(name, key, views, node_names, manager.quorum, now=now(), errors=errors,
-                 counters=counters)
+                 counters=counters, waiters=queued)
     return LockDetail(
         lock=info, total=len(nodes), answered=sum(1 for e in errors if e is None),
         failures=[NodeFailure(node_names[i], e) for i, e in enumerate(errors) if e is not None])

@@ -24,6 +24,7 @@ from django.core.management import call_command
 from django.core.management.base import CommandError
 
 from django_redlock import LockManager
+from django_redlock.core.keys import fence_key, waiters_key
 from django_redlock.core.owner import new_token, owner_json, parse_value
 from django_redlock.inspection import PatternError, merge, validate_pattern
 from django_redlock.management.commands.locks import CLEAR
@@ -117,6 +118,32 @@ def manage(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
     return invoke
 
 
+def cell(out: str, row_start: str, column: str) -> str:
+    """The text of ``column`` in the table row starting with ``row_start`` (columns are
+    aligned, and every column but the last is at least as wide as its header)."""
+    lines = out.splitlines()
+    header = next(line for line in lines if line.startswith(("NAME ", "NODE ")))
+    start = header.index(column)
+    row = next(line for line in lines if line.startswith(row_start))
+    return row[start:].split("  ")[0].strip()
+
+
+def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+    """Poll ``predicate`` every 20 ms for at most ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.02)
+    return predicate()
+
+
+def listed_waiters(name: str) -> int | None:
+    """``waiters`` of lock ``name`` in ``locks list --json`` (None: not listed)."""
+    found = [d for d in json.loads(run("list", "--json")[0]) if d["name"] == name]
+    return found[0]["waiters"] if found else None
+
+
 def put_minority_lock(nodes: RedisNodes, name: str, *, index: int = 0, fence: int = 7) -> None:
     """A lock value written directly on one node, as a failed attempt leaves it."""
     value = f"{new_token()}|{fence}|{owner_json('leftover')}"
@@ -145,6 +172,16 @@ def test_merge_counts_the_largest_agreeing_group_and_its_quorum_ttl() -> None:
     assert info.ttl_ms == 7000  # the 3rd largest of 9000, 8000, 7000
     assert info.owner["label"] == "a" and info.fence == 5
     assert [v.agrees for v in info.per_node] == [True, True, False, True, False]
+    assert info.waiters is None and info.as_json()["waiters"] is None  # queues not read
+    # Waiters: the longest queue among the nodes read; a node that did not answer
+    # contributes nothing, even if a stale count is passed for it.
+    queued = merge("x", "redlock:x", views, names, 3, now=time.time(),
+                   errors=[None, None, None, None, "down"], waiters=[2, 3, 0, None, 9])
+    assert queued is not None and queued.waiters == 3
+    assert [v.waiters for v in queued.per_node] == [2, 3, 0, None, None]
+    assert queued.as_json()["waiters"] == 3
+    assert [v["waiters"] for v in queued.as_json(per_node=True)["per_node"]] == [2, 3, 0, None,
+                                                                                  None]
     minority = merge("x", "redlock:x", [("", a, 500), None, None], names[:3], 2, now=time.time())
     assert minority is not None and minority.state == "minority" and minority.ttl_ms == 500
     uncertain = merge("x", "redlock:x", [("", a, 500), None, None], names[:3], 2,
@@ -161,7 +198,8 @@ def test_list_show_a_lock_held_by_another_process(nodes: RedisNodes, holders: An
     put_minority_lock(nodes, "stale:1")
     out, err = run()  # no subcommand: list
     lines = out.splitlines()
-    assert lines[0].split() == ["NAME", "NODES", "STATE", "TTL", "FENCE", "AGE", "OWNER"]
+    assert lines[0].split() == ["NAME", "NODES", "STATE", "TTL", "FENCE", "AGE", "WAITERS",
+                                "OWNER"]
     held = next(line for line in lines if line.startswith("orders:42"))
     assert "3/3" in held and "quorum" in held and str(fence) in held
     assert f":{proc.pid} " in held and '"holder-proc"' in held
@@ -179,6 +217,7 @@ def test_list_show_a_lock_held_by_another_process(nodes: RedisNodes, holders: An
         assert {"host", "pid"} <= set(item["owner"])
     orders, stale_j = data
     assert (orders["nodes"], orders["quorum"], orders["fence"]) == (3, True, fence)
+    assert (orders["waiters"], stale_j["waiters"]) == (0, 0)
     assert orders["owner"]["pid"] == proc.pid and orders["owner"]["label"] == "holder-proc"
     assert 20_000 < orders["ttl_ms"] <= 30_000 and isinstance(orders["ttl_ms"], int)
     assert (stale_j["nodes"], stale_j["quorum"], stale_j["fence"]) == (1, False, 7)
@@ -208,6 +247,112 @@ def test_colour_only_on_a_terminal(nodes: RedisNodes) -> None:
     put_minority_lock(nodes, "c")
     assert "\x1b[" in run(stdout=TTY())[0]
     assert "\x1b[" not in run("list", "--no-color", stdout=TTY())[0]
+
+
+# -------------------------------------------------------- waiters
+
+def test_waiters_are_counted_until_they_are_served(nodes: RedisNodes) -> None:
+    holder = LockManager(nodes.urls, node_timeout=0.5)
+    # A long fallback retry: the waiters stay queued until a release wakes them.
+    waiters = [LockManager(nodes.urls, node_timeout=0.5, retry_delay=30.0) for _ in range(2)]
+    lock = holder.lock("queue", ttl=30, auto_renew=False)
+    assert lock.acquire(timeout=0)
+    served: list[int] = []
+
+    def wait(i: int, mgr: LockManager) -> None:
+        mine = mgr.lock("queue", ttl=5, auto_renew=False)
+        if mine.acquire(timeout=15):
+            served.append(i)
+            mine.release()
+
+    threads = [threading.Thread(target=wait, args=(i, mgr), daemon=True)
+               for i, mgr in enumerate(waiters)]
+    try:
+        for n, thread in enumerate(threads, 1):
+            thread.start()
+            assert wait_for(lambda n=n: listed_waiters("queue") == n), f"waiter {n} not queued"
+
+        (item,) = json.loads(run("list", "--json")[0])
+        assert (item["name"], item["nodes"], item["waiters"]) == ("queue", 3, 2)
+        out = run("list")[0]
+        assert out.splitlines()[0].split()[6] == "WAITERS"
+        assert cell(out, "queue ", "WAITERS") == "2"
+        assert cell(out, "queue ", "NODES") == "3/3"  # the other columns are unchanged
+        # Per node: what each node's queue holds. A waiter's retry asks the lock's
+        # gate node first and queues there alone while it is busy, so the lock's
+        # count is the longest queue, not a sum over the nodes.
+        key = waiters_key(holder.key("queue"))
+        lengths = [nodes[i].client().llen(key) for i in range(3)]
+        assert max(lengths) == 2
+        shown = json.loads(run("show", "queue", "--json")[0])
+        assert shown["waiters"] == 2
+        assert [v["waiters"] for v in shown["per_node"]] == lengths
+        text = run("show", "queue")[0]
+        assert "  waiters 2 queued" in text
+        assert [cell(text, url.replace(PASSWORD, "***"), "WAITERS") for url in nodes.urls] \
+            == [str(n) for n in lengths]
+
+        lock.release()  # wakes the first waiter; its release wakes the second
+        for thread in threads:
+            thread.join(15)
+        assert not any(t.is_alive() for t in threads) and sorted(served) == [0, 1]
+    finally:
+        for thread in threads:
+            if thread.ident is not None:  # started
+                thread.join(15)
+        for mgr in waiters:
+            mgr.close()
+
+    try:
+        # Served: no queue is left on any node, and none is shown.
+        assert [nodes[i].client().llen(key) for i in range(3)] == [0, 0, 0]
+        assert listed_waiters("queue") in (None, 0)  # (None: no node holds it any more)
+        assert lock.acquire(timeout=0)  # held again, with an empty line
+        assert listed_waiters("queue") == 0
+        assert cell(run("list")[0], "queue ", "WAITERS") == "0"
+        assert json.loads(run("show", "queue", "--json")[0])["waiters"] == 0
+        lock.release()
+    finally:
+        holder.close()
+
+
+def test_scan_lists_neither_waiter_queues_nor_fence_counters(nodes: RedisNodes) -> None:
+    """The queue and counter keys of a name with its own hash tag match the scan's
+    pattern (those of other names start with ``{`` and do not); none is a lock."""
+    holder = LockManager(nodes.urls, node_timeout=0.5)
+    try:
+        locks = [holder.lock(name, ttl=30, auto_renew=False) for name in ("plain", "{t}:job")]
+        assert all(lock.acquire(timeout=0) for lock in locks)
+        # Two waiters in line on every node (acquire.lua queues a waiter on every
+        # busy node it asks), and a third entry on one node only.
+        entry = b"redlock:inbox:gone|"
+        for name in ("plain", "{t}:job"):
+            key = waiters_key(holder.key(name))
+            for i in range(3):
+                nodes[i].client().rpush(key, entry + b"a", entry + b"b")
+                nodes[i].client().pexpire(key, 60_000)
+        nodes[0].client().rpush(waiters_key(holder.key("{t}:job")), entry + b"c")
+
+        stored = sorted(k.decode() for k in nodes[1].client().scan_iter(match="redlock:*"))
+        assert stored == ["redlock:plain", "redlock:{t}:job", "redlock:{t}:job:fence",
+                          "redlock:{t}:job:waiters"]
+        assert waiters_key(holder.key("plain")) == "{redlock:plain}:waiters"
+        assert fence_key(holder.key("plain")) == "{redlock:plain}:fence"
+
+        data = json.loads(run("list", "--json")[0])
+        assert [(d["name"], d["waiters"]) for d in data] == [("plain", 2), ("{t}:job", 3)]
+        out = run("list")[0]
+        assert "2 locks" in out and ":waiters" not in out and ":fence" not in out
+        assert [v["waiters"] for v in json.loads(run("show", "{t}:job", "--json")[0])
+                ["per_node"]] == [3, 2, 2]
+        with pytest.raises(CommandError, match="no lock"):
+            run("show", "{t}:job:waiters")
+        with pytest.raises(CommandError, match="no lock"):
+            run("show", "{t}:job:fence")
+        for lock in locks:
+            lock.release()
+    finally:
+        holder.close()
 
 
 # -------------------------------------------------------- nodes down

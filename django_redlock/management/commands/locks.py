@@ -105,6 +105,11 @@ def format_owner(owner: dict[str, Any]) -> str:
     return text
 
 
+def format_count(n: int | None) -> str:
+    """A count for a table cell; ``-`` when it was not read."""
+    return "-" if n is None else str(n)
+
+
 def format_since(since: float | None, age_s: float | None) -> str:
     if since is None:
         return "-"
@@ -250,10 +255,11 @@ class Command(BaseCommand):
                     (format_ms(lock.ttl_ms), None),
                     (str(lock.fence), None),
                     (format_seconds(lock.age_s), None),
+                    (format_count(lock.waiters), None),
                     (format_owner(lock.owner), None),
                 ])
-            lines += table(["NAME", "NODES", "STATE", "TTL", "FENCE", "AGE", "OWNER"], rows,
-                           st.MIGRATE_HEADING)
+            lines += table(["NAME", "NODES", "STATE", "TTL", "FENCE", "AGE", "WAITERS", "OWNER"],
+                           rows, st.MIGRATE_HEADING)
         where = f"under prefix {prefix!r}" + ("" if pattern == "*" else f" matching {pattern!r}")
         below = sum(1 for lock in inventory.locks if not lock.quorum)
         count = len(inventory.locks)
@@ -313,6 +319,7 @@ class Command(BaseCommand):
             f"  owner   {format_owner(lock.owner)}",
             f"  since   {format_since(lock.since, lock.age_s)}",
             f"  token   {lock.token}... (first characters)",
+            f"  waiters {format_count(lock.waiters)} queued (the longest queue among the nodes)",
             "",
         ]
         rows = []
@@ -331,10 +338,11 @@ class Command(BaseCommand):
                 (format_ms(v.pttl_ms) if v.state == "held" else "-", None),
                 (str(v.fence) if v.fence is not None else "-", None),
                 (str(v.fence_counter) if v.fence_counter is not None else "-", None),
+                (format_count(v.waiters), None),
                 (v.error if v.error else format_owner(v.owner) if v.state == "held" else "-", None),
             ])
-        lines += table(["NODE", "STATE", "TOKEN", "TTL", "FENCE", "COUNTER", "OWNER"], rows,
-                       st.MIGRATE_HEADING)
+        lines += table(["NODE", "STATE", "TOKEN", "TTL", "FENCE", "COUNTER", "WAITERS", "OWNER"],
+                       rows, st.MIGRATE_HEADING)
         return lines
 
     # ----------------------------------------------------------------- release
