@@ -268,10 +268,12 @@ class LockManager:
             busy = rounds.busy_at_gate(first)
             if busy is not None:
                 return busy
-            replies = self.transport.round([None if i == gate else call for i in range(n)])
+            need = self.quorum - (1 if rounds.granted_by(first) else 0)
+            replies = self.transport.round([None if i == gate else call for i in range(n)],
+                                           settle=rounds.acquire_settle(need))
             replies[gate] = first
         else:
-            replies = self.transport.round([call] * n)
+            replies = self.transport.round([call] * n, settle=rounds.acquire_settle(self.quorum))
         elapsed = self.clock() - start
         tally = rounds.tally_acquire(replies, [node.name for node in self.nodes])
         won = rounds.granted(tally, n_nodes=n, start=start, elapsed=elapsed, ttl=ttl,
@@ -293,17 +295,33 @@ class LockManager:
     def _release_round(self, key: bytes, fkey: bytes, wkey: bytes, token: str, fence: int, *,
                        only: list[bool] | None = None) -> ReleaseResult:
         requests = rounds.release_requests(len(self.nodes), key, fkey, wkey, token, fence, only)
-        return rounds.tally_release(self.transport.round(requests, skip_backoff=only is None), key)
+        # A clean-up after a lost attempt (``only``) waits for no reply: it is
+        # sent behind the attempt on each connection, so it runs after it, and
+        # what it finds changes nothing for the caller.
+        settle = rounds.NO_WAIT if only is not None else rounds.release_settle(
+            len(self.nodes), rounds.gate_node(key, self.nodes, self.clock()))
+        return rounds.tally_release(
+            self.transport.round(requests, skip_backoff=only is None, settle=settle), key)
 
-    def _leave_queue(self, wkey: bytes, waiter: bytes) -> None:
+    def _leave_queue(self, wkey: bytes, waiter: bytes, *, only: list[bool] | None = None,
+                     wait: bool = True) -> None:
         """A waiter gives up: out of the line on every node (best effort: an entry
-        left behind costs the next waiters one missed notice, then their timer)."""
-        self.transport.round([rounds.leave_queue_command(wkey, waiter)] * len(self.nodes))
+        left behind costs the next waiters one missed notice, then their timer).
+
+        ``only``: just those nodes (after a won round, the ones that answered busy
+        and so queued us); ``wait=False`` sends without waiting for the replies.
+        """
+        command = rounds.leave_queue_command(wkey, waiter)
+        self.transport.round([command if only is None or only[i] else None
+                              for i in range(len(self.nodes))],
+                             settle=None if wait else rounds.NO_WAIT)
 
     def _extend_round(self, key: bytes, fkey: bytes, token: str, fence: int, ttl: float, *,
                       lock_name: str) -> ExtendResult:
         call = rounds.extend_call(key, fkey, token, fence, ttl)
         start = self.clock()
+        # Every reply is read: an extension is off the hot path (the renewal
+        # thread's), and its caller may rely on every node having the new lease.
         replies = self.transport.round([call] * len(self.nodes))
         return rounds.tally_extend(replies, start=start, elapsed=self.clock() - start, ttl=ttl,
                                    drift_factor=self.drift_factor)

@@ -24,7 +24,7 @@ from typing import Any, Sequence
 from .core import quorum as q
 from .exceptions import QuorumUnavailable
 from .transport.resp import ACQUIRE, EXTEND, RELEASE, Call, Command
-from .transport.sync import NodeError
+from .transport.sync import NOT_AWAITED, NodeError, Settle
 
 logger = logging.getLogger("django_redlock.manager")
 
@@ -40,6 +40,9 @@ class AcquireResult:
     valid_until: float = 0.0
     holder_ttl: float | None = None
     errors: dict[str, str] = field(default_factory=dict)
+    #: Nodes where a won round may have put the waiter in line (they answered
+    #: busy, or were not waited for): it leaves the line there.
+    queued_at: list[bool] | None = None
 
 
 @dataclass
@@ -54,6 +57,8 @@ class AcquireTally:
     busy_ttls: list[float]
     errors: dict[str, str]
     maybe_ours: list[bool]
+    #: busy or not waited for: a waiter's entry may have been queued there
+    queued_at: list[bool] = field(default_factory=list)
 
     @property
     def answered(self) -> int:
@@ -111,11 +116,30 @@ def acquire_call(key: bytes, fkey: bytes, wkey: bytes, token: str, ttl_ms: int, 
                  _WAITERS_GRACE_B, waiter))
 
 
+def granted_by(reply: Any) -> bool:
+    """Whether one node's acquire reply granted the lock."""
+    return isinstance(reply, list) and len(reply) == 2 and reply[0] == 1
+
+
+def _busy_reply(reply: Any) -> bool:
+    return isinstance(reply, list) and len(reply) == 2 and reply[0] == 0
+
+
+def acquire_settle(need: int) -> Settle:
+    """An acquire round is decided by ``need`` grants, or by so many busy answers
+    that ``need`` grants are out of reach. Replies not waited for count as
+    possibly ours (:func:`tally_acquire`), so a lost round cleans them up too."""
+    return Settle(need, granted_by, _busy_reply)
+
+
 def tally_acquire(replies: Sequence[Any], node_names: Sequence[str]) -> AcquireTally:
     tally = AcquireTally(ok=0, fence=0, fence_min=0, busy_ttls=[], errors={},
-                         maybe_ours=[False] * len(replies))
+                         maybe_ours=[False] * len(replies), queued_at=[False] * len(replies))
     for i, reply in enumerate(replies):
-        if isinstance(reply, list) and len(reply) == 2:
+        if reply is NOT_AWAITED:
+            tally.maybe_ours[i] = True  # sent; its reply is read later and dropped
+            tally.queued_at[i] = True
+        elif isinstance(reply, list) and len(reply) == 2:
             if reply[0] == 1:
                 fence = int(reply[1])
                 tally.fence_min = fence if tally.ok == 0 else min(tally.fence_min, fence)
@@ -124,6 +148,7 @@ def tally_acquire(replies: Sequence[Any], node_names: Sequence[str]) -> AcquireT
                 tally.maybe_ours[i] = True
             else:
                 tally.busy_ttls.append(max(0, int(reply[1])) / 1000.0)
+                tally.queued_at[i] = True
         elif isinstance(reply, NodeError):
             tally.errors[reply.node] = reply.reason
             tally.maybe_ours[i] = reply.sent
@@ -161,7 +186,8 @@ def granted(tally: AcquireTally, *, n_nodes: int, start: float, elapsed: float, 
     """The acquired result when the round won the lock, else None."""
     valid = q.validity(ttl, elapsed, drift_factor)
     if tally.ok >= q.quorum(n_nodes) and valid > 0:
-        return AcquireResult(True, fence=tally.fence, valid_until=start + valid)
+        return AcquireResult(True, fence=tally.fence, valid_until=start + valid,
+                             queued_at=tally.queued_at if any(tally.queued_at) else None)
     return None
 
 
@@ -213,6 +239,35 @@ def release_requests(n_nodes: int, key: bytes, fkey: bytes, wkey: bytes, token: 
     call = Call(RELEASE, (key, fkey, wkey),
                 (token, fence, _FENCE_GRACE_B, b"1" if only is None else b"0"))
     return [call if only is None or only[i] else None for i in range(n_nodes)]
+
+
+def _never(reply: Any) -> bool:
+    return False
+
+
+#: Send and do not wait: every reply is read later by the next round on its
+#: connection (for best-effort clean-ups nobody waits for).
+NO_WAIT = Settle(0, _never, _never)
+
+
+def _released_reply(reply: Any) -> bool:
+    return isinstance(reply, int) and reply >= 1
+
+
+def _not_ours_reply(reply: Any) -> bool:
+    return isinstance(reply, int) and reply == 0
+
+
+def release_settle(n_nodes: int, gate: int | None) -> Settle:
+    """A release is done, for its caller, once a quorum deleted the key (the lock
+    is free for the next holder) or so many did not have it that it was lost;
+    the other nodes' deletions still happen, their replies are read later.
+
+    The gate node's reply (:func:`gate_node`) gets a short grace: waiters queue
+    there first, so it is the node that says whether the release woke one,
+    which the releaser's step-back depends on.
+    """
+    return Settle(q.quorum(n_nodes), _released_reply, _not_ours_reply, gate)
 
 
 def tally_release(replies: Sequence[Any], key: bytes) -> ReleaseResult:

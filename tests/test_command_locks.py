@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -201,7 +202,12 @@ def test_list_show_a_lock_held_by_another_process(nodes: RedisNodes, holders: An
     assert lines[0].split() == ["NAME", "NODES", "STATE", "TTL", "FENCE", "AGE", "WAITERS",
                                 "OWNER"]
     held = next(line for line in lines if line.startswith("orders:42"))
-    assert "3/3" in held and "quorum" in held and str(fence) in held
+    # The holder's fence is the highest of the grants that made its quorum (a
+    # settled round); the list shows the highest any node stored, its own
+    # fence or a node's a few ms later.
+    shown_fence = json.loads(run("list", "--json")[0])[0]["fence"]
+    assert "3/3" in held and "quorum" in held and str(shown_fence) in held
+    assert shown_fence >= fence
     assert f":{proc.pid} " in held and '"holder-proc"' in held
     stale = next(line for line in lines if line.startswith("stale:1"))
     assert "1/3" in stale and "minority" in stale
@@ -216,7 +222,7 @@ def test_list_show_a_lock_held_by_another_process(nodes: RedisNodes, holders: An
         assert LIST_KEYS <= set(item)
         assert {"host", "pid"} <= set(item["owner"])
     orders, stale_j = data
-    assert (orders["nodes"], orders["quorum"], orders["fence"]) == (3, True, fence)
+    assert (orders["nodes"], orders["quorum"], orders["fence"]) == (3, True, shown_fence)
     assert (orders["waiters"], stale_j["waiters"]) == (0, 0)
     assert orders["owner"]["pid"] == proc.pid and orders["owner"]["label"] == "holder-proc"
     assert 20_000 < orders["ttl_ms"] <= 30_000 and isinstance(orders["ttl_ms"], int)
@@ -228,7 +234,8 @@ def test_list_show_a_lock_held_by_another_process(nodes: RedisNodes, holders: An
     shown = json.loads(run("show", "orders:42", "--json")[0])
     assert shown["name"] == "orders:42" and len(shown["per_node"]) == 3
     assert all(v["state"] == "held" and v["agrees"] for v in shown["per_node"])
-    assert max(v["fence"] for v in shown["per_node"]) == fence
+    assert max(v["fence"] for v in shown["per_node"]) == shown_fence
+    assert fence in {v["fence"] for v in shown["per_node"]}  # one node issued it
     assert all(v["fence_counter"] >= v["fence"] for v in shown["per_node"])
     text = run("show", "stale:1")[0]
     assert "minority: held on 1 of 3 nodes" in text and "absent" in text
@@ -468,7 +475,8 @@ def test_release_force_wakes_a_blocked_waiter(nodes: RedisNodes, holders: Any) -
         thread.join(10)
         waiter.close()
     assert "Released lock 'job': deleted on 3 of 3 nodes" in out
-    assert f":{proc.pid} " in out and '"holder-proc"' in out and f"fence {fence}" in out
+    assert f":{proc.pid} " in out and '"holder-proc"' in out
+    assert int(re.search(r"fence (\d+)", out).group(1)) >= fence  # the highest stored
     assert "not held on any node" in run("release", "job", "--force")[0]
 
 

@@ -55,6 +55,12 @@ def test_acquire_release_and_busy(cluster: list[str], make_manager: MakeManager)
 def test_value_carries_token_fence_and_owner(nodes3: RedisNodes, make_manager: MakeManager) -> None:
     mgr = make_manager(nodes3)
     with mgr.lock("order:7", label="checkout") as held:
+        # A settled round returns once a quorum granted; the last node's grant
+        # was sent too and lands a moment later.
+        deadline = time.monotonic() + 2
+        while time.monotonic() < deadline and not all(
+                server.client().exists(held.key) for server in nodes3):
+            time.sleep(0.005)
         fences = []
         for server in nodes3:
             stored = parse_value(server.client().get(held.key))
@@ -64,8 +70,9 @@ def test_value_carries_token_fence_and_owner(nodes3: RedisNodes, make_manager: M
             assert stored.owner["label"] == "checkout"
             assert stored.owner["thread"] == threading.current_thread().name
             assert 0 < server.client().pttl(held.key) <= 10_000
-        # Each node issues its own fence; the holder's is the maximum over the quorum.
-        assert max(fences) == held.fence
+        # Each node issues its own fence; the holder's is the highest among the
+        # grants that made its quorum: one of them, and at least the second highest.
+        assert held.fence in fences and held.fence >= sorted(fences)[-mgr.quorum]
 
 
 def test_fence_grows_strictly_across_holders(nodes5: RedisNodes, make_manager: MakeManager) -> None:

@@ -105,3 +105,11 @@ ACQUIRE = Script("acquire")
 RELEASE = Script("release")
 EXTEND = Script("extend")
 FORCE_RELEASE = Script("force_release")
+
+#: Sent ahead of the first request on every new connection: the engine's
+#: scripts, so that a node never answers ``NOSCRIPT`` to a request whose reply
+#: a settled round does not wait for (a server that restarted empty is reached
+#: through new connections). ``EVALSHA`` then ``EVAL`` after ``NOSCRIPT``
+#: remains for a script cache flushed under a live connection.
+PRELOAD_SCRIPTS = (ACQUIRE, RELEASE, EXTEND)
+PRELOAD = b"".join(pack(b"SCRIPT", b"LOAD", script.source) for script in PRELOAD_SCRIPTS)

@@ -10,6 +10,20 @@ that does not answer in time (dead, SIGSTOPped, partitioned) is reported as a
 :class:`NodeError` and its connection is dropped, so a late reply can never be
 read as the answer to a later command. A node that failed is skipped for a short,
 growing back-off, so a dead node does not cost every round a connect timeout.
+
+Settled rounds
+    An acquire, release or extend round may return as soon as its outcome is
+    known (a :class:`Settle` says when: a quorum said yes, or so many said no
+    that a quorum cannot say yes), without waiting for the slowest nodes. With
+    five servers sharing two CPUs the third reply comes about a fifth of a
+    round sooner than the fifth. The replies not read then are *owed* by their
+    connections: such a connection is kept aside, and the next round that takes
+    it sends its own request behind them (pipelining) and reads and drops them
+    first. A connection
+    whose oldest owed reply is overdue (a paused or dead node) is dropped and
+    its node marked failed, as a timed-out read would be. Requests on one
+    connection run in the order they were sent, so a release sent behind an
+    acquire that was not waited for still finds (and deletes) its key.
 """
 
 from __future__ import annotations
@@ -17,9 +31,12 @@ from __future__ import annotations
 import inspect
 import logging
 import os
+import select
 import threading
 import time
-from typing import Any, Callable, Sequence
+from collections import deque
+from dataclasses import dataclass
+from typing import Any, Callable, Deque, Sequence, Tuple
 
 import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -27,13 +44,17 @@ from redis.exceptions import NoScriptError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..core.config import NodeSpec
-from .resp import Call, Command
+from .resp import PRELOAD, PRELOAD_SCRIPTS, Call, Command
 
 logger = logging.getLogger("django_redlock.transport")
 
 #: Errors that mean "this node did not answer", as opposed to a Redis-level error
 #: reply. OSError covers a socket torn down under us.
 NODE_DOWN_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
+
+#: Set on a connection once it carried resp.PRELOAD; one about to reconnect
+#: (no socket) carries it again.
+_LOADED = "_redlock_scripts_loaded"
 
 BACKOFF_FIRST = 0.05
 BACKOFF_MAX = 1.0
@@ -56,6 +77,60 @@ class NodeError(Exception):
         #: False when the request never left (the node was skipped or the connect
         #: failed): the node certainly did not execute it.
         self.sent = sent
+
+
+class _NotAwaited:
+    """The result of a node whose reply a settled round did not wait for."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "NOT_AWAITED"
+
+
+#: In a settled round's results: this node was asked, its reply comes later and
+#: is read and dropped by the next round on its connection. The request was
+#: sent, so the node may have executed it.
+NOT_AWAITED: Any = _NotAwaited()
+
+
+@dataclass(frozen=True)
+class Settle:
+    """When a round's outcome is known before every node answered.
+
+    ``yes`` and ``no`` classify one reply. The round returns once ``need`` nodes
+    said yes, or once so many said no that ``need`` yes answers are out of
+    reach among the nodes asked. Errors never end a round early: whether too
+    few nodes *answered* is a different outcome (QuorumUnavailable), and only
+    all the replies tell it. The reply of node ``also`` (when not None) is
+    waited for a little longer (:data:`ALSO_GRACE`) once the rest is decided.
+    """
+
+    need: int
+    yes: Callable[[Any], bool]
+    no: Callable[[Any], bool]
+    also: int | None = None
+
+
+#: How long a decided round still waits for :attr:`Settle.also` (seconds): a
+#: healthy node answers within a fraction of that after the others; a paused
+#: one must not cost the round its timeout.
+ALSO_GRACE = 0.002
+
+
+#: One reply a connection still has to read: (request, whether it is the
+#: current round's own, when it is due). Oldest first.
+Expected = Tuple[Any, bool, float]
+
+
+class _Owed:
+    """A connection with replies still to read (oldest first)."""
+
+    __slots__ = ("conn", "expect")
+
+    def __init__(self, conn: Any, expect: Deque[Expected]) -> None:
+        self.conn = conn
+        self.expect = expect
 
 
 def _short(exc: BaseException) -> str:
@@ -85,6 +160,8 @@ class NodeClient:
         self._failures = 0
         self.down_until = 0.0
         self._idle: list[Any] = []
+        #: connections whose replies a settled round did not wait for
+        self._owed: list[_Owed] = []
         self._pid = os.getpid()
         self._closed = False
 
@@ -122,6 +199,7 @@ class NodeClient:
             return self.pool.get_connection("_") if _GET_NEEDS_NAME else self.pool.get_connection()
         if self._pid != os.getpid():
             self._idle = []
+            self._owed = []
             self._pid = os.getpid()
         try:
             return self._idle.pop()
@@ -136,12 +214,56 @@ class NodeClient:
         else:
             conn.disconnect()
 
+    def checkout(self, now: float) -> tuple[Any, Deque[Expected]]:
+        """A connection for a round, with the replies it still owes.
+
+        Connections that owe replies go first, so they are drained promptly
+        and a node needs no more connections than before. One whose oldest
+        owed reply is overdue, with nothing to read, belongs to a node that
+        stopped answering: it is dropped and the node marked failed
+        (:class:`NodeError`, raised here).
+        """
+        if self._owed and self._pid == os.getpid():
+            try:
+                owed = self._owed.pop()
+            except IndexError:  # another thread took it
+                pass
+            else:
+                if owed.expect[0][2] >= now or self._readable(owed.conn):
+                    return owed.conn, owed.expect
+                self._drop(owed.conn)
+                self.mark_failed(now)
+                raise NodeError(self.name, f"no answer within {self.timeout:g} s", sent=False)
+        return self.get(), deque()
+
+    def owe(self, conn: Any, expect: Deque[Expected]) -> None:
+        """Keep ``conn`` aside until a round reads the replies in ``expect``."""
+        if self._closed or self._pid != os.getpid():
+            self._drop(conn)
+        else:
+            self._owed.append(_Owed(conn, expect))
+
+    @staticmethod
+    def _readable(conn: Any) -> bool:
+        try:
+            return bool(conn.can_read(timeout=0))
+        except NODE_DOWN_ERRORS:
+            return False
+
+    def _drop(self, conn: Any) -> None:
+        conn.disconnect()
+        if self._borrowed and self._pool is not None:
+            self._pool.release(conn)
+
     def new_connection(self) -> Any:
         """A connection outside the pool's accounting (also for the pub/sub listener)."""
         pool = self.pool
         return pool.connection_class(**pool.connection_kwargs)
 
     def close(self) -> None:
+        owed, self._owed = self._owed, []
+        for entry in owed:
+            self._drop(entry.conn)
         if self._pool is not None and not self._borrowed:
             self._closed = True
             idle, self._idle = self._idle, []
@@ -190,6 +312,14 @@ def nodes_to_skip(nodes: Sequence[NodeClient], requests: Sequence[Request], now:
     return skip
 
 
+class _NodeDone(Exception):
+    """A node's exchange ended without its reply: the result to report instead."""
+
+    def __init__(self, result: NodeError) -> None:
+        super().__init__(result.reason)
+        self.result = result
+
+
 class SyncTransport:
     """Sends one request per node and gathers the replies within the node timeouts."""
 
@@ -197,16 +327,20 @@ class SyncTransport:
         self.nodes = list(nodes)
         self.clock = clock
 
-    def round(self, requests: Sequence[Request], *, skip_backoff: bool = True) -> list[Any]:
+    def round(self, requests: Sequence[Request], *, skip_backoff: bool = True,
+              settle: Settle | None = None) -> list[Any]:
         """Ask node i ``requests[i]`` (None: do not ask it); return answers or errors.
 
         Each result is the node's reply, a :class:`NodeError` (no answer in time) or
-        a ``redis.ResponseError`` (the node answered with an error).
+        a ``redis.ResponseError`` (the node answered with an error). With
+        ``settle``, the round may return before every node answered: the others'
+        results are :data:`NOT_AWAITED` (see the module docstring).
         """
         nodes = self.nodes
         n = len(nodes)
         results: list[Any] = [None] * n
         conns: list[Any] = [None] * n
+        expects: list[Any] = [None] * n
         deadlines = [0.0] * n
         start = self.clock()
         skip = nodes_to_skip(nodes, requests, start, skip_backoff)
@@ -223,85 +357,208 @@ class SyncTransport:
                     results[i] = NodeError(node.name, "skipped: failed recently", sent=False)
                     continue
                 try:
-                    conn = conns[i] = node.get()  # a borrowed pool may connect here
+                    conns[i], expects[i] = node.checkout(start)  # may connect
+                except NodeError as e:
+                    results[i] = e
+                    continue
                 except NODE_DOWN_ERRORS as e:
                     node.mark_failed(self.clock())
                     results[i] = NodeError(node.name, _short(e), sent=False)
                     continue
-                if getattr(conn, "_sock", None) is None:
+                if getattr(conns[i], "_sock", None) is None:
                     fresh.append(i)
                 else:
-                    self._send(i, requests[i], conns, results, deadlines)
+                    self._send(i, requests[i], conns, expects, results, deadlines)
             for i in fresh:
-                self._send(i, requests[i], conns, results, deadlines)
+                self._send(i, requests[i], conns, expects, results, deadlines)
             # Each node's deadline counts from its own send: one slow connect
             # costs the others nothing.
-            for i in range(n):
-                conn = conns[i]
-                if conn is not None:
-                    results[i] = self._read(nodes[i], conn, requests[i], deadlines[i])
+            live = [i for i in range(n) if conns[i] is not None and results[i] is None]
+            if settle is not None and settle.need <= 0:
+                pass  # nobody waits: every reply is owed (rounds.NO_WAIT)
+            elif settle is not None and len(live) > 1:
+                self._read_until_settled(live, conns, expects, results, deadlines, settle,
+                                         asked=sum(r is not None for r in requests))
+            else:
+                for i in live:
+                    results[i] = self._read_mine(i, conns[i], expects[i], deadlines[i])
         finally:
             for i in range(n):
-                if conns[i] is not None:
-                    nodes[i].put(conns[i])
+                conn = conns[i]
+                if conn is None:
+                    continue
+                expect = expects[i]
+                if expect:
+                    for k, (request, _, due) in enumerate(expect):
+                        expect[k] = (request, False, due)  # nobody waits for them now
+                    if results[i] is None:
+                        results[i] = NOT_AWAITED
+                    nodes[i].owe(conn, expect)
+                else:
+                    nodes[i].put(conn)
         return results
 
-    def _send(self, i: int, request: Request, conns: list[Any], results: list[Any],
-              deadlines: list[float]) -> None:
-        node, conn = self.nodes[i], conns[i]
+    def _send(self, i: int, request: Request, conns: list[Any], expects: list[Any],
+              results: list[Any], deadlines: list[float]) -> None:
+        node, conn, expect = self.nodes[i], conns[i], expects[i]
         assert request is not None
+        # A new connection (or one we have not used before, lent by a cache's
+        # pool) loads the scripts first; see resp.PRELOAD.
+        preload = conn._sock is None or not getattr(conn, _LOADED, False)
         try:
-            conn.send_packed_command((request.packed,), check_health=False)
+            if preload:
+                conn.send_packed_command((PRELOAD, request.packed), check_health=False)
+            else:
+                conn.send_packed_command((request.packed,), check_health=False)
         except NODE_DOWN_ERRORS as e:
             node.mark_failed(self.clock())
+            # Owed requests may have run; this one did not.
             results[i] = NodeError(node.name, _short(e), sent=False)
             conns[i] = None
             conn.disconnect()
             node.put(conn)
             return
-        deadlines[i] = self.clock() + node.timeout
+        deadline = deadlines[i] = self.clock() + node.timeout
+        if preload:
+            setattr(conn, _LOADED, True)
+            expect.extend((None, False, deadline) for _ in PRELOAD_SCRIPTS)
+        expect.append((request, True, deadline))
 
-    def _read(self, node: NodeClient, conn: Any, request: Request, deadline: float) -> Any:
-        for _ in range(2):  # the second pass only after NOSCRIPT
-            try:
-                left = deadline - self.clock()
-                if _READ_TAKES_TIMEOUT:
-                    # One syscall fewer than poll-then-read; a timeout disconnects.
-                    reply = conn.read_response(timeout=max(left, 0.0005))
-                elif conn.can_read(timeout=max(left, 0.0)):
-                    reply = conn.read_response()
-                else:
-                    conn.disconnect()
-                    node.mark_failed(self.clock())
-                    return NodeError(node.name, f"no answer within {node.timeout:g} s")
-            except NoScriptError:
-                assert request is not None and request.packed_eval is not None
-                try:
-                    conn.send_packed_command((request.packed_eval,), check_health=False)
-                except NODE_DOWN_ERRORS as e:
-                    conn.disconnect()
-                    node.mark_failed(self.clock())
-                    return NodeError(node.name, _short(e))
-                continue
-            except ResponseError as e:
+    def _read_mine(self, i: int, conn: Any, expect: Deque[Expected], deadline: float) -> Any:
+        """Read up to and including this round's reply on ``conn``, blocking."""
+        try:
+            while True:
+                mine, reply = self._read_next(i, conn, expect, deadline)
+                if mine:
+                    return reply
+        except _NodeDone as done:
+            return done.result
+
+    def _read_next(self, i: int, conn: Any, expect: Deque[Expected], deadline: float) -> tuple[bool, Any]:
+        """Read the next reply on ``conn``: ``(True, reply)`` when it is this round's.
+
+        A reply owed by an earlier round is dropped. ``NOSCRIPT`` sends the same
+        script again as ``EVAL``, whose reply then comes last. A node that fails
+        raises :class:`_NodeDone`, after its connection was disconnected (a
+        late reply must never be read as the answer to a later command).
+        """
+        node = self.nodes[i]
+        request, mine, _ = expect[0]
+        try:
+            left = deadline - self.clock()
+            if _READ_TAKES_TIMEOUT:
+                # One syscall fewer than poll-then-read; a timeout disconnects.
+                reply = conn.read_response(timeout=max(left, 0.0005))
+            elif conn.can_read(timeout=max(left, 0.0)):
+                reply = conn.read_response()
+            else:
+                raise RedisTimeoutError()
+        except NoScriptError:
+            expect.popleft()
+            if not mine:
+                # An owed request that never ran (the node lost its scripts).
+                # It is not sent again: that would put it behind requests sent
+                # after it (a release behind its acquire). Nobody counted on
+                # it, and a lock key cannot outlive the restart that emptied
+                # the script cache.
                 node.mark_ok()
-                return e
-            except RedisTimeoutError:
-                conn.disconnect()
-                node.mark_failed(self.clock())
-                return NodeError(node.name, f"no answer within {node.timeout:g} s")
+                return False, None
+            if request.packed_eval is None:  # pragma: no cover - only scripts answer NOSCRIPT
+                return mine, ResponseError("NOSCRIPT")
+            try:
+                conn.send_packed_command((request.packed_eval,), check_health=False)
             except NODE_DOWN_ERRORS as e:
-                conn.disconnect()
-                node.mark_failed(self.clock())
-                return NodeError(node.name, _short(e))
-            except BaseException:
-                # Interrupted (KeyboardInterrupt, a timeout signal): the reply may
-                # still arrive, so this connection must never be reused.
-                conn.disconnect()
-                raise
+                self._fail(node, conn, expect, _short(e))
+            expect.append((request, mine, self.clock() + node.timeout))
+            return False, None
+        except ResponseError as e:
+            expect.popleft()
             node.mark_ok()
-            return reply
-        return NodeError(node.name, "script could not be loaded")
+            return mine, e
+        except RedisTimeoutError:
+            self._fail(node, conn, expect, f"no answer within {node.timeout:g} s")
+        except NODE_DOWN_ERRORS as e:
+            self._fail(node, conn, expect, _short(e))
+        except BaseException:
+            # Interrupted (KeyboardInterrupt, a timeout signal): the reply may
+            # still arrive, so this connection must never be reused.
+            conn.disconnect()
+            expect.clear()
+            raise
+        expect.popleft()
+        node.mark_ok()
+        return mine, reply
+
+    def _fail(self, node: NodeClient, conn: Any, expect: Deque[Expected], reason: str) -> None:
+        conn.disconnect()
+        expect.clear()
+        node.mark_failed(self.clock())
+        raise _NodeDone(NodeError(node.name, reason))
+
+    def _read_until_settled(self, live: list[int], conns: list[Any],
+                            expects: list[Deque[Expected]], results: list[Any],
+                            deadlines: list[float], settle: Settle, *, asked: int) -> None:
+        """Read replies as they come, from whichever node answers first, until
+        ``settle`` says the outcome is known (or every node answered)."""
+        yes = no = 0
+        give_up_at = asked - settle.need + 1  # this many noes: need is out of reach
+        poller = select.poll()
+        by_fd: dict[int, int] = {}
+        for i in live:
+            fd = conns[i]._sock.fileno()
+            by_fd[fd] = i
+            poller.register(fd, select.POLLIN)
+        pending = len(live)
+        also = settle.also if settle.also in live else None
+        also_until = 0.0
+        while pending:
+            now = self.clock()
+            limit = min(deadlines[i] for i in by_fd.values())
+            if yes >= settle.need or no >= give_up_at:
+                if also is None or results[also] is not None:
+                    break
+                # Decided; node ``also`` gets a short grace, never a timeout.
+                also_until = also_until or now + ALSO_GRACE
+                if now >= also_until:
+                    break
+                limit = min(limit, also_until)
+            wait = limit - now
+            events = poller.poll(max(0.0, wait) * 1000.0 + 0.5) if wait > 0 else []
+            ready = [by_fd[fd] for fd, _ in events]
+            if not ready:
+                now = self.clock()
+                ready = [i for i in by_fd.values() if deadlines[i] <= now]
+            for i in ready:
+                result = self._pump(i, conns[i], expects[i], deadlines[i])
+                if result is None:
+                    continue
+                results[i] = result
+                pending -= 1
+                fd = next(fd for fd, j in by_fd.items() if j == i)
+                del by_fd[fd]
+                poller.unregister(fd)
+                if settle.yes(result):
+                    yes += 1
+                elif settle.no(result):
+                    no += 1
+
+    def _pump(self, i: int, conn: Any, expect: Deque[Expected], deadline: float) -> Any:
+        """Read what node ``i`` has sent; its result once this round's reply is in, else None."""
+        try:
+            while True:
+                mine, reply = self._read_next(i, conn, expect, deadline)
+                if mine:
+                    return reply
+                if not conn.can_read(timeout=0):
+                    return None
+        except _NodeDone as done:
+            return done.result
+        except NODE_DOWN_ERRORS as e:  # can_read on a connection the server closed
+            try:
+                self._fail(self.nodes[i], conn, expect, _short(e))
+            except _NodeDone as done:
+                return done.result
+        return None  # pragma: no cover - the loop only returns
 
     def close(self) -> None:
         for node in self.nodes:

@@ -1,0 +1,163 @@
+"""Settled rounds: an acquire or release returns once its outcome is known.
+
+The replies it did not wait for are read (and dropped) by the next round on
+the same connection. What a user must get from that: a slow or paused node no
+longer slows every acquire, nothing is misread, nothing is left behind, a node
+that stops answering is still found out and skipped, and the number of
+connections stays what it was. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import pytest
+import redis
+
+from django_redlock.core.keys import fence_key
+from django_redlock.testing import FaultProxy, RedisNodes
+from django_redlock.transport.resp import ACQUIRE, RELEASE
+
+MakeManager = Callable[..., Any]
+
+pytestmark = pytest.mark.slow
+
+
+def _wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return True
+        time.sleep(0.01)
+    return predicate()
+
+
+def _our_connections(url: str) -> int:
+    client = redis.Redis.from_url(url)
+    try:
+        return sum(1 for c in client.client_list() if c.get("name") == "django-redlock")
+    finally:
+        client.close()
+
+
+def _lock_keys(url: str) -> list[bytes]:
+    client = redis.Redis.from_url(url)
+    try:
+        return [k for k in client.keys("redlock:*") if not k.endswith(b":waiters")]
+    finally:
+        client.close()
+
+
+def test_a_paused_node_costs_an_acquire_nothing(
+        redis_nodes_factory: Callable[..., RedisNodes], make_manager: MakeManager) -> None:
+    nodes = redis_nodes_factory(3)
+    mgr = make_manager(nodes, node_timeout=1.0, auto_renew=False)
+    with mgr.lock("warm"):
+        pass
+    nodes[2].pause()  # SIGSTOP: connections stay open, nothing answers
+    try:
+        started = time.monotonic()
+        fences = []
+        for _ in range(20):
+            with mgr.lock("paused") as held:
+                fences.append(held.fence)
+        took = time.monotonic() - started
+        # Each of the 20 rounds waited for the two live nodes only; waiting for
+        # the paused one would have cost the node timeout (1 s) at least once.
+        assert took < 0.9, took
+        assert fences == sorted(fences) and len(set(fences)) == 20
+        # Its requests wait on one connection; once the oldest is overdue the
+        # next round drops that connection and the node is backed off.
+        time.sleep(1.1)
+        with mgr.lock("paused"):
+            pass
+        assert mgr.nodes[2].backing_off(time.monotonic())
+    finally:
+        nodes[2].resume()
+    # The resumed node ran what it had received in order, each acquire before
+    # its release: no copy of the lock is left behind on it.
+    assert _wait_until(lambda: _lock_keys(nodes[2].url) == [], timeout=3.0), \
+        _lock_keys(nodes[2].url)
+    # And it serves again once its back-off is over.
+    assert _wait_until(lambda: not mgr.nodes[2].backing_off(time.monotonic()), timeout=3.0)
+    with mgr.lock("paused") as held:
+        assert _wait_until(lambda: nodes[2].client().exists(held.key) == 1, timeout=2.0)
+
+
+def test_a_slow_node_is_read_later_and_never_misread(
+        redis_nodes_factory: Callable[..., RedisNodes], make_manager: MakeManager,
+        fault_proxy_factory: Callable[..., FaultProxy]) -> None:
+    nodes = redis_nodes_factory(3)
+    proxy = fault_proxy_factory(nodes[0])
+    urls = [proxy.url, nodes[1].url, nodes[2].url]
+    mgr = make_manager(urls, node_timeout=1.0, auto_renew=False)
+    other = make_manager(urls, node_timeout=1.0, auto_renew=False)
+    with mgr.lock("warm"):
+        pass
+    proxy.set_latency(0.03)  # each reply of node 0 comes well after the others
+    started = time.monotonic()
+    last = 0
+    for i in range(30):
+        lock = mgr.lock(f"slow:{i % 3}")
+        assert lock.acquire(timeout=0)
+        assert lock.fence > last
+        last = lock.fence
+        # Held: another client is refused, whatever node 0's late replies say.
+        assert other.lock(f"slow:{i % 3}").acquire(timeout=0) is False
+        lock.release()
+    # 30 acquires + 30 releases + 30 refusals, none waiting 60 ms for node 0.
+    assert time.monotonic() - started < 30 * 0.06
+    # No connection was opened per owed reply: node 0 saw a handful at most.
+    assert _our_connections(nodes[0].url) <= 4
+    proxy.set_latency(0.0)
+    # Node 0 ran every request in the order sent: no lock is left on any node.
+    for url in (nodes[0].url, nodes[1].url, nodes[2].url):
+        assert _wait_until(lambda u=url: _lock_keys(u) == [], timeout=3.0), _lock_keys(url)
+
+
+def test_new_connections_load_the_scripts_first(
+        redis_nodes_factory: Callable[..., RedisNodes], make_manager: MakeManager) -> None:
+    # A settled round may not read a node's reply; were it NOSCRIPT, the request
+    # would be lost. So no new connection ever gets one.
+    nodes = redis_nodes_factory(3)
+    for server in nodes:
+        server.client().script_flush()
+        server.client().config_resetstat()
+    mgr = make_manager(nodes, auto_renew=False)
+    for _ in range(5):
+        with mgr.lock("cold"):
+            pass
+    for server in nodes:
+        client = server.client()
+        assert client.script_exists(ACQUIRE.sha.decode(), RELEASE.sha.decode()) == [True, True]
+        assert "errorstat_NOSCRIPT" not in client.info("errorstats")
+
+
+def test_a_flushed_script_cache_under_an_owed_reply(
+        redis_nodes_factory: Callable[..., RedisNodes], make_manager: MakeManager,
+        fault_proxy_factory: Callable[..., FaultProxy]) -> None:
+    nodes = redis_nodes_factory(3)
+    proxy = fault_proxy_factory(nodes[0])
+    mgr = make_manager([proxy.url, nodes[1].url, nodes[2].url], node_timeout=1.0,
+                       auto_renew=False)
+    with mgr.lock("warm"):
+        pass
+    proxy.set_latency(0.05)
+    nodes[0].client().script_flush()  # the operator flushes node 0's scripts
+    fences = []
+    for _ in range(5):
+        with mgr.lock("flushed") as held:
+            fences.append(held.fence)
+    assert fences == sorted(fences) and len(set(fences)) == 5
+    proxy.set_latency(0.0)
+    # Node 0's owed NOSCRIPT replies were dropped, not misread; the rounds that
+    # waited for it loaded the scripts again, and it grants once more.
+    for _ in range(20):
+        with mgr.lock("flushed") as held:
+            if nodes[0].client().exists(held.key):
+                break
+    else:
+        pytest.fail("node 0 never granted again after its scripts were flushed")
+    assert _wait_until(lambda: _lock_keys(nodes[0].url) == [], timeout=3.0)
+    assert int(nodes[0].client().get(fence_key(mgr.key("flushed"))) or 0) >= fences[-1]
