@@ -231,9 +231,11 @@ async def _release_round(mgr: LockManager, transport: AsyncTransport, key: bytes
 
 
 async def _leave_queue(mgr: LockManager, transport: AsyncTransport, wkey: bytes,
-                       waiter: bytes) -> None:
+                       waiter: bytes, *, only: Sequence[bool] | None = None) -> None:
     """See :meth:`LockManager._leave_queue`."""
-    await transport.round([rounds.leave_queue_command(wkey, waiter)] * len(mgr.nodes))
+    command = rounds.leave_queue_command(wkey, waiter)
+    await transport.round([command if only is None or only[i] else None
+                           for i in range(len(mgr.nodes))])
 
 
 async def _extend_round(mgr: LockManager, transport: AsyncTransport, key: bytes, fkey: bytes,
@@ -316,14 +318,21 @@ class AsyncLock(LockBase):
                                                    token, 0))
                     raise
                 if result.acquired:
-                    served = True  # the script took us out of the line
+                    served = True  # the granting nodes' scripts took us out of the line
                     self._on_acquired(token, result.fence, result.valid_until)
                     try:
+                        if waiter is not None and result.queued_at:
+                            # Nodes that answered busy put us in line: leave it there too.
+                            _, cancelled = await _complete(_leave_queue(
+                                mgr, self.transport, self._waiters_key_b, waiter.sub.entry,
+                                only=result.queued_at))
+                            if cancelled:
+                                raise asyncio.CancelledError
                         await _send(signals.lock_acquired, lock=self, name=self.name,
                                     fence=self.fence, wait=self._acquired_at - started)
                     except asyncio.CancelledError:
-                        # Cancelled in a signal receiver: the caller never learns
-                        # it holds the lock, so it must not stay held.
+                        # Cancelled meanwhile (or in a signal receiver): the caller
+                        # never learns it holds the lock, so it must not stay held.
                         try:
                             await self.release()
                         except (RedlockError, asyncio.CancelledError):

@@ -168,7 +168,12 @@ class Lock(LockBase):
                                             waiter=subscription.entry if subscription else b"",
                                             woken=woken)
                 if result.acquired:
-                    served = True  # the script took us out of the line
+                    served = True  # the granting nodes' scripts took us out of the line
+                    if subscription is not None and result.queued_at:
+                        # Nodes that answered busy put us in line: leave it there
+                        # too, or their next release wakes us in vain.
+                        mgr._leave_queue(self._waiters_key_b, subscription.entry,
+                                         only=result.queued_at, wait=False)
                     self._on_acquired(token, result.fence, result.valid_until, started)
                     return True
                 now = clock()

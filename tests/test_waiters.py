@@ -11,11 +11,13 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+import zlib
 from typing import Any, Callable
 
 import redis
 
 from django_redlock.core.keys import waiters_key
+from django_redlock.core.owner import new_token, owner_json
 from django_redlock.testing import RedisNodes
 
 MakeManager = Callable[..., Any]
@@ -245,3 +247,34 @@ def test_a_cancelled_async_waiter_leaves_the_line(
     assert asyncio.run(asyncio.wait_for(wait_then_cancel(), 15)) == 1
     assert _queued(nodes3, holder, "cancelled") == 0
     assert lock.release() is None
+
+
+def test_a_waiter_served_while_a_node_is_busy_leaves_that_nodes_line(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    # One node keeps a stray copy of someone else's lock, so it answers busy in
+    # the round that serves the waiter, and puts the waiter in its line. The
+    # waiter, served by the other two, must leave that line too: else that
+    # node's next release would wake it in vain while others wait.
+    holder = make_manager(nodes3, retry_delay=SLOW_RETRY)
+    waiter = make_manager(nodes3, retry_delay=SLOW_RETRY)
+    key = holder.key("split")
+    stray = (zlib.crc32(key.encode()) % 3 + 1) % 3  # not the gate node
+    nodes3[stray].client().set(key, f"{new_token()}|7|{owner_json('stray')}", px=30_000)
+    lock = holder.lock("split")
+    assert lock.acquire()  # on the other two nodes: a quorum
+    served: list[bool] = []
+
+    def wait() -> None:
+        mine = waiter.lock("split", timeout=10, auto_renew=False)
+        if mine.acquire():
+            served.append(True)
+            mine.release()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    assert _wait_until(lambda: _queued(nodes3, holder, "split") == 1), "not queued"
+    lock.release()
+    thread.join(timeout=10)
+    assert served == [True]
+    assert _wait_until(lambda: _queued(nodes3, holder, "split") == 0, timeout=2.0), \
+        _queues(nodes3, holder, "split")
