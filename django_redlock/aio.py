@@ -194,7 +194,7 @@ async def _acquire_round(mgr: LockManager, transport: AsyncTransport, key: bytes
     n = len(mgr.nodes)
     start = mgr.clock()
     # A waiter (it queues) asks the gate node first; see rounds.gate_node.
-    gate = rounds.gate_node(key, mgr.nodes, start, woken=woken) if waiter else None
+    gate = rounds.gate_node(key, mgr.nodes, start) if waiter else None
     if gate is not None:
         first = (await transport.round([call if i == gate else None for i in range(n)]))[gate]
         busy = rounds.busy_at_gate(first)

@@ -262,7 +262,7 @@ class LockManager:
         n = len(self.nodes)
         start = self.clock()
         # A waiter (it queues) asks the gate node first; see rounds.gate_node.
-        gate = rounds.gate_node(key, self.nodes, start, woken=woken) if waiter else None
+        gate = rounds.gate_node(key, self.nodes, start) if waiter else None
         if gate is not None:
             first = self.transport.round([call if i == gate else None for i in range(n)])[gate]
             busy = rounds.busy_at_gate(first)

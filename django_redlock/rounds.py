@@ -157,24 +157,18 @@ def tally_acquire(replies: Sequence[Any], node_names: Sequence[str]) -> AcquireT
     return tally
 
 
-def gate_node(key: bytes, nodes: Sequence[Any], now: float, *,
-              woken: bool = False) -> int | None:
+def gate_node(key: bytes, nodes: Sequence[Any], now: float) -> int | None:
     """The node a contended retry asks first, or None to ask all at once.
 
-    When several clients retry together, all asking all nodes in parallel
-    splits the votes: each wins some nodes, nobody a quorum, and everyone
-    cleans up and retries. Asking one node first, the same one for a given lock
-    name (spread over the nodes by name), lets the clients queue on it: only
-    the one it grants goes on to ask the others. It costs a retry one extra
-    round trip, never the first attempt. No gate when that node failed
-    recently.
-
-    Nor for a waiter ``woken`` by name: a release wakes one waiter only, so it
-    races at most the newcomers' first attempts, and two clients cannot split an
-    odd number of nodes (one of them gets a majority). That saves the handoff
-    its extra round trip. With an even number of nodes it keeps the gate.
+    When several clients retry together (every waiter woken by one release), all
+    asking all nodes in parallel splits the votes: each wins some nodes, nobody a
+    quorum, and everyone cleans up and retries. Asking one node first, the same
+    one for a given lock name (spread over the nodes by name), lets the clients
+    queue on it: only the one it grants goes on to ask the others. It costs a
+    retry one extra round trip, never the first attempt. No gate when that node
+    failed recently.
     """
-    if len(nodes) < 2 or (woken and len(nodes) % 2 == 1):
+    if len(nodes) < 2:
         return None
     index = zlib.crc32(key) % len(nodes)
     return None if nodes[index].backing_off(now) else index
