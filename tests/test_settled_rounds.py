@@ -97,12 +97,13 @@ def test_a_slow_node_is_read_later_and_never_misread(
         pass
     proxy.set_latency(0.03)  # each reply of node 0 comes well after the others
     started = time.monotonic()
-    last = 0
+    last = {name: 0 for name in ("slow:0", "slow:1", "slow:2")}  # fences grow per name
     for i in range(30):
-        lock = mgr.lock(f"slow:{i % 3}")
+        name = f"slow:{i % 3}"
+        lock = mgr.lock(name)
         assert lock.acquire(timeout=0)
-        assert lock.fence > last
-        last = lock.fence
+        assert lock.fence > last[name]
+        last[name] = lock.fence
         # Held: another client is refused, whatever node 0's late replies say.
         assert other.lock(f"slow:{i % 3}").acquire(timeout=0) is False
         lock.release()
