@@ -23,11 +23,12 @@ from . import machine, report
 from .libs import quiet_loggers
 from .nodes import running_nodes, server_version
 from .procs import Contended, Handoff, Workers
+from .slownode import SlowNode
 from .uncontended import Uncontended
 from .view import ViewOverhead
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-SECTIONS = ("uncontended", "view", "contended", "handoff")
+SECTIONS = ("uncontended", "slownode", "view", "contended", "handoff")
 
 #: (rounds, uncontended ops per batch, view requests per variant, contended seconds,
 #: handoff sample scale). A full run takes about 4 minutes on 2 shared cores.
@@ -74,6 +75,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
               f"sections {','.join(sections)}", file=log, flush=True)
         unc = Uncontended(urls1, urls5, ops=ops, warmup=3) \
             if "uncontended" in sections else None
+        slow = SlowNode(urls5, ops=ops // 2, warmup=3) if "slownode" in sections else None
         view = ViewOverhead(urls1[0], requests=requests, warmup=3) if "view" in sections else None
         workers = Workers(urls1, urls5) if {"contended", "handoff"} & set(sections) else None
         con = Contended(workers, duration=duration) if workers and "contended" in sections \
@@ -82,7 +84,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         try:
             for r in range(rounds):
                 t = time.monotonic()
-                for part in (unc, view, con, hand):
+                for part in (unc, slow, view, con, hand):
                     if part is not None:
                         part.run_round(rng)
                 print(f"bench: round {r + 1}/{rounds} done in {time.monotonic() - t:.1f} s",
@@ -90,6 +92,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         finally:
             if unc is not None:
                 unc.close()
+            if slow is not None:
+                slow.close()
             if workers is not None:
                 workers.close()
     info["loadavg_end"] = machine.loadavg()
@@ -102,6 +106,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     if unc is not None:
         results["uncontended"] = unc.summary()
+    if slow is not None:
+        results["slow_node"] = slow.summary()
     if con is not None:
         results["contended"] = con.summary()
     if hand is not None:

@@ -7,6 +7,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .procs import CONTENDED, HANDOFF
+from .slownode import CONTESTANTS as SLOW_CONTESTANTS
 from .uncontended import FIVE_NODES, ONE_NODE
 from .view import VARIANTS
 
@@ -119,6 +120,19 @@ def tables(results: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]
                              _goal_cell(goals, goal, cid)])
             out.append((title, ["library", "p50 µs", "p99 µs", "ops/s", "x raw floor",
                                 "x redis-py floor", "goal"], rows))
+
+    slow = results.get("slow_node")
+    if slow:
+        rows = []
+        for cid, _ in SLOW_CONTESTANTS:
+            r = slow.get(cid)
+            if r:
+                rows.append([_with_errors(r), _num(r["p50_us"]), _num(r["p99_us"]),
+                             _num(r["x_raw"], 2)])
+        delay = slow.get("latency_ms_one_way", 0)
+        out.append((f"Uncontended acquire + release, 5 nodes, one of them {2 * delay:g} ms "
+                    f"slower per round trip",
+                    ["library", "p50 µs", "p99 µs", "x raw floor (waits for all)"], rows))
 
     con = results.get("contended")
     if con:
