@@ -172,7 +172,7 @@ class Lock(LockBase):
                     if subscription is not None and result.queued_at:
                         # Nodes that answered busy put us in line: leave it there
                         # too, or their next release wakes us in vain.
-                        mgr._leave_queue(self._waiters_key_b, subscription.entry,
+                        mgr._leave_queue(self._waiters_key_b, subscription.entry, token,
                                          only=result.queued_at, wait=False)
                     self._on_acquired(token, result.fence, result.valid_until, started)
                     return True
@@ -198,7 +198,9 @@ class Lock(LockBase):
                 if not served:
                     # Timed out or interrupted: out of the line, or the next
                     # release would wake us in vain while others wait.
-                    mgr._leave_queue(self._waiters_key_b, subscription.entry)
+                    mgr._leave_queue(self._waiters_key_b, subscription.entry, token)
+            if not served:
+                mgr.transport.forget(token)  # no round of this token follows
 
     def _on_acquired(self, token: str, fence: int, valid_until: float, started: float) -> None:
         mgr = self.manager

@@ -264,16 +264,18 @@ class LockManager:
         # A waiter (it queues) asks the gate node first; see rounds.gate_node.
         gate = rounds.gate_node(key, self.nodes, start) if waiter else None
         if gate is not None:
-            first = self.transport.round([call if i == gate else None for i in range(n)])[gate]
+            first = self.transport.round([call if i == gate else None for i in range(n)],
+                                         tag=token)[gate]
             busy = rounds.busy_at_gate(first)
             if busy is not None:
                 return busy
             need = self.quorum - (1 if rounds.granted_by(first) else 0)
             replies = self.transport.round([None if i == gate else call for i in range(n)],
-                                           settle=rounds.acquire_settle(need))
+                                           settle=rounds.acquire_settle(need), tag=token)
             replies[gate] = first
         else:
-            replies = self.transport.round([call] * n, settle=rounds.acquire_settle(self.quorum))
+            replies = self.transport.round([call] * n, settle=rounds.acquire_settle(self.quorum),
+                                           tag=token)
         elapsed = self.clock() - start
         tally = rounds.tally_acquire(replies, [node.name for node in self.nodes])
         won = rounds.granted(tally, n_nodes=n, start=start, elapsed=elapsed, ttl=ttl,
@@ -296,25 +298,29 @@ class LockManager:
                        only: list[bool] | None = None) -> ReleaseResult:
         requests = rounds.release_requests(len(self.nodes), key, fkey, wkey, token, fence, only)
         # A clean-up after a lost attempt (``only``) waits for no reply: it is
-        # sent behind the attempt on each connection, so it runs after it, and
-        # what it finds changes nothing for the caller.
+        # sent behind the attempt on the same connection (``tag``), so it runs
+        # after it and before the next attempt, and what it finds changes
+        # nothing for the caller. A release is the token's last round.
         settle = rounds.NO_WAIT if only is not None else rounds.release_settle(
             len(self.nodes), rounds.gate_node(key, self.nodes, self.clock()))
         return rounds.tally_release(
-            self.transport.round(requests, skip_backoff=only is None, settle=settle), key)
+            self.transport.round(requests, skip_backoff=only is None, settle=settle, tag=token,
+                                 final=only is None), key)
 
-    def _leave_queue(self, wkey: bytes, waiter: bytes, *, only: list[bool] | None = None,
-                     wait: bool = True) -> None:
+    def _leave_queue(self, wkey: bytes, waiter: bytes, token: str, *,
+                     only: list[bool] | None = None, wait: bool = True) -> None:
         """A waiter gives up: out of the line on every node (best effort: an entry
         left behind costs the next waiters one missed notice, then their timer).
 
         ``only``: just those nodes (after a won round, the ones that answered busy
-        and so queued us); ``wait=False`` sends without waiting for the replies.
+        and so queued us; the lock is held, its release follows); ``wait=False``
+        sends without waiting for the replies.
         """
         command = rounds.leave_queue_command(wkey, waiter)
         self.transport.round([command if only is None or only[i] else None
                               for i in range(len(self.nodes))],
-                             settle=None if wait else rounds.NO_WAIT)
+                             settle=None if wait else rounds.NO_WAIT, tag=token,
+                             final=only is None)
 
     def _extend_round(self, key: bytes, fkey: bytes, token: str, fence: int, ttl: float, *,
                       lock_name: str) -> ExtendResult:
@@ -322,7 +328,7 @@ class LockManager:
         start = self.clock()
         # Every reply is read: an extension is off the hot path (the renewal
         # thread's), and its caller may rely on every node having the new lease.
-        replies = self.transport.round([call] * len(self.nodes))
+        replies = self.transport.round([call] * len(self.nodes), tag=token)
         return rounds.tally_extend(replies, start=start, elapsed=self.clock() - start, ttl=ttl,
                                    drift_factor=self.drift_factor)
 

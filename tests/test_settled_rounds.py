@@ -9,6 +9,7 @@ connections stays what it was. Every wait is bounded.
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Any, Callable
 
@@ -162,3 +163,45 @@ def test_a_flushed_script_cache_under_an_owed_reply(
         pytest.fail("node 0 never granted again after its scripts were flushed")
     assert _wait_until(lambda: _lock_keys(nodes[0].url) == [], timeout=3.0)
     assert int(nodes[0].client().get(fence_key(mgr.key("flushed"))) or 0) >= fences[-1]
+
+
+def test_threads_sharing_a_manager_with_a_slow_node(
+        redis_nodes_factory: Callable[..., RedisNodes], make_manager: MakeManager,
+        fault_proxy_factory: Callable[..., FaultProxy]) -> None:
+    # Connections that owe replies pass between threads: mutual exclusion must
+    # hold, no reply may be read by the wrong round, nothing may be left behind.
+    nodes = redis_nodes_factory(3)
+    proxy = fault_proxy_factory(nodes[0])
+    urls = [proxy.url, nodes[1].url, nodes[2].url]
+    mgr = make_manager(urls, node_timeout=1.0, auto_renew=False, retry_delay=0.05)
+    with mgr.lock("warm"):
+        pass
+    proxy.set_latency(0.005)
+    state = {"count": 0, "fences": []}
+    errors: list[BaseException] = []
+
+    def work() -> None:
+        try:
+            for _ in range(40):
+                with mgr.lock("shared", timeout=10) as held:
+                    seen = state["count"]
+                    time.sleep(0)  # let another thread run inside, if it could
+                    state["count"] = seen + 1
+                    state["fences"].append(held.fence)
+        except BaseException as e:  # noqa: BLE001 - reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    assert errors == []
+    assert state["count"] == 240
+    fences = state["fences"]
+    assert fences == sorted(fences) and len(set(fences)) == 240  # in holding order
+    proxy.set_latency(0.0)
+    for url in (nodes[0].url, nodes[1].url, nodes[2].url):
+        assert _wait_until(lambda u=url: _lock_keys(u) == [], timeout=3.0), _lock_keys(url)
+        assert _our_connections(url) <= 6 + 2  # a thread's worth each, plus listeners

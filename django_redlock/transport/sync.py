@@ -124,13 +124,17 @@ Expected = Tuple[Any, bool, float]
 
 
 class _Owed:
-    """A connection with replies still to read (oldest first)."""
+    """A connection with replies still to read (oldest first), and whose they are.
 
-    __slots__ = ("conn", "expect")
+    ``tag`` is the lock token of the rounds that sent them (None: nobody's).
+    """
 
-    def __init__(self, conn: Any, expect: Deque[Expected]) -> None:
+    __slots__ = ("conn", "expect", "tag")
+
+    def __init__(self, conn: Any, expect: Deque[Expected], tag: Any) -> None:
         self.conn = conn
         self.expect = expect
+        self.tag = tag
 
 
 def _short(exc: BaseException) -> str:
@@ -162,6 +166,7 @@ class NodeClient:
         self._idle: list[Any] = []
         #: connections whose replies a settled round did not wait for
         self._owed: list[_Owed] = []
+        self._owed_lock = threading.Lock()
         self._pid = os.getpid()
         self._closed = False
 
@@ -214,21 +219,24 @@ class NodeClient:
         else:
             conn.disconnect()
 
-    def checkout(self, now: float) -> tuple[Any, Deque[Expected]]:
+    def checkout(self, now: float, tag: Any = None) -> tuple[Any, Deque[Expected]]:
         """A connection for a round, with the replies it still owes.
 
-        Connections that owe replies go first, so they are drained promptly
-        and a node needs no more connections than before. One whose oldest
-        owed reply is overdue, with nothing to read, belongs to a node that
-        stopped answering: it is dropped and the node marked failed
+        A round for lock token ``tag`` takes the connection that owes that
+        token's earlier requests, so that on this node they run in the order
+        sent: an attempt's clean-up must never run after the next attempt's
+        grant (it would delete it), nor a release before its acquire. Other
+        rounds take a connection that owes nobody's replies, or one whose
+        replies are all due, so that owed connections are drained promptly
+        and a node needs no more connections than before. A connection whose
+        oldest owed reply is overdue, with nothing to read, belongs to a node
+        that stopped answering: it is dropped and the node marked failed
         (:class:`NodeError`, raised here).
         """
         if self._owed and self._pid == os.getpid():
-            try:
-                owed = self._owed.pop()
-            except IndexError:  # another thread took it
-                pass
-            else:
+            with self._owed_lock:
+                owed = self._take_owed(now, tag)
+            if owed is not None:
                 if owed.expect[0][2] >= now or self._readable(owed.conn):
                     return owed.conn, owed.expect
                 self._drop(owed.conn)
@@ -236,12 +244,33 @@ class NodeClient:
                 raise NodeError(self.name, f"no answer within {self.timeout:g} s", sent=False)
         return self.get(), deque()
 
-    def owe(self, conn: Any, expect: Deque[Expected]) -> None:
+    def _take_owed(self, now: float, tag: Any) -> _Owed | None:
+        owed = self._owed
+        if tag is not None:
+            for k in range(len(owed) - 1, -1, -1):
+                if owed[k].tag == tag:
+                    return owed.pop(k)
+        for k in range(len(owed) - 1, -1, -1):
+            entry = owed[k]
+            if entry.tag is None or entry.expect[-1][2] < now:
+                return owed.pop(k)
+        return None
+
+    def owe(self, conn: Any, expect: Deque[Expected], tag: Any = None) -> None:
         """Keep ``conn`` aside until a round reads the replies in ``expect``."""
         if self._closed or self._pid != os.getpid():
             self._drop(conn)
         else:
-            self._owed.append(_Owed(conn, expect))
+            with self._owed_lock:
+                self._owed.append(_Owed(conn, expect, tag))
+
+    def forget(self, tag: Any) -> None:
+        """No round of lock token ``tag`` follows: its owed connections are anyone's."""
+        if self._owed:
+            with self._owed_lock:
+                for entry in self._owed:
+                    if entry.tag == tag:
+                        entry.tag = None
 
     @staticmethod
     def _readable(conn: Any) -> bool:
@@ -328,13 +357,18 @@ class SyncTransport:
         self.clock = clock
 
     def round(self, requests: Sequence[Request], *, skip_backoff: bool = True,
-              settle: Settle | None = None) -> list[Any]:
+              settle: Settle | None = None, tag: Any = None, final: bool = False) -> list[Any]:
         """Ask node i ``requests[i]`` (None: do not ask it); return answers or errors.
 
         Each result is the node's reply, a :class:`NodeError` (no answer in time) or
         a ``redis.ResponseError`` (the node answered with an error). With
         ``settle``, the round may return before every node answered: the others'
         results are :data:`NOT_AWAITED` (see the module docstring).
+
+        ``tag``, the lock token the round is for, keeps that token's requests in
+        order on each node (:meth:`NodeClient.checkout`); ``final`` says no
+        round of that token follows (a release), so what it leaves owed is
+        nobody's.
         """
         nodes = self.nodes
         n = len(nodes)
@@ -357,7 +391,7 @@ class SyncTransport:
                     results[i] = NodeError(node.name, "skipped: failed recently", sent=False)
                     continue
                 try:
-                    conns[i], expects[i] = node.checkout(start)  # may connect
+                    conns[i], expects[i] = node.checkout(start, tag)  # may connect
                 except NodeError as e:
                     results[i] = e
                     continue
@@ -393,7 +427,7 @@ class SyncTransport:
                         expect[k] = (request, False, due)  # nobody waits for them now
                     if results[i] is None:
                         results[i] = NOT_AWAITED
-                    nodes[i].owe(conn, expect)
+                    nodes[i].owe(conn, expect, None if final else tag)
                 else:
                     nodes[i].put(conn)
         return results
@@ -559,6 +593,11 @@ class SyncTransport:
             except _NodeDone as done:
                 return done.result
         return None  # pragma: no cover - the loop only returns
+
+    def forget(self, tag: Any) -> None:
+        """Lock token ``tag`` is done (its acquire gave up): see NodeClient.checkout."""
+        for node in self.nodes:
+            node.forget(tag)
 
     def close(self) -> None:
         for node in self.nodes:
