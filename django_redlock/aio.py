@@ -189,12 +189,12 @@ async def _subscribe(manager: LockManager, channel: bytes, confirm: float,
 async def _acquire_round(mgr: LockManager, transport: AsyncTransport, key: bytes, fkey: bytes,
                          wkey: bytes, token: str, ttl_ms: int, owner: str, fencing: bool,
                          ttl: float, *, lock_name: str, waiter: bytes = b"",
-                         woken: bool = False) -> AcquireResult:
+                         woken: bool = False, ask_all: bool = False) -> AcquireResult:
     call = rounds.acquire_call(key, fkey, wkey, token, ttl_ms, owner, fencing, waiter, woken)
     n = len(mgr.nodes)
     start = mgr.clock()
     # A waiter (it queues) asks the gate node first; see rounds.gate_node.
-    gate = rounds.gate_node(key, mgr.nodes, start) if waiter else None
+    gate = rounds.gate_node(key, mgr.nodes, start) if waiter and not ask_all else None
     if gate is not None:
         first = (await transport.round([call if i == gate else None for i in range(n)]))[gate]
         busy = rounds.busy_at_gate(first)
@@ -298,7 +298,7 @@ class AsyncLock(LockBase):
         started, deadline, token, owner, ttl_ms, pause = self._start_acquire(blocking, timeout)
         clock = mgr.clock
         waiter: _Waiter | None = None
-        woken = served = False
+        woken = served = ask_all = False
         if pause:
             # We just handed the lock over: go straight into the line (Lock.acquire).
             await asyncio.sleep(pause)
@@ -310,7 +310,7 @@ class AsyncLock(LockBase):
                         mgr, self.transport, self._key_b, self._fence_key_b,
                         self._waiters_key_b, token, ttl_ms, owner, self.fencing, self.ttl,
                         lock_name=self.name, waiter=waiter.sub.entry if waiter else b"",
-                        woken=woken)
+                        woken=woken, ask_all=ask_all)
                 except asyncio.CancelledError:
                     # The round may have set our key on some nodes: take it back.
                     await _complete(_release_round(mgr, self.transport, self._key_b,
@@ -355,6 +355,8 @@ class AsyncLock(LockBase):
                     continue
                 woken = await waiter.wait(mgr.next_wait(remaining, result.holder_ttl))
                 waiter.clear()
+                # No notice after a refusal at the gate: see rounds.gate_node.
+                ask_all = not woken and result.at_gate
         finally:
             if waiter is not None:
                 waiter.close()

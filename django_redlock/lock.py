@@ -153,7 +153,7 @@ class Lock(LockBase):
         started, deadline, token, owner, ttl_ms, pause = self._start_acquire(blocking, timeout)
         clock = mgr.clock
         subscription = None
-        woken = served = False
+        woken = served = ask_all = False
         if pause:
             # We just handed the lock over: the others are queued, so skip the
             # attempt that would find it busy and go straight into the line.
@@ -166,7 +166,7 @@ class Lock(LockBase):
                                             token, ttl_ms, owner, self.fencing, self.ttl,
                                             lock_name=self.name,
                                             waiter=subscription.entry if subscription else b"",
-                                            woken=woken)
+                                            woken=woken, ask_all=ask_all)
                 if result.acquired:
                     served = True  # the granting nodes' scripts took us out of the line
                     if subscription is not None and result.queued_at:
@@ -192,6 +192,8 @@ class Lock(LockBase):
                     continue
                 woken = subscription.wait(mgr.next_wait(remaining, result.holder_ttl))
                 subscription.clear()
+                # No notice after a refusal at the gate: see rounds.gate_node.
+                ask_all = not woken and result.at_gate
         finally:
             if subscription is not None:
                 subscription.close()

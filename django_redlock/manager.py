@@ -257,12 +257,13 @@ class LockManager:
     # -- rounds (the rules live in rounds.py, shared with the asyncio flavour) ----
     def _acquire_round(self, key: bytes, fkey: bytes, wkey: bytes, token: str, ttl_ms: int,
                        owner: str, fencing: bool, ttl: float, *, lock_name: str,
-                       waiter: bytes = b"", woken: bool = False) -> AcquireResult:
+                       waiter: bytes = b"", woken: bool = False,
+                       ask_all: bool = False) -> AcquireResult:
         call = rounds.acquire_call(key, fkey, wkey, token, ttl_ms, owner, fencing, waiter, woken)
         n = len(self.nodes)
         start = self.clock()
         # A waiter (it queues) asks the gate node first; see rounds.gate_node.
-        gate = rounds.gate_node(key, self.nodes, start) if waiter else None
+        gate = rounds.gate_node(key, self.nodes, start) if waiter and not ask_all else None
         if gate is not None:
             first = self.transport.round([call if i == gate else None for i in range(n)],
                                          tag=token)[gate]

@@ -43,6 +43,8 @@ class AcquireResult:
     #: Nodes where a won round may have put the waiter in line (they answered
     #: busy, or were not waited for): it leaves the line there.
     queued_at: list[bool] | None = None
+    #: Refused by the gate node alone (the other nodes were not asked).
+    at_gate: bool = False
 
 
 @dataclass
@@ -167,6 +169,12 @@ def gate_node(key: bytes, nodes: Sequence[Any], now: float) -> int | None:
     queue on it: only the one it grants goes on to ask the others. It costs a
     retry one extra round trip, never the first attempt. No gate when that node
     failed recently.
+
+    The gate is skipped too (the caller's ``ask_all``) on a retry that follows
+    a refusal *at the gate* with no release notice since: the gate's copy may
+    be stale (a release that reached every node but that one, which keeps it
+    until its lease ends), while a majority is free. Asking every node on every
+    other such retry bounds that stall to about two retry delays.
     """
     if len(nodes) < 2:
         return None
@@ -177,7 +185,7 @@ def gate_node(key: bytes, nodes: Sequence[Any], now: float) -> int | None:
 def busy_at_gate(reply: Any) -> AcquireResult | None:
     """The refused result when the gate node says the lock is held, else None."""
     if isinstance(reply, list) and len(reply) == 2 and reply[0] == 0:
-        return AcquireResult(False, holder_ttl=max(0, int(reply[1])) / 1000.0)
+        return AcquireResult(False, holder_ttl=max(0, int(reply[1])) / 1000.0, at_gate=True)
     return None
 
 

@@ -278,3 +278,61 @@ def test_a_waiter_served_while_a_node_is_busy_leaves_that_nodes_line(
     assert served == [True]
     assert _wait_until(lambda: _queued(nodes3, holder, "split") == 0, timeout=2.0), \
         _queues(nodes3, holder, "split")
+
+
+def _stale_copy_on_the_gate(nodes: RedisNodes, holder: Any, name: str) -> float:
+    """The holder's release reached every node but the lock's gate node (a cut
+    link, say): its copy there lives until its lease ends. Returns when."""
+    key = holder.key(name)
+    gate = zlib.crc32(key.encode()) % len(nodes.urls)
+    for i, server in enumerate(nodes):
+        if i != gate:
+            server.client().delete(key)
+    return time.monotonic()
+
+
+def test_a_stale_copy_on_the_gate_node_does_not_stall_the_waiters(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    # Waiters' retries ask the gate node first. When it holds a stale copy and
+    # no notice comes, they must still get the lock, which a majority has free,
+    # within a few retry delays, not when that copy expires 30 s later.
+    holder = make_manager(nodes3, ttl=30, auto_renew=False)
+    waiter = make_manager(nodes3, retry_delay=0.2)
+    assert holder.lock("stale-gate").acquire()
+    got: dict[str, float] = {}
+
+    def wait() -> None:
+        mine = waiter.lock("stale-gate", timeout=10, auto_renew=False)
+        if mine.acquire():
+            got["at"] = time.monotonic()
+            mine.release()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    assert _wait_until(lambda: _queued(nodes3, holder, "stale-gate") == 1), "not queued"
+    freed = _stale_copy_on_the_gate(nodes3, holder, "stale-gate")
+    thread.join(timeout=15)
+    assert "at" in got, "the waiter stalled behind the gate node's stale copy"
+    assert got["at"] - freed < 2.0
+
+
+def test_a_stale_copy_on_the_gate_node_does_not_stall_an_async_waiter(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    holder = make_manager(nodes3, ttl=30, auto_renew=False)
+    waiter = make_manager(nodes3, retry_delay=0.2)
+    assert holder.lock("stale-gate-a").acquire()
+
+    async def scenario() -> float:
+        task = asyncio.ensure_future(
+            waiter.alock("stale-gate-a", timeout=10, auto_renew=False).acquire())
+        for _ in range(200):  # bounded: 2 s
+            if _queued(nodes3, holder, "stale-gate-a") == 1:
+                break
+            await asyncio.sleep(0.01)
+        freed = _stale_copy_on_the_gate(nodes3, holder, "stale-gate-a")
+        assert await asyncio.wait_for(task, 15)
+        took = time.monotonic() - freed
+        await waiter.aclose()
+        return took
+
+    assert asyncio.run(scenario()) < 2.0
