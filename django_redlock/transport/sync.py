@@ -12,18 +12,19 @@ read as the answer to a later command. A node that failed is skipped for a short
 growing back-off, so a dead node does not cost every round a connect timeout.
 
 Settled rounds
-    An acquire, release or extend round may return as soon as its outcome is
-    known (a :class:`Settle` says when: a quorum said yes, or so many said no
-    that a quorum cannot say yes), without waiting for the slowest nodes. With
-    five servers sharing two CPUs the third reply comes about a fifth of a
-    round sooner than the fifth. The replies not read then are *owed* by their
+    An acquire or release round may return as soon as its outcome is known (a
+    :class:`Settle` says when: a quorum said yes, or so many said no that a
+    quorum cannot say yes), without waiting for the slowest nodes. With five
+    servers sharing two CPUs the third reply comes about a fifth of a round
+    sooner than the fifth. The replies not read then are *owed* by their
     connections: such a connection is kept aside, and the next round that takes
     it sends its own request behind them (pipelining) and reads and drops them
-    first. A connection
-    whose oldest owed reply is overdue (a paused or dead node) is dropped and
-    its node marked failed, as a timed-out read would be. Requests on one
-    connection run in the order they were sent, so a release sent behind an
-    acquire that was not waited for still finds (and deletes) its key.
+    first. Requests on one connection run in the order they were sent, so the
+    connection is tagged with the lock token it carried, and that token's next
+    round (a release behind its acquire, a clean-up behind its attempt) takes
+    the same one (:meth:`NodeClient.checkout`). A connection whose oldest owed
+    reply is overdue (a paused or dead node) is dropped and its node marked
+    failed, as a timed-out read would be.
 """
 
 from __future__ import annotations
@@ -471,8 +472,9 @@ class SyncTransport:
     def _read_next(self, i: int, conn: Any, expect: Deque[Expected], deadline: float) -> tuple[bool, Any]:
         """Read the next reply on ``conn``: ``(True, reply)`` when it is this round's.
 
-        A reply owed by an earlier round is dropped. ``NOSCRIPT`` sends the same
-        script again as ``EVAL``, whose reply then comes last. A node that fails
+        A reply owed by an earlier round is dropped (an owed ``NOSCRIPT`` too:
+        sent again, it would run after the requests behind it). ``NOSCRIPT`` to
+        this round's own request sends it again as ``EVAL``. A node that fails
         raises :class:`_NodeDone`, after its connection was disconnected (a
         late reply must never be read as the answer to a later command).
         """
