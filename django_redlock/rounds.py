@@ -245,7 +245,8 @@ def release_requests(n_nodes: int, key: bytes, fkey: bytes, wkey: bytes, token: 
     """Release on every node, or only where ``only`` says (the clean-up after a
     lost attempt, which wakes nobody: the lock was never held)."""
     call = Call(RELEASE, (key, fkey, wkey),
-                (token, fence, _FENCE_GRACE_B, b"1" if only is None else b"0"))
+                (token, fence, _FENCE_GRACE_B, b"1" if only is None else b"0"),
+                last_of_token=only is None)
     return [call if only is None or only[i] else None for i in range(n_nodes)]
 
 

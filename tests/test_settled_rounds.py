@@ -206,3 +206,32 @@ def test_threads_sharing_a_manager_with_a_slow_node(
     for url in (nodes[0].url, nodes[1].url, nodes[2].url):
         assert _wait_until(lambda u=url: _lock_keys(u) == [], timeout=3.0), _lock_keys(url)
         assert _our_connections(url) <= 6 + 2  # a thread's worth each, plus listeners
+
+
+def test_a_release_that_met_a_flushed_script_cache_is_sent_again(
+        redis_nodes_factory: Callable[..., RedisNodes], make_manager: MakeManager,
+        fault_proxy_factory: Callable[..., FaultProxy]) -> None:
+    # Node 0 is slow, so neither the acquire nor the release waits for it. Its
+    # scripts were flushed, and only the acquire script came back (another
+    # client loaded it): the acquire runs there, the release answers NOSCRIPT.
+    # Dropped, that release would leave the lock on node 0 for its whole lease;
+    # the next round that reads node 0 sends it again.
+    nodes = redis_nodes_factory(3)
+    proxy = fault_proxy_factory(nodes[0])
+    mgr = make_manager([proxy.url, nodes[1].url, nodes[2].url], node_timeout=1.0,
+                       auto_renew=False)
+    with mgr.lock("warm"):
+        pass
+    direct = nodes[0].client()
+    direct.script_flush()
+    direct.script_load(ACQUIRE.source)
+    proxy.set_latency(0.05)
+    with mgr.lock("flushed-release", ttl=30) as held:
+        key = held.key
+    assert _wait_until(lambda: direct.exists(key) == 1, timeout=2.0)  # the acquire ran
+    proxy.set_latency(0.0)
+    time.sleep(0.2)  # node 0's replies (the acquire's, the release's NOSCRIPT) are back
+    with mgr.lock("other"):  # a later round reads them: the release goes out again
+        pass
+    assert _wait_until(lambda: direct.exists(key) == 0, timeout=3.0), \
+        f"the release never ran on node 0 (pttl {direct.pttl(key)} ms)"

@@ -72,13 +72,17 @@ class Script:
 class Call:
     """One script invocation, packed both ways (EVALSHA first, EVAL on NOSCRIPT)."""
 
-    __slots__ = ("script", "keys", "args", "_evalsha")
+    __slots__ = ("script", "keys", "args", "_evalsha", "last_of_token")
 
-    def __init__(self, script: Script, keys: tuple[Arg, ...], args: tuple[Arg, ...]) -> None:
+    def __init__(self, script: Script, keys: tuple[Arg, ...], args: tuple[Arg, ...], *,
+                 last_of_token: bool = False) -> None:
         self.script = script
         self.keys = keys
         self.args = args
         self._evalsha: bytes | None = None
+        #: No request of the same lock token follows this one (a release), so
+        #: it may be sent again after later requests on its connection.
+        self.last_of_token = last_of_token
 
     @property
     def packed(self) -> bytes:

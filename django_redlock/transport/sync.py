@@ -472,9 +472,10 @@ class SyncTransport:
     def _read_next(self, i: int, conn: Any, expect: Deque[Expected], deadline: float) -> tuple[bool, Any]:
         """Read the next reply on ``conn``: ``(True, reply)`` when it is this round's.
 
-        A reply owed by an earlier round is dropped (an owed ``NOSCRIPT`` too:
-        sent again, it would run after the requests behind it). ``NOSCRIPT`` to
-        this round's own request sends it again as ``EVAL``. A node that fails
+        A reply owed by an earlier round is dropped. ``NOSCRIPT`` sends this
+        round's own request again as ``EVAL``, and an owed release too; any
+        other owed request is dropped (sent again, it would run after the
+        requests behind it). A node that fails
         raises :class:`_NodeDone`, after its connection was disconnected (a
         late reply must never be read as the answer to a later command).
         """
@@ -490,15 +491,19 @@ class SyncTransport:
             else:
                 raise RedisTimeoutError()
         except NoScriptError:
+            # The node lost its scripts (SCRIPT FLUSH under a live connection):
+            # the next request on this connection loads them again first.
             expect.popleft()
-            if not mine:
-                # An owed request that never ran (the node lost its scripts).
-                # It is not sent again: that would put it behind requests sent
-                # after it (a release behind its acquire). Nobody counted on
-                # it, and a lock key cannot outlive the restart that emptied
-                # the script cache.
-                node.mark_ok()
+            setattr(conn, _LOADED, False)
+            node.mark_ok()
+            if not mine and not getattr(request, "last_of_token", False):
+                # An owed request that never ran, and that must not run later:
+                # sent again it would go behind requests sent after it (an
+                # attempt's clean-up behind the next attempt would delete its
+                # grant). Nobody counted on it.
                 return False, None
+            # This round's own request, or a release (nothing of its token
+            # follows, so it may run after the rest): send it again as EVAL.
             if request.packed_eval is None:  # pragma: no cover - only scripts answer NOSCRIPT
                 return mine, ResponseError("NOSCRIPT")
             try:
