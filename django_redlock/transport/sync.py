@@ -416,7 +416,7 @@ class SyncTransport:
                                          asked=sum(r is not None for r in requests))
             else:
                 for i in live:
-                    results[i] = self._read_mine(i, conns[i], expects[i], deadlines[i])
+                    results[i] = self._read_up_to_mine(i, conns[i], expects[i], deadlines[i])
         finally:
             for i in range(n):
                 conn = conns[i]
@@ -459,15 +459,24 @@ class SyncTransport:
             expect.extend((None, False, deadline) for _ in PRELOAD_SCRIPTS)
         expect.append((request, True, deadline))
 
-    def _read_mine(self, i: int, conn: Any, expect: Deque[Expected], deadline: float) -> Any:
-        """Read up to and including this round's reply on ``conn``, blocking."""
+    def _read_up_to_mine(self, i: int, conn: Any, expect: Deque[Expected], deadline: float,
+                         *, block: bool = True) -> Any:
+        """Read replies on ``conn`` up to and including this round's; return its result.
+
+        With ``block=False`` (a settled round, once ``poll`` said node ``i`` sent
+        something), stop when nothing more has arrived yet and return None.
+        """
         try:
             while True:
                 mine, reply = self._read_next(i, conn, expect, deadline)
                 if mine:
                     return reply
+                if not block and not conn.can_read(timeout=0):
+                    return None
         except _NodeDone as done:
             return done.result
+        except NODE_DOWN_ERRORS as e:  # can_read on a connection the server closed
+            return self._fail(self.nodes[i], conn, expect, _short(e))
 
     def _read_next(self, i: int, conn: Any, expect: Deque[Expected], deadline: float) -> tuple[bool, Any]:
         """Read the next reply on ``conn``: ``(True, reply)`` when it is this round's.
@@ -509,17 +518,18 @@ class SyncTransport:
             try:
                 conn.send_packed_command((request.packed_eval,), check_health=False)
             except NODE_DOWN_ERRORS as e:
-                self._fail(node, conn, expect, _short(e))
+                raise _NodeDone(self._fail(node, conn, expect, _short(e))) from e
             expect.append((request, mine, self.clock() + node.timeout))
             return False, None
         except ResponseError as e:
             expect.popleft()
             node.mark_ok()
             return mine, e
-        except RedisTimeoutError:
-            self._fail(node, conn, expect, f"no answer within {node.timeout:g} s")
+        except RedisTimeoutError as e:
+            raise _NodeDone(self._fail(node, conn, expect,
+                                       f"no answer within {node.timeout:g} s")) from e
         except NODE_DOWN_ERRORS as e:
-            self._fail(node, conn, expect, _short(e))
+            raise _NodeDone(self._fail(node, conn, expect, _short(e))) from e
         except BaseException:
             # Interrupted (KeyboardInterrupt, a timeout signal): the reply may
             # still arrive, so this connection must never be reused.
@@ -530,11 +540,13 @@ class SyncTransport:
         node.mark_ok()
         return mine, reply
 
-    def _fail(self, node: NodeClient, conn: Any, expect: Deque[Expected], reason: str) -> None:
+    def _fail(self, node: NodeClient, conn: Any, expect: Deque[Expected],
+              reason: str) -> NodeError:
+        """Disconnect (a late reply must never answer a later command), back off."""
         conn.disconnect()
         expect.clear()
         node.mark_failed(self.clock())
-        raise _NodeDone(NodeError(node.name, reason))
+        return NodeError(node.name, reason)
 
     def _read_until_settled(self, live: list[int], conns: list[Any],
                             expects: list[Deque[Expected]], results: list[Any],
@@ -570,7 +582,8 @@ class SyncTransport:
                 now = self.clock()
                 ready = [i for i in by_fd.values() if deadlines[i] <= now]
             for i in ready:
-                result = self._pump(i, conns[i], expects[i], deadlines[i])
+                result = self._read_up_to_mine(i, conns[i], expects[i], deadlines[i],
+                                               block=False)
                 if result is None:
                     continue
                 results[i] = result
@@ -582,24 +595,6 @@ class SyncTransport:
                     yes += 1
                 elif settle.no(result):
                     no += 1
-
-    def _pump(self, i: int, conn: Any, expect: Deque[Expected], deadline: float) -> Any:
-        """Read what node ``i`` has sent; its result once this round's reply is in, else None."""
-        try:
-            while True:
-                mine, reply = self._read_next(i, conn, expect, deadline)
-                if mine:
-                    return reply
-                if not conn.can_read(timeout=0):
-                    return None
-        except _NodeDone as done:
-            return done.result
-        except NODE_DOWN_ERRORS as e:  # can_read on a connection the server closed
-            try:
-                self._fail(self.nodes[i], conn, expect, _short(e))
-            except _NodeDone as done:
-                return done.result
-        return None  # pragma: no cover - the loop only returns
 
     def forget(self, tag: Any) -> None:
         """Lock token ``tag`` is done (its acquire gave up): see NodeClient.checkout."""
