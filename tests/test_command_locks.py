@@ -7,6 +7,7 @@ Every wait is bounded; every holder process is killed at teardown.
 
 from __future__ import annotations
 
+import functools
 import io
 import json
 import os
@@ -30,6 +31,7 @@ from django_redlock.core.owner import new_token, owner_json, parse_value
 from django_redlock.inspection import PatternError, merge, validate_pattern
 from django_redlock.management.commands.locks import CLEAR
 from django_redlock.testing import RedisNodes
+from tests.polling import wait_until
 
 PASSWORD = "s3cret-Pa55word"
 ROOT = Path(__file__).resolve().parent.parent
@@ -129,14 +131,8 @@ def cell(out: str, row_start: str, column: str) -> str:
     return row[start:].split("  ")[0].strip()
 
 
-def wait_for(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
-    """Poll ``predicate`` every 20 ms for at most ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.02)
-    return predicate()
+#: Poll every 20 ms for at most ``timeout`` seconds.
+wait_for = functools.partial(wait_until, interval=0.02)
 
 
 def listed_waiters(name: str) -> int | None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import threading
 import time
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import pytest
 import redis
@@ -19,19 +19,38 @@ import redis
 from django_redlock.core.keys import fence_key
 from django_redlock.testing import FaultProxy, RedisNodes
 from django_redlock.transport.resp import ACQUIRE, RELEASE
+from tests.polling import wait_until
 
 MakeManager = Callable[..., Any]
 
 pytestmark = pytest.mark.slow
 
 
-def _wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
+class SlowFirst(NamedTuple):
+    """Three nodes, the first behind a latency proxy (set per test)."""
+
+    nodes: RedisNodes
+    proxy: FaultProxy
+    #: ``manager(**options)``: a manager on them, its connections warm.
+    manager: Callable[..., Any]
+
+
+@pytest.fixture
+def slow_first(redis_nodes_factory: Callable[..., RedisNodes], make_manager: MakeManager,
+               fault_proxy_factory: Callable[..., FaultProxy]) -> SlowFirst:
+    nodes = redis_nodes_factory(3)
+    proxy = fault_proxy_factory(nodes[0])
+    urls = [proxy.url, nodes[1].url, nodes[2].url]
+
+    def manager(**options: Any) -> Any:
+        options.setdefault("node_timeout", 1.0)
+        options.setdefault("auto_renew", False)
+        mgr = make_manager(urls, **options)
+        with mgr.lock("warm"):
+            pass
+        return mgr
+
+    return SlowFirst(nodes, proxy, manager)
 
 
 def _our_connections(url: str) -> int:
@@ -79,24 +98,18 @@ def test_a_paused_node_costs_an_acquire_nothing(
         nodes[2].resume()
     # The resumed node ran what it had received in order, each acquire before
     # its release: no copy of the lock is left behind on it.
-    assert _wait_until(lambda: _lock_keys(nodes[2].url) == [], timeout=3.0), \
+    assert wait_until(lambda: _lock_keys(nodes[2].url) == [], timeout=3.0), \
         _lock_keys(nodes[2].url)
     # And it serves again once its back-off is over.
-    assert _wait_until(lambda: not mgr.nodes[2].backing_off(time.monotonic()), timeout=3.0)
+    assert wait_until(lambda: not mgr.nodes[2].backing_off(time.monotonic()), timeout=3.0)
     with mgr.lock("paused") as held:
-        assert _wait_until(lambda: nodes[2].client().exists(held.key) == 1, timeout=2.0)
+        assert wait_until(lambda: nodes[2].client().exists(held.key) == 1, timeout=2.0)
 
 
 def test_a_slow_node_is_read_later_and_never_misread(
-        redis_nodes_factory: Callable[..., RedisNodes], make_manager: MakeManager,
-        fault_proxy_factory: Callable[..., FaultProxy]) -> None:
-    nodes = redis_nodes_factory(3)
-    proxy = fault_proxy_factory(nodes[0])
-    urls = [proxy.url, nodes[1].url, nodes[2].url]
-    mgr = make_manager(urls, node_timeout=1.0, auto_renew=False)
-    other = make_manager(urls, node_timeout=1.0, auto_renew=False)
-    with mgr.lock("warm"):
-        pass
+        slow_first: SlowFirst) -> None:
+    nodes, proxy = slow_first.nodes, slow_first.proxy
+    mgr, other = slow_first.manager(), slow_first.manager()
     proxy.set_latency(0.03)  # each reply of node 0 comes well after the others
     started = time.monotonic()
     last = {name: 0 for name in ("slow:0", "slow:1", "slow:2")}  # fences grow per name
@@ -116,7 +129,7 @@ def test_a_slow_node_is_read_later_and_never_misread(
     proxy.set_latency(0.0)
     # Node 0 ran every request in the order sent: no lock is left on any node.
     for url in (nodes[0].url, nodes[1].url, nodes[2].url):
-        assert _wait_until(lambda u=url: _lock_keys(u) == [], timeout=3.0), _lock_keys(url)
+        assert wait_until(lambda u=url: _lock_keys(u) == [], timeout=3.0), _lock_keys(url)
 
 
 def test_new_connections_load_the_scripts_first(
@@ -138,14 +151,8 @@ def test_new_connections_load_the_scripts_first(
 
 
 def test_a_flushed_script_cache_under_an_owed_reply(
-        redis_nodes_factory: Callable[..., RedisNodes], make_manager: MakeManager,
-        fault_proxy_factory: Callable[..., FaultProxy]) -> None:
-    nodes = redis_nodes_factory(3)
-    proxy = fault_proxy_factory(nodes[0])
-    mgr = make_manager([proxy.url, nodes[1].url, nodes[2].url], node_timeout=1.0,
-                       auto_renew=False)
-    with mgr.lock("warm"):
-        pass
+        slow_first: SlowFirst) -> None:
+    nodes, proxy, mgr = slow_first.nodes, slow_first.proxy, slow_first.manager()
     proxy.set_latency(0.05)
     nodes[0].client().script_flush()  # the operator flushes node 0's scripts
     fences = []
@@ -162,21 +169,16 @@ def test_a_flushed_script_cache_under_an_owed_reply(
                 break
     else:
         pytest.fail("node 0 never granted again after its scripts were flushed")
-    assert _wait_until(lambda: _lock_keys(nodes[0].url) == [], timeout=3.0)
+    assert wait_until(lambda: _lock_keys(nodes[0].url) == [], timeout=3.0)
     assert int(nodes[0].client().get(fence_key(mgr.key("flushed"))) or 0) >= fences[-1]
 
 
 def test_threads_sharing_a_manager_with_a_slow_node(
-        redis_nodes_factory: Callable[..., RedisNodes], make_manager: MakeManager,
-        fault_proxy_factory: Callable[..., FaultProxy]) -> None:
+        slow_first: SlowFirst) -> None:
     # Connections that owe replies pass between threads: mutual exclusion must
     # hold, no reply may be read by the wrong round, nothing may be left behind.
-    nodes = redis_nodes_factory(3)
-    proxy = fault_proxy_factory(nodes[0])
-    urls = [proxy.url, nodes[1].url, nodes[2].url]
-    mgr = make_manager(urls, node_timeout=1.0, auto_renew=False, retry_delay=0.05)
-    with mgr.lock("warm"):
-        pass
+    nodes, proxy = slow_first.nodes, slow_first.proxy
+    mgr = slow_first.manager(retry_delay=0.05)
     proxy.set_latency(0.005)
     state = {"count": 0, "fences": []}
     errors: list[BaseException] = []
@@ -204,34 +206,28 @@ def test_threads_sharing_a_manager_with_a_slow_node(
     assert fences == sorted(fences) and len(set(fences)) == 240  # in holding order
     proxy.set_latency(0.0)
     for url in (nodes[0].url, nodes[1].url, nodes[2].url):
-        assert _wait_until(lambda u=url: _lock_keys(u) == [], timeout=3.0), _lock_keys(url)
+        assert wait_until(lambda u=url: _lock_keys(u) == [], timeout=3.0), _lock_keys(url)
         assert _our_connections(url) <= 6 + 2  # a thread's worth each, plus listeners
 
 
 def test_a_release_that_met_a_flushed_script_cache_is_sent_again(
-        redis_nodes_factory: Callable[..., RedisNodes], make_manager: MakeManager,
-        fault_proxy_factory: Callable[..., FaultProxy]) -> None:
+        slow_first: SlowFirst) -> None:
     # Node 0 is slow, so neither the acquire nor the release waits for it. Its
     # scripts were flushed, and only the acquire script came back (another
     # client loaded it): the acquire runs there, the release answers NOSCRIPT.
     # Dropped, that release would leave the lock on node 0 for its whole lease;
     # the next round that reads node 0 sends it again.
-    nodes = redis_nodes_factory(3)
-    proxy = fault_proxy_factory(nodes[0])
-    mgr = make_manager([proxy.url, nodes[1].url, nodes[2].url], node_timeout=1.0,
-                       auto_renew=False)
-    with mgr.lock("warm"):
-        pass
+    nodes, proxy, mgr = slow_first.nodes, slow_first.proxy, slow_first.manager()
     direct = nodes[0].client()
     direct.script_flush()
     direct.script_load(ACQUIRE.source)
     proxy.set_latency(0.05)
     with mgr.lock("flushed-release", ttl=30) as held:
         key = held.key
-    assert _wait_until(lambda: direct.exists(key) == 1, timeout=2.0)  # the acquire ran
+    assert wait_until(lambda: direct.exists(key) == 1, timeout=2.0)  # the acquire ran
     proxy.set_latency(0.0)
     time.sleep(0.2)  # node 0's replies (the acquire's, the release's NOSCRIPT) are back
     with mgr.lock("other"):  # a later round reads them: the release goes out again
         pass
-    assert _wait_until(lambda: direct.exists(key) == 0, timeout=3.0), \
+    assert wait_until(lambda: direct.exists(key) == 0, timeout=3.0), \
         f"the release never ran on node 0 (pttl {direct.pttl(key)} ms)"

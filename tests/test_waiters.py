@@ -19,6 +19,7 @@ import redis
 from django_redlock.core.keys import waiters_key
 from django_redlock.core.owner import new_token, owner_json
 from django_redlock.testing import RedisNodes
+from tests.polling import wait_until
 
 MakeManager = Callable[..., Any]
 SLOW_RETRY = 5.0  # longer than any handoff below may take
@@ -38,15 +39,6 @@ def _queues(nodes: RedisNodes, mgr: Any, name: str) -> list[list[bytes]]:
 
 def _queued(nodes: RedisNodes, mgr: Any, name: str) -> int:
     return max(len(q) for q in _queues(nodes, mgr, name))
-
-
-def _wait_until(predicate: Callable[[], bool], timeout: float = 5.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return True
-        time.sleep(0.01)
-    return predicate()
 
 
 def _count_rounds(mgr: Any) -> list[int]:
@@ -82,7 +74,7 @@ def test_waiters_are_served_one_at_a_time_in_arrival_order(
         t = threading.Thread(target=wait_then_hold, args=(i, mgr))
         t.start()
         threads.append(t)
-        assert _wait_until(lambda n=i + 1: _queued(nodes3, holder, "line") == n), "not queued"
+        assert wait_until(lambda n=i + 1: _queued(nodes3, holder, "line") == n), "not queued"
     started = time.monotonic()
     lock.release()
     for t in threads:
@@ -111,14 +103,14 @@ def test_a_release_wakes_only_the_waiter_it_names(
 
     t1 = threading.Thread(target=wait, args=("first", first))
     t1.start()
-    assert _wait_until(lambda: _queued(nodes3, holder, "one-at-a-time") == 1)
+    assert wait_until(lambda: _queued(nodes3, holder, "one-at-a-time") == 1)
     t2 = threading.Thread(target=wait, args=("second", second))
     t2.start()
-    assert _wait_until(lambda: _queued(nodes3, holder, "one-at-a-time") == 2)
+    assert wait_until(lambda: _queued(nodes3, holder, "one-at-a-time") == 2)
     rounds_before = second_rounds[0]
     released = time.monotonic()
     lock.release()
-    assert _wait_until(lambda: "first" in got, timeout=3.0)
+    assert wait_until(lambda: "first" in got, timeout=3.0)
     assert got["first"] - released < 1.0
     time.sleep(0.3)  # the first holds; a broadcast notice would have made the second retry
     assert second_rounds[0] == rounds_before
@@ -147,7 +139,7 @@ def test_an_entry_of_a_dead_waiter_costs_the_next_waiter_one_retry_delay(
     t = threading.Thread(target=lambda: waiter.lock("ghost", timeout=10).acquire()
                          and got.append(time.monotonic()))
     t.start()
-    assert _wait_until(lambda: _queued(nodes3, holder, "ghost") == 1)
+    assert wait_until(lambda: _queued(nodes3, holder, "ghost") == 1)
     # A waiter of a process that died stands first in line on every node.
     key = waiters_key(holder.key("ghost"))
     for url in nodes3.urls:
@@ -167,7 +159,7 @@ def test_the_waiter_queue_expires(nodes3: RedisNodes, make_manager: MakeManager)
     assert lock.acquire()
     t = threading.Thread(target=lambda: waiter.lock("tidy", timeout=1.0).acquire())
     t.start()
-    assert _wait_until(lambda: _queued(nodes3, holder, "tidy") == 1)
+    assert wait_until(lambda: _queued(nodes3, holder, "tidy") == 1)
     key = waiters_key(holder.key("tidy"))
     ttls = []
     for url in nodes3.urls:
@@ -197,7 +189,7 @@ def test_an_async_waiter_is_woken_by_name(nodes3: RedisNodes, make_manager: Make
             await waiter.aclose()
 
     def release_when_queued() -> None:
-        if _wait_until(lambda: _queued(nodes3, holder, "async-line") == 1):
+        if wait_until(lambda: _queued(nodes3, holder, "async-line") == 1):
             times.append(time.monotonic())
         lock.release()
 
@@ -272,11 +264,11 @@ def test_a_waiter_served_while_a_node_is_busy_leaves_that_nodes_line(
 
     thread = threading.Thread(target=wait)
     thread.start()
-    assert _wait_until(lambda: _queued(nodes3, holder, "split") == 1), "not queued"
+    assert wait_until(lambda: _queued(nodes3, holder, "split") == 1), "not queued"
     lock.release()
     thread.join(timeout=10)
     assert served == [True]
-    assert _wait_until(lambda: _queued(nodes3, holder, "split") == 0, timeout=2.0), \
+    assert wait_until(lambda: _queued(nodes3, holder, "split") == 0, timeout=2.0), \
         _queues(nodes3, holder, "split")
 
 
@@ -309,7 +301,7 @@ def test_a_stale_copy_on_the_gate_node_does_not_stall_the_waiters(
 
     thread = threading.Thread(target=wait)
     thread.start()
-    assert _wait_until(lambda: _queued(nodes3, holder, "stale-gate") == 1), "not queued"
+    assert wait_until(lambda: _queued(nodes3, holder, "stale-gate") == 1), "not queued"
     freed = _stale_copy_on_the_gate(nodes3, holder, "stale-gate")
     thread.join(timeout=15)
     assert "at" in got, "the waiter stalled behind the gate node's stale copy"
