@@ -14,13 +14,13 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import random
-import time
 from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
 from .libs import RawFloor, build
 from .stats import median, percentile
+from .uncontended import timed_chunk
 
 #: One-way delay added to the slow node's traffic (seconds): 2 ms per round trip.
 SLOW_NODE_LATENCY = 0.001
@@ -73,6 +73,9 @@ class SlowNode:
         self.rounds: list[dict[str, dict[str, float]]] = []
         self.errors: dict[str, int] = {}
 
+    def _failed(self, cid: str) -> None:
+        self.errors[cid] = self.errors.get(cid, 0) + 1
+
     def _stop_proxy(self, conn: Connection) -> None:
         conn.send(None)
         self._proxy.join(10)
@@ -85,26 +88,18 @@ class SlowNode:
 
     def run_round(self, rng: random.Random) -> None:
         ids = [cid for cid, _ in CONTESTANTS]
-        lat: dict[str, list[float]] = {cid: [] for cid in ids}
-        clock = time.perf_counter_ns
+        lat: dict[str, list[int]] = {cid: [] for cid in ids}
         for _ in range(CHUNKS):
             rng.shuffle(ids)
             for cid in ids:
-                op = self.op[cid]
                 count = max(5, self.ops // SLOW.get(cid, 1) // CHUNKS)
-                for i in range(self.warmup + count):
-                    t0 = clock()
-                    try:
-                        op()
-                    except Exception:  # noqa: BLE001 - counted and reported, not fatal
-                        self.errors[cid] = self.errors.get(cid, 0) + 1
-                        continue
-                    if i >= self.warmup:
-                        lat[cid].append((clock() - t0) / 1000.0)
+                timed_chunk(self.op[cid], count, self.warmup, lat[cid],
+                            lambda e, cid=cid: self._failed(cid))
         res: dict[str, dict[str, float]] = {}
         for cid in ids:
             if lat[cid]:
-                res[cid] = {"p50_us": percentile(lat[cid], 50), "p99_us": percentile(lat[cid], 99)}
+                us = [x / 1000.0 for x in lat[cid]]
+                res[cid] = {"p50_us": percentile(us, 50), "p99_us": percentile(us, 99)}
         floor = res.get("raw-5", {}).get("p50_us")
         for cid in res:
             if floor:

@@ -39,6 +39,28 @@ SLOW = {"pottery-1": 2, "pottery-5": 4}
 CHUNKS = 5
 
 
+def timed_chunk(op: Callable[[], None], count: int, warmup: int, lat: list[int],
+                on_error: Callable[[Exception], None]) -> int:
+    """Run ``warmup + count`` operations, append the last ``count`` latencies (ns);
+    return the span (ns).
+
+    A failed operation (a node timing out on a loaded machine, say) goes to
+    ``on_error`` and is left out of the latencies; it never stops the benchmark.
+    """
+    clock = time.perf_counter_ns
+    begin = clock()
+    for i in range(warmup + count):
+        t0 = clock()
+        try:
+            op()
+        except Exception as e:  # noqa: BLE001 - counted and reported, not fatal
+            on_error(e)
+            continue
+        if i >= warmup:
+            lat.append(clock() - t0)
+    return clock() - begin
+
+
 class Uncontended:
     def __init__(self, urls1: list[str], urls5: list[str], *, ops: int, warmup: int) -> None:
         self.ops = ops
@@ -68,26 +90,9 @@ class Uncontended:
         for close in self._closers:
             close()
 
-    def _chunk(self, cid: str, count: int, lat: list[int]) -> int:
-        """Run ``count`` timed operations, append their latencies (ns); return the span.
-
-        A failed operation (a node timing out on a loaded machine, say) is counted
-        and left out of the latencies; it never stops the benchmark.
-        """
-        op = self.op[cid]
-        clock = time.perf_counter_ns
-        begin = clock()
-        for i in range(self.warmup + count):
-            t0 = clock()
-            try:
-                op()
-            except Exception as e:  # noqa: BLE001 - counted and reported, not fatal
-                self.errors[cid] = self.errors.get(cid, 0) + 1
-                self.error_sample.setdefault(cid, f"{type(e).__name__}: {e}"[:200])
-                continue
-            if i >= self.warmup:
-                lat.append(clock() - t0)
-        return clock() - begin
+    def _failed(self, cid: str, e: Exception) -> None:
+        self.errors[cid] = self.errors.get(cid, 0) + 1
+        self.error_sample.setdefault(cid, f"{type(e).__name__}: {e}"[:200])
 
     def run_round(self, rng: random.Random) -> dict[str, dict[str, float]]:
         """One round: ``CHUNKS`` passes over all contestants, each pass in a new order.
@@ -104,7 +109,8 @@ class Uncontended:
             rng.shuffle(ids)
             for cid in ids:
                 count = max(5, self.ops // SLOW.get(cid, 1) // CHUNKS)
-                span[cid] += self._chunk(cid, count, lat[cid])
+                span[cid] += timed_chunk(self.op[cid], count, self.warmup, lat[cid],
+                                         lambda e, cid=cid: self._failed(cid, e))
         res: dict[str, dict[str, float]] = {}
         for cid in ids:
             if not lat[cid]:
