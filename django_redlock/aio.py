@@ -281,10 +281,7 @@ class AsyncLock(LockBase):
         self._renewal: asyncio.Task[None] | None = None
 
     async def locked(self) -> bool:
-        """Whether anyone holds the lock (its key is on a quorum of nodes); one round trip.
-
-        True also while a release hands the lock to a woken waiter (a few ms).
-        """
+        """Whether anyone holds the lock (its key is on a quorum of nodes); one round trip."""
         return await _holders(self.manager, self.transport, self._key_b) >= self.manager.quorum
 
     # -- acquire ---------------------------------------------------------------
@@ -298,12 +295,13 @@ class AsyncLock(LockBase):
         :class:`QuorumUnavailable` when fewer than a quorum of nodes answer.
         """
         mgr = self.manager
-        started, deadline, token, owner, ttl_ms, in_line = self._start_acquire(blocking, timeout)
+        started, deadline, token, owner, ttl_ms, pause = self._start_acquire(blocking, timeout)
         clock = mgr.clock
         waiter: _Waiter | None = None
         woken = served = ask_all = False
-        if in_line:
+        if pause:
             # We just handed the lock over: go straight into the line (Lock.acquire).
+            await asyncio.sleep(pause)
             waiter = await _subscribe(mgr, self._key_b, mgr.node_timeout, token.encode())
         try:
             while True:

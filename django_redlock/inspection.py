@@ -48,7 +48,7 @@ import redis
 from redis.exceptions import ResponseError
 
 from .core.keys import MAX_NAME_LENGTH, fence_key, lock_key, name_from_key, waiters_key
-from .core.owner import is_handover, parse_value
+from .core.owner import parse_value
 from .transport.sync import NODE_DOWN_ERRORS
 
 if TYPE_CHECKING:
@@ -472,8 +472,7 @@ def scan_locks(manager: LockManager, pattern: str = "*", *,
         for k, (raw, pttl) in result.values.items():
             stored = parse_value(raw)
             if stored is None:
-                if not is_handover(raw):  # a release handing the key to a waiter: ms
-                    skipped.add(k)
+                skipped.add(k)
                 continue
             per_key.setdefault(k, [None] * len(nodes))[i] = (raw, stored, pttl)
             if k in result.waiters:

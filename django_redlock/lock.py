@@ -23,6 +23,7 @@ from __future__ import annotations
 import logging
 import os
 import threading
+import time
 from types import EllipsisType, TracebackType
 from typing import TYPE_CHECKING, Any
 
@@ -90,14 +91,12 @@ class LockBase:
         return self.validity > 0.0
 
     def _start_acquire(self, blocking: bool, timeout: float | None | EllipsisType
-                       ) -> tuple[float, float | None, str, str, int, bool]:
+                       ) -> tuple[float, float | None, str, str, int, float]:
         """Check re-entry and resolve the wait.
 
-        Returns (started, deadline, token, owner, ttl_ms, in_line): ``in_line``
-        says to skip the first attempt and go straight into the waiter queue,
-        because this process's last release of this lock just handed it to a
-        woken waiter (``LockManager._note_release``): a first attempt could only
-        be refused. A call that may not wait always tries once.
+        Returns (started, deadline, token, owner, ttl_ms, pause): ``pause`` is how
+        long to step back before the first attempt, because this process just woke
+        other processes' waiters for this lock (``LockManager._note_release``).
         """
         if self._state == _HELD and self._pid == os.getpid():
             raise RedlockError(f"lock {self.name!r} is already held by this object "
@@ -107,10 +106,13 @@ class LockBase:
             wait_for = 0
         started = self.manager.clock()
         deadline = None if wait_for is None else started + float(wait_for)
-        in_line = (deadline is None or deadline > started) \
-            and self.manager._handing_over(self._key_b)
+        pause = 0.0
+        if deadline is None or deadline > started:
+            pause = self.manager._handoff_pause(self._key_b)
+            if deadline is not None:
+                pause = min(pause, deadline - started)
         return (started, deadline, new_token(), owner_json(self.label),
-                max(1, int(self.ttl * 1000)), in_line)
+                max(1, int(self.ttl * 1000)), pause)
 
     def _busy_error(self) -> LockNotAcquired:
         return LockNotAcquired(
@@ -135,10 +137,7 @@ class Lock(LockBase):
         self._io = threading.RLock()
 
     def locked(self) -> bool:
-        """Whether anyone holds the lock (its key is on a quorum of nodes); one round trip.
-
-        True also while a release hands the lock to a woken waiter (a few ms).
-        """
+        """Whether anyone holds the lock (its key is on a quorum of nodes); one round trip."""
         return self.manager._holders(self._key_b) >= self.manager.quorum
 
     # -- acquire ---------------------------------------------------------------
@@ -151,13 +150,14 @@ class Lock(LockBase):
         :class:`QuorumUnavailable` when fewer than a quorum of nodes answer.
         """
         mgr = self.manager
-        started, deadline, token, owner, ttl_ms, in_line = self._start_acquire(blocking, timeout)
+        started, deadline, token, owner, ttl_ms, pause = self._start_acquire(blocking, timeout)
         clock = mgr.clock
         subscription = None
         woken = served = ask_all = False
-        if in_line:
-            # We just handed the lock over: skip the attempt that would find it
-            # busy and go straight into the line.
+        if pause:
+            # We just handed the lock over: the others are queued, so skip the
+            # attempt that would find it busy and go straight into the line.
+            time.sleep(pause)
             subscription = mgr.notifier.subscribe(self._key_b, mgr.node_timeout,
                                                   waiter=token.encode())
         try:

@@ -48,12 +48,11 @@ logger = logging.getLogger("django_redlock.manager")
 
 _managers: "weakref.WeakSet[LockManager]" = weakref.WeakSet()
 
-#: How long after a release of this process woke a waiter its next acquire of
-#: the same lock goes straight into the waiter queue instead of trying first:
-#: the release handed the key to the woken waiter for that long (HANDOVER_MS),
-#: so a first attempt could only be refused.
-HANDOFF_WINDOW = rounds.HANDOVER_MS / 1000.0
-#: Pending hand-overs kept before the ones already over are swept (each entry is
+#: How long a process that just woke other processes' waiters by a release lets
+#: them go first before its own next attempt on the same lock (about one
+#: wake-up: the notice, the listener thread, the waiter's round trip).
+HANDOFF_YIELD = 0.002
+#: Pending step-backs kept before the ones already over are swept (each entry is
 #: removed when this process next acquires the key, which may be never).
 _HANDOFF_KEYS_MAX = 1024
 
@@ -228,30 +227,28 @@ class LockManager:
             node.reset_backoff()
 
     def _note_release(self, key: bytes, woken: int) -> None:
-        """Remember a release that woke a waiter and handed it the key.
+        """After a release that woke a waiter, step back briefly.
 
-        Without the hand-over, a process that releases and re-acquires in a loop
-        wins almost every time (it is awake; the woken waiter is still waking
-        up), and the others starve. With it, that process's next acquire of the
-        key, within HANDOFF_WINDOW, goes straight to the back of the line
-        (``Lock.acquire``) instead of trying first. It used to sleep a fixed
-        2 ms instead; a line that ran dry during that sleep left the lock idle.
-        Letting it win a few times in a row first (Go's mutex does) measured no
-        faster: every such win costs the woken waiter a failed attempt.
+        Without it, a process that releases and re-acquires in a loop wins almost
+        every time (it is awake; the woken waiter is still waking up), and the
+        others starve. Its next acquire of this key then sleeps HANDOFF_YIELD and
+        joins the waiter queue at the back (``Lock.acquire``). Letting it win a
+        few times in a row first (Go's mutex does) measured no faster: every
+        such win costs the woken waiter a failed attempt.
         """
         if woken:
             now = self.clock()
             handoff = self._handoff
             if len(handoff) >= _HANDOFF_KEYS_MAX:
-                # Keys this process never came back to: their window is long over.
+                # Keys this process never came back to: their pause is long over.
                 for stale in [k for k, until in handoff.items() if until <= now]:
                     del handoff[stale]
-            handoff[key] = now + HANDOFF_WINDOW
+            handoff[key] = now + HANDOFF_YIELD
 
-    def _handing_over(self, key: bytes) -> bool:
-        """Whether a release of ``key`` by this process handed it over just now."""
+    def _handoff_pause(self, key: bytes) -> float:
+        """Seconds to wait before a first attempt on ``key`` (see _note_release)."""
         until = self._handoff.pop(key, None)
-        return until is not None and until > self.clock()
+        return 0.0 if until is None else max(0.0, until - self.clock())
 
     def next_wait(self, remaining: float | None, holder_ttl: float | None) -> float:
         return next_wait(remaining=remaining, max_delay=self.retry_delay, holder_ttl=holder_ttl,

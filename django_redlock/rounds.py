@@ -240,20 +240,12 @@ def leave_queue_command(wkey: bytes, waiter: bytes) -> Command:
     return Command(b"LREM", wkey, 0, waiter)
 
 
-#: How long (ms) a release that woke a waiter keeps the key for that waiter
-#: alone (release.lua). About ten wake-ups on a loaded machine: the woken
-#: waiter is almost always back well within it, and a waiter that never comes
-#: back (it gave up as it was woken) holds the line up for at most this long.
-HANDOVER_MS = 25
-_HANDOVER_B = b"%d" % HANDOVER_MS
-
-
 def release_requests(n_nodes: int, key: bytes, fkey: bytes, wkey: bytes, token: str,
                      fence: int, only: Sequence[bool] | None) -> list[Call | None]:
     """Release on every node, or only where ``only`` says (the clean-up after a
     lost attempt, which wakes nobody: the lock was never held)."""
     call = Call(RELEASE, (key, fkey, wkey),
-                (token, fence, _FENCE_GRACE_B, b"1" if only is None else b"0", _HANDOVER_B),
+                (token, fence, _FENCE_GRACE_B, b"1" if only is None else b"0"),
                 last_of_token=only is None)
     return [call if only is None or only[i] else None for i in range(n_nodes)]
 

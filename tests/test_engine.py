@@ -513,7 +513,7 @@ def test_releaser_steps_back_only_when_another_process_waits(
     lock = releaser.lock("fair")
     lock.acquire()
     lock.release()
-    assert not releaser._handing_over(lock._key_b)  # nobody waited
+    assert releaser._handoff_pause(lock._key_b) == 0.0  # nobody waited
     lock.acquire()
     waiting = threading.Thread(target=lambda: other.lock("fair", timeout=5).acquire())
     waiting.start()
@@ -522,7 +522,7 @@ def test_releaser_steps_back_only_when_another_process_waits(
         time.sleep(0.01)
     time.sleep(0.2)  # the waiter is subscribed
     lock.release()
-    assert releaser._handing_over(lock._key_b)  # it lets the woken waiter go first
+    assert releaser._handoff_pause(lock._key_b) > 0.0  # it lets the woken waiter go first
     waiting.join(timeout=5)
 
 
@@ -556,5 +556,5 @@ def test_step_back_entries_of_keys_never_acquired_again_are_swept(
     for i in range(manager_module._HANDOFF_KEYS_MAX * 3):
         mgr._note_release(b"redlock:key-%d" % i, woken=1)
         if i % 500 == 0:
-            time.sleep(manager_module.HANDOFF_WINDOW * 2)  # let earlier windows run out
+            time.sleep(manager_module.HANDOFF_YIELD * 2)  # let earlier pauses run out
     assert len(mgr._handoff) <= manager_module._HANDOFF_KEYS_MAX + 500

@@ -58,15 +58,6 @@ class StoredLock:
     owner: dict[str, Any]
 
 
-def is_handover(raw: bytes | str) -> bool:
-    """Whether a lock value is a release's hand-over to a woken waiter.
-
-    ``>`` + the waiter's token + ``|``, for a few ms (release.lua): the lock is
-    between holders, reserved for that waiter. Tokens never start with ``>``.
-    """
-    return raw[:1] in (b">", ">")
-
-
 def parse_value(raw: bytes | str) -> StoredLock | None:
     """Parse a lock value; None when it is not one of ours (foreign data)."""
     text = raw.decode("utf-8", "replace") if isinstance(raw, bytes) else raw

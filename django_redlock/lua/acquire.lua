@@ -7,15 +7,9 @@
 -- lost the race keeps its place); ARGV[7] how long the queue outlives the lock
 -- (ms); ARGV[8] the waiter's queue entry, '<inbox channel>|<token>'
 -- Returns {1, fence} when this holder now has the key, {0, pttl} when it is busy.
--- A key handed over by a release ('>' .. token .. '|', see release.lua) is free
--- for that token's waiter only; for everyone else it is busy for a few ms.
 local mine = ARGV[1] .. '|'
 local queue = ARGV[6]
 local current = redis.call('GET', KEYS[1])
-local handed = current == '>' .. mine
-if handed then
-  current = false
-end
 if current then
   if string.sub(current, 1, #mine) == mine then
     -- Ours already: an earlier attempt of this same acquire whose reply was lost.
@@ -53,10 +47,5 @@ if ARGV[4] == '1' then
   fence = string.format('%.0f', nxt)
   redis.call('SET', KEYS[2], fence, 'PX', string.format('%.0f', nxt - now + tonumber(ARGV[5])))
 end
-if handed then
-  -- The script is atomic: the GET above is what NX would check.
-  redis.call('SET', KEYS[1], mine .. fence .. '|' .. ARGV[3], 'PX', ARGV[2])
-else
-  redis.call('SET', KEYS[1], mine .. fence .. '|' .. ARGV[3], 'NX', 'PX', ARGV[2])
-end
+redis.call('SET', KEYS[1], mine .. fence .. '|' .. ARGV[3], 'NX', 'PX', ARGV[2])
 return {1, fence}

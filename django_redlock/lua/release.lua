@@ -2,8 +2,7 @@
 -- KEYS[1] lock key, KEYS[2] fencing counter key, KEYS[3] waiter queue key
 -- ARGV[1] holder token, ARGV[2] the holder's fence ('0' when unfenced),
 -- ARGV[3] counter grace in ms, ARGV[4] '1' to wake a waiter ('0' for the
--- clean-up after a lost attempt: the lock was never held, nobody waits for it),
--- ARGV[5] how long (ms) the key stays handed over to the woken waiter
+-- clean-up after a lost attempt: the lock was never held, nobody waits for it)
 -- Returns 0 when the key was not ours (never touches others' keys), 2 when a
 -- waiter was woken, else 1.
 --#include fence_writeback
@@ -12,6 +11,7 @@ local current = redis.call('GET', KEYS[1])
 if not current or string.sub(current, 1, #mine) ~= mine then
   return 0
 end
+redis.call('DEL', KEYS[1])
 write_back_fence(KEYS[2], ARGV[2], ARGV[3])
 if ARGV[4] == '1' then
   -- Wake one waiter, the first in line: its entry is '<inbox>|<token>', and the
@@ -25,17 +25,10 @@ if ARGV[4] == '1' then
       break
     end
     local bar = string.find(entry, '|', 1, true)
-    if bar then
-      local waiter = string.sub(entry, bar + 1)
-      if redis.call('PUBLISH', string.sub(entry, 1, bar - 1), waiter) > 0 then
-        -- Hand the key over: for a few ms only that waiter may take it (see
-        -- acquire.lua), so the releaser or a newcomer that is quicker than the
-        -- waking waiter cannot take it first and send it back to the line.
-        redis.call('SET', KEYS[1], '>' .. waiter .. '|', 'PX', ARGV[5])
-        return 2
-      end
+    if bar and redis.call('PUBLISH', string.sub(entry, 1, bar - 1),
+                          string.sub(entry, bar + 1)) > 0 then
+      return 2
     end
   end
 end
-redis.call('DEL', KEYS[1])
 return 1
