@@ -186,70 +186,47 @@ async def _subscribe(manager: LockManager, channel: bytes, confirm: float,
 
 
 # -- rounds (the rules live in rounds.py, shared with the sync manager) --------
+async def _run(transport: AsyncTransport, steps: rounds.Steps[T]) -> T:
+    """Drive a round's steps (rounds.py) with the asyncio transport, which reads
+    every reply: of each exchange's options it uses ``skip_backoff`` only."""
+    try:
+        ask = next(steps)
+        while True:
+            ask = steps.send(await transport.round(ask.requests, skip_backoff=ask.skip_backoff))
+    except StopIteration as done:
+        return done.value
+
+
 async def _acquire_round(mgr: LockManager, transport: AsyncTransport, key: bytes, fkey: bytes,
                          wkey: bytes, token: str, ttl_ms: int, owner: str, fencing: bool,
                          ttl: float, *, lock_name: str, waiter: bytes = b"",
                          woken: bool = False, ask_all: bool = False) -> AcquireResult:
-    call = rounds.acquire_call(key, fkey, wkey, token, ttl_ms, owner, fencing, waiter, woken)
-    n = len(mgr.nodes)
-    start = mgr.clock()
-    # A waiter (it queues) asks the gate node first; see rounds.gate_node.
-    gate = rounds.gate_node(key, mgr.nodes, start) if waiter and not ask_all else None
-    if gate is not None:
-        first = (await transport.round([call if i == gate else None for i in range(n)]))[gate]
-        busy = rounds.busy_at_gate(first)
-        if busy is not None:
-            return busy
-        replies = await transport.round([None if i == gate else call for i in range(n)])
-        replies[gate] = first
-    else:
-        replies = await transport.round([call] * n)
-    elapsed = mgr.clock() - start
-    tally = rounds.tally_acquire(replies, [node.name for node in mgr.nodes])
-    won = rounds.granted(tally, n_nodes=n, start=start, elapsed=elapsed, ttl=ttl,
-                         drift_factor=mgr.drift_factor)
-    if won is not None:
-        if not rounds.fences_disagree(tally, ttl):
-            return won
-        synced = await _extend_round(mgr, transport, key, fkey, token, won.fence, ttl)
-        if synced.extended:
-            return won
-        logger.info("lock %r: the fence could not be written back to a quorum; retrying",
-                    lock_name)
-    if any(tally.maybe_ours):
-        # Release wherever the key may be ours, including nodes that went silent
-        # after the request left: a leftover would block others.
-        await _release_round(mgr, transport, key, fkey, wkey, token, 0, only=tally.maybe_ours)
-    return rounds.refused(tally, n_nodes=n, elapsed=elapsed, ttl=ttl, lock_name=lock_name)
+    return await _run(transport, rounds.acquire_steps(
+        mgr, key, fkey, wkey, token, ttl_ms, owner, fencing, ttl, lock_name=lock_name,
+        waiter=waiter, woken=woken, ask_all=ask_all))
 
 
 async def _release_round(mgr: LockManager, transport: AsyncTransport, key: bytes, fkey: bytes,
                          wkey: bytes, token: str, fence: int, *,
                          only: Sequence[bool] | None = None) -> ReleaseResult:
-    requests = rounds.release_requests(len(mgr.nodes), key, fkey, wkey, token, fence, only)
-    return rounds.tally_release(await transport.round(requests, skip_backoff=only is None), key)
+    return await _run(transport, rounds.release_steps(mgr, key, fkey, wkey, token, fence,
+                                                      only=only))
 
 
 async def _leave_queue(mgr: LockManager, transport: AsyncTransport, wkey: bytes,
                        waiter: bytes, *, only: Sequence[bool] | None = None) -> None:
     """See :meth:`LockManager._leave_queue`."""
-    command = rounds.leave_queue_command(wkey, waiter)
-    await transport.round([command if only is None or only[i] else None
-                           for i in range(len(mgr.nodes))])
+    ask = rounds.leave_queue_ask(len(mgr.nodes), wkey, waiter, only=only)
+    await transport.round(ask.requests)
 
 
 async def _extend_round(mgr: LockManager, transport: AsyncTransport, key: bytes, fkey: bytes,
                         token: str, fence: int, ttl: float) -> ExtendResult:
-    call = rounds.extend_call(key, fkey, token, fence, ttl)
-    start = mgr.clock()
-    replies = await transport.round([call] * len(mgr.nodes))
-    return rounds.tally_extend(replies, start=start, elapsed=mgr.clock() - start, ttl=ttl,
-                               drift_factor=mgr.drift_factor)
+    return await _run(transport, rounds.extend_steps(mgr, key, fkey, token, fence, ttl))
 
 
 async def _holders(mgr: LockManager, transport: AsyncTransport, key: bytes) -> int:
-    return rounds.tally_holders(
-        await transport.round([rounds.exists_command(key)] * len(mgr.nodes)), key)
+    return await _run(transport, rounds.holders_steps(mgr, key))
 
 
 def _renewal_due(ref: weakref.ref[AsyncLock]) -> None:

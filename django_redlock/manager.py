@@ -25,7 +25,7 @@ import threading
 import time
 import weakref
 from types import EllipsisType
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -43,6 +43,8 @@ from .watchdog import Watchdog
 
 if TYPE_CHECKING:
     from .aio import AsyncLock
+
+T = TypeVar("T")
 
 logger = logging.getLogger("django_redlock.manager")
 
@@ -255,58 +257,28 @@ class LockManager:
                          rng=self.rng)
 
     # -- rounds (the rules live in rounds.py, shared with the asyncio flavour) ----
+    def _run(self, steps: rounds.Steps[T]) -> T:
+        """Drive a round's steps (rounds.py) with this manager's transport."""
+        exchange = self.transport.round
+        try:
+            ask = next(steps)
+            while True:
+                ask = steps.send(exchange(ask.requests, skip_backoff=ask.skip_backoff,
+                                          settle=ask.settle, tag=ask.tag, final=ask.final))
+        except StopIteration as done:
+            return done.value
+
     def _acquire_round(self, key: bytes, fkey: bytes, wkey: bytes, token: str, ttl_ms: int,
                        owner: str, fencing: bool, ttl: float, *, lock_name: str,
                        waiter: bytes = b"", woken: bool = False,
                        ask_all: bool = False) -> AcquireResult:
-        call = rounds.acquire_call(key, fkey, wkey, token, ttl_ms, owner, fencing, waiter, woken)
-        n = len(self.nodes)
-        start = self.clock()
-        # A waiter (it queues) asks the gate node first; see rounds.gate_node.
-        gate = rounds.gate_node(key, self.nodes, start) if waiter and not ask_all else None
-        if gate is not None:
-            first = self.transport.round([call if i == gate else None for i in range(n)],
-                                         tag=token)[gate]
-            busy = rounds.busy_at_gate(first)
-            if busy is not None:
-                return busy
-            need = self.quorum - (1 if rounds.granted_by(first) else 0)
-            replies = self.transport.round([None if i == gate else call for i in range(n)],
-                                           settle=rounds.acquire_settle(need), tag=token)
-            replies[gate] = first
-        else:
-            replies = self.transport.round([call] * n, settle=rounds.acquire_settle(self.quorum),
-                                           tag=token)
-        elapsed = self.clock() - start
-        tally = rounds.tally_acquire(replies, [node.name for node in self.nodes])
-        won = rounds.granted(tally, n_nodes=n, start=start, elapsed=elapsed, ttl=ttl,
-                             drift_factor=self.drift_factor)
-        if won is not None:
-            if not rounds.fences_disagree(tally, ttl):
-                return won
-            synced = self._extend_round(key, fkey, token, won.fence, ttl, lock_name=lock_name)
-            if synced.extended:
-                return won
-            logger.info("lock %r: the fence could not be written back to a quorum; retrying",
-                        lock_name)
-        if any(tally.maybe_ours):
-            # Release wherever the key may be ours, including nodes that went
-            # silent after the request left: a leftover would block others.
-            self._release_round(key, fkey, wkey, token, 0, only=tally.maybe_ours)
-        return rounds.refused(tally, n_nodes=n, elapsed=elapsed, ttl=ttl, lock_name=lock_name)
+        return self._run(rounds.acquire_steps(
+            self, key, fkey, wkey, token, ttl_ms, owner, fencing, ttl, lock_name=lock_name,
+            waiter=waiter, woken=woken, ask_all=ask_all))
 
     def _release_round(self, key: bytes, fkey: bytes, wkey: bytes, token: str, fence: int, *,
                        only: list[bool] | None = None) -> ReleaseResult:
-        requests = rounds.release_requests(len(self.nodes), key, fkey, wkey, token, fence, only)
-        # A clean-up after a lost attempt (``only``) waits for no reply: it is
-        # sent behind the attempt on the same connection (``tag``), so it runs
-        # after it and before the next attempt, and what it finds changes
-        # nothing for the caller. A release is the token's last round.
-        settle = rounds.NO_WAIT if only is not None else rounds.release_settle(
-            len(self.nodes), rounds.gate_node(key, self.nodes, self.clock()))
-        return rounds.tally_release(
-            self.transport.round(requests, skip_backoff=only is None, settle=settle, tag=token,
-                                 final=only is None), key)
+        return self._run(rounds.release_steps(self, key, fkey, wkey, token, fence, only=only))
 
     def _leave_queue(self, wkey: bytes, waiter: bytes, token: str, *,
                      only: list[bool] | None = None, wait: bool = True) -> None:
@@ -317,26 +289,17 @@ class LockManager:
         and so queued us; the lock is held, its release follows); ``wait=False``
         sends without waiting for the replies.
         """
-        command = rounds.leave_queue_command(wkey, waiter)
-        self.transport.round([command if only is None or only[i] else None
-                              for i in range(len(self.nodes))],
-                             settle=None if wait else rounds.NO_WAIT, tag=token,
-                             final=only is None)
+        ask = rounds.leave_queue_ask(len(self.nodes), wkey, waiter, token=token, only=only,
+                                     wait=wait)
+        self.transport.round(ask.requests, settle=ask.settle, tag=ask.tag, final=ask.final)
 
     def _extend_round(self, key: bytes, fkey: bytes, token: str, fence: int, ttl: float, *,
                       lock_name: str) -> ExtendResult:
-        call = rounds.extend_call(key, fkey, token, fence, ttl)
-        start = self.clock()
-        # Every reply is read: an extension is off the hot path (the renewal
-        # thread's), and its caller may rely on every node having the new lease.
-        replies = self.transport.round([call] * len(self.nodes), tag=token)
-        return rounds.tally_extend(replies, start=start, elapsed=self.clock() - start, ttl=ttl,
-                                   drift_factor=self.drift_factor)
+        return self._run(rounds.extend_steps(self, key, fkey, token, fence, ttl))
 
     def _holders(self, key: bytes) -> int:
         """How many nodes have ``key``; raises QuorumUnavailable when too few answer."""
-        return rounds.tally_holders(
-            self.transport.round([rounds.exists_command(key)] * len(self.nodes)), key)
+        return self._run(rounds.holders_steps(self, key))
 
     def force_release(self, name: str) -> list[Any]:
         """Delete lock ``name`` on every node whoever holds it; wake its waiters.

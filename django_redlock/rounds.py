@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Generator, Protocol, Sequence, TypeVar
 
 from .core import quorum as q
 from .exceptions import QuorumUnavailable
@@ -27,6 +27,8 @@ from .transport.resp import ACQUIRE, EXTEND, RELEASE, Call, Command
 from .transport.sync import NOT_AWAITED, NodeError, Settle
 
 logger = logging.getLogger("django_redlock.manager")
+
+T = TypeVar("T")
 
 #: How long a fencing counter outlives the clock passing it (ms). See core/keys.py.
 FENCE_GRACE_MS = 3_600_000
@@ -329,3 +331,121 @@ def tally_holders(replies: Sequence[Any], key: bytes) -> int:
         raise quorum_error(f"cannot tell whether {key.decode()!r} is locked", len(replies),
                            len(answered), errors, None)
     return sum(answered)
+
+
+# -- whole rounds, as steps both flavours run -------------------------------------
+@dataclass(frozen=True)
+class Ask:
+    """One exchange for a transport to run: node i is sent ``requests[i]``
+    (None: not asked); the other fields are :meth:`SyncTransport.round`'s options.
+
+    The asyncio transport reads every reply, so it uses ``skip_backoff`` only.
+    """
+
+    requests: list[Any]
+    settle: Settle | None = None
+    tag: Any = None
+    final: bool = False
+    skip_backoff: bool = True
+
+
+#: A round as a generator: it yields the exchanges it needs, receives each
+#: one's replies, and returns the outcome. The sync manager and the asyncio
+#: flavour each drive it with their own transport (``LockManager._run``,
+#: ``aio._run``), so the decisions between the exchanges are written once.
+Steps = Generator[Ask, list, T]
+
+
+class RoundContext(Protocol):
+    """What the steps read from the lock manager (never its I/O)."""
+
+    nodes: Sequence[Any]
+    quorum: int
+    drift_factor: float
+
+    def clock(self) -> float: ...
+
+
+def acquire_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token: str,
+                  ttl_ms: int, owner: str, fencing: bool, ttl: float, *, lock_name: str,
+                  waiter: bytes = b"", woken: bool = False,
+                  ask_all: bool = False) -> Steps[AcquireResult]:
+    """One acquire attempt: the gate node first for a waiter, then a quorum; on a
+    win with fences far apart, the write-back; on a loss, the clean-up."""
+    call = acquire_call(key, fkey, wkey, token, ttl_ms, owner, fencing, waiter, woken)
+    nodes = mgr.nodes
+    n = len(nodes)
+    start = mgr.clock()
+    # A waiter (it queues) asks the gate node first; see gate_node.
+    gate = gate_node(key, nodes, start) if waiter and not ask_all else None
+    if gate is not None:
+        first = (yield Ask([call if i == gate else None for i in range(n)], tag=token))[gate]
+        busy = busy_at_gate(first)
+        if busy is not None:
+            return busy
+        need = mgr.quorum - (1 if granted_by(first) else 0)
+        replies = yield Ask([None if i == gate else call for i in range(n)],
+                            settle=acquire_settle(need), tag=token)
+        replies[gate] = first
+    else:
+        replies = yield Ask([call] * n, settle=acquire_settle(mgr.quorum), tag=token)
+    elapsed = mgr.clock() - start
+    tally = tally_acquire(replies, [node.name for node in nodes])
+    won = granted(tally, n_nodes=n, start=start, elapsed=elapsed, ttl=ttl,
+                  drift_factor=mgr.drift_factor)
+    if won is not None:
+        if not fences_disagree(tally, ttl):
+            return won
+        synced = yield from extend_steps(mgr, key, fkey, token, won.fence, ttl)
+        if synced.extended:
+            return won
+        logger.info("lock %r: the fence could not be written back to a quorum; retrying",
+                    lock_name)
+    if any(tally.maybe_ours):
+        # Release wherever the key may be ours, including nodes that went
+        # silent after the request left: a leftover would block others.
+        yield from release_steps(mgr, key, fkey, wkey, token, 0, only=tally.maybe_ours)
+    return refused(tally, n_nodes=n, elapsed=elapsed, ttl=ttl, lock_name=lock_name)
+
+
+def release_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token: str,
+                  fence: int, *, only: Sequence[bool] | None = None) -> Steps[ReleaseResult]:
+    """A release on every node, or the clean-up after a lost attempt (``only``).
+
+    The clean-up waits for no reply: it is sent behind the attempt on the same
+    connection (``tag``), so it runs after it and before the next attempt, and
+    what it finds changes nothing for the caller. A release is the token's last
+    exchange (``final``).
+    """
+    n = len(mgr.nodes)
+    requests = release_requests(n, key, fkey, wkey, token, fence, only)
+    settle = NO_WAIT if only is not None else release_settle(
+        n, gate_node(key, mgr.nodes, mgr.clock()))
+    replies = yield Ask(requests, settle=settle, tag=token, final=only is None,
+                        skip_backoff=only is None)
+    return tally_release(replies, key)
+
+
+def extend_steps(mgr: RoundContext, key: bytes, fkey: bytes, token: str, fence: int,
+                 ttl: float) -> Steps[ExtendResult]:
+    """A lease extension on every node. Every reply is read: an extension is off
+    the hot path (the renewal thread's), and its caller may rely on every node
+    having the new lease."""
+    call = extend_call(key, fkey, token, fence, ttl)
+    start = mgr.clock()
+    replies = yield Ask([call] * len(mgr.nodes), tag=token)
+    return tally_extend(replies, start=start, elapsed=mgr.clock() - start, ttl=ttl,
+                        drift_factor=mgr.drift_factor)
+
+
+def holders_steps(mgr: RoundContext, key: bytes) -> Steps[int]:
+    """How many nodes have ``key``; QuorumUnavailable when too few answer."""
+    return tally_holders((yield Ask([exists_command(key)] * len(mgr.nodes))), key)
+
+
+def leave_queue_ask(n_nodes: int, wkey: bytes, waiter: bytes, *, token: Any = None,
+                    only: Sequence[bool] | None = None, wait: bool = True) -> Ask:
+    """A waiter gives up: out of the line on every node (``only``: just those)."""
+    command = leave_queue_command(wkey, waiter)
+    return Ask([command if only is None or only[i] else None for i in range(n_nodes)],
+               settle=None if wait else NO_WAIT, tag=token, final=only is None)
