@@ -67,7 +67,7 @@ from .exceptions import (
     QuorumUnavailable,
     RedlockError,
 )
-from .lock import _HELD, _LOST, _UNLOCKED, Lock, LockBase
+from .lock import _HELD, _LOST, _UNLOCKED, Attempt, Lock, LockBase, Subscribe
 from .rounds import AcquireResult, ExtendResult, ReleaseResult
 
 if TYPE_CHECKING:
@@ -273,67 +273,63 @@ class AsyncLock(LockBase):
         """
         mgr = self.manager
         started, deadline, token, owner, ttl_ms, pause = self._start_acquire(blocking, timeout)
-        clock = mgr.clock
-        waiter: _Waiter | None = None
-        woken = served = ask_all = False
         if pause:
             # We just handed the lock over: go straight into the line (Lock.acquire).
             await asyncio.sleep(pause)
-            waiter = await _subscribe(mgr, self._key_b, mgr.node_timeout, token.encode())
+        plan = self._acquire_plan(deadline, in_line=bool(pause))
+        waiter: _Waiter | None = None
+        served = False
         try:
-            while True:
-                try:
-                    result = await _acquire_round(
-                        mgr, self.transport, self._key_b, self._fence_key_b,
-                        self._waiters_key_b, token, ttl_ms, owner, self.fencing, self.ttl,
-                        lock_name=self.name, waiter=waiter.sub.entry if waiter else b"",
-                        woken=woken, ask_all=ask_all)
-                except asyncio.CancelledError:
-                    # The round may have set our key on some nodes: take it back.
-                    await _complete(_release_round(mgr, self.transport, self._key_b,
-                                                   self._fence_key_b, self._waiters_key_b,
-                                                   token, 0))
-                    raise
-                if result.acquired:
-                    served = True  # the granting nodes' scripts took us out of the line
-                    self._on_acquired(token, result.fence, result.valid_until)
-                    try:
-                        if waiter is not None and result.queued_at:
-                            # Nodes that answered busy put us in line: leave it there too.
-                            _, cancelled = await _complete(_leave_queue(
-                                mgr, self.transport, self._waiters_key_b, waiter.sub.entry,
-                                only=result.queued_at))
-                            if cancelled:
-                                raise asyncio.CancelledError
-                        await _send(signals.lock_acquired, lock=self, name=self.name,
-                                    fence=self.fence, wait=self._acquired_at - started)
-                    except asyncio.CancelledError:
-                        # Cancelled meanwhile (or in a signal receiver): the caller
-                        # never learns it holds the lock, so it must not stay held.
+            try:
+                step = next(plan)
+                while True:
+                    if type(step) is Attempt:
                         try:
-                            await self.release()
-                        except (RedlockError, asyncio.CancelledError):
-                            pass
-                        raise
-                    return True
-                now = clock()
-                remaining = None if deadline is None else deadline - now
-                if remaining is not None and remaining <= 0:
-                    self.retry_after = result.holder_ttl if result.holder_ttl is not None \
-                        else mgr.retry_delay
-                    return False
-                if waiter is None:
-                    # Subscribe before the final attempt, so a release that lands
-                    # between that attempt and the wait still wakes us. That
-                    # attempt puts us in the waiter queue (the release names us).
-                    confirm = mgr.node_timeout if remaining is None else min(mgr.node_timeout,
-                                                                             remaining)
-                    waiter = await _subscribe(mgr, self._key_b, confirm, token.encode())
-                    continue
-                woken = await waiter.wait(mgr.next_wait(remaining, result.holder_ttl))
-                waiter.clear()
-                # No notice after a refusal at the gate: see rounds.gate_node.
-                ask_all = not woken and result.at_gate
+                            answer: Any = await _acquire_round(
+                                mgr, self.transport, self._key_b, self._fence_key_b,
+                                self._waiters_key_b, token, ttl_ms, owner, self.fencing,
+                                self.ttl, lock_name=self.name,
+                                waiter=waiter.sub.entry if waiter else b"",
+                                woken=step.woken, ask_all=step.ask_all)
+                        except asyncio.CancelledError:
+                            # The round may have set our key on some nodes: take it back.
+                            await _complete(_release_round(mgr, self.transport, self._key_b,
+                                                           self._fence_key_b,
+                                                           self._waiters_key_b, token, 0))
+                            raise
+                    elif type(step) is Subscribe:
+                        answer = waiter = await _subscribe(mgr, self._key_b, step.confirm,
+                                                           token.encode())
+                    else:
+                        assert waiter is not None
+                        answer = await waiter.wait(step.seconds)
+                        waiter.clear()
+                    step = plan.send(answer)
+            except StopIteration as done:
+                result = done.value
+            if result is None:
+                return False
+            served = True  # the granting nodes' scripts took us out of the line
+            self._on_acquired(token, result.fence, result.valid_until)
+            try:
+                if waiter is not None and result.queued_at:
+                    # Nodes that answered busy put us in line: leave it there too.
+                    _, cancelled = await _complete(_leave_queue(
+                        mgr, self.transport, self._waiters_key_b, waiter.sub.entry,
+                        only=result.queued_at))
+                    if cancelled:
+                        raise asyncio.CancelledError
+                await _send(signals.lock_acquired, lock=self, name=self.name,
+                            fence=self.fence, wait=self._acquired_at - started)
+            except asyncio.CancelledError:
+                # Cancelled meanwhile (or in a signal receiver): the caller
+                # never learns it holds the lock, so it must not stay held.
+                try:
+                    await self.release()
+                except (RedlockError, asyncio.CancelledError):
+                    pass
+                raise
+            return True
         finally:
             if waiter is not None:
                 waiter.close()

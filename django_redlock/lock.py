@@ -25,7 +25,7 @@ import os
 import threading
 import time
 from types import EllipsisType, TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Generator, NamedTuple, Union
 
 from . import signals
 from .core.keys import fence_key, lock_key, validate_name, waiters_key
@@ -34,10 +34,38 @@ from .exceptions import LockLost, LockNotAcquired, LockNotOwned, QuorumUnavailab
 
 if TYPE_CHECKING:
     from .manager import LockManager
+    from .rounds import AcquireResult
 
 logger = logging.getLogger("django_redlock.lock")
 
 _UNLOCKED, _HELD, _LOST = "unlocked", "held", "lost"
+
+
+# What an acquire's waiting rules (LockBase._acquire_plan) ask its flavour to do.
+class Attempt(NamedTuple):
+    """Make one acquire round; answer with its ``AcquireResult``."""
+
+    woken: bool  # a release notice named us since the last attempt
+    ask_all: bool  # skip the gate node this time (see rounds.gate_node)
+
+
+class Subscribe(NamedTuple):
+    """Register for release notices (wait up to ``confirm`` s for a node to
+    confirm); from now on every attempt queues. Answer with anything."""
+
+    confirm: float
+
+
+class Wait(NamedTuple):
+    """Wait up to ``seconds`` for a release notice; answer True when one came."""
+
+    seconds: float
+
+
+Step = Union[Attempt, Subscribe, Wait]
+#: Yields steps, receives their answers, returns the winning result or None
+#: when the wait ran out.
+AcquirePlan = Generator[Step, Any, "AcquireResult | None"]
 
 
 class LockBase:
@@ -114,6 +142,39 @@ class LockBase:
         return (started, deadline, new_token(), owner_json(self.label),
                 max(1, int(self.ttl * 1000)), pause)
 
+    def _acquire_plan(self, deadline: float | None, in_line: bool) -> AcquirePlan:
+        """The waiting rules of an acquire, without its I/O: both flavours run
+        this plan (``Lock.acquire``, ``AsyncLock.acquire``), so they cannot drift
+        apart on when to queue, how long to wait, or which nodes to ask.
+
+        ``in_line``: subscribe before the first attempt (``_start_acquire``).
+        """
+        mgr = self.manager
+        subscribed = in_line
+        if in_line:
+            yield Subscribe(mgr.node_timeout)
+        woken = ask_all = False
+        while True:
+            result = yield Attempt(woken, ask_all)
+            if result.acquired:
+                return result
+            remaining = None if deadline is None else deadline - mgr.clock()
+            if remaining is not None and remaining <= 0:
+                self.retry_after = result.holder_ttl if result.holder_ttl is not None \
+                    else mgr.retry_delay
+                return None
+            if not subscribed:
+                # Subscribe before the final attempt, so a release that lands
+                # between that attempt and the wait still wakes us. That
+                # attempt puts us in the waiter queue (the release names us).
+                subscribed = True
+                yield Subscribe(mgr.node_timeout if remaining is None
+                                else min(mgr.node_timeout, remaining))
+                continue
+            woken = yield Wait(mgr.next_wait(remaining, result.holder_ttl))
+            # No notice after a refusal at the gate: see rounds.gate_node.
+            ask_all = not woken and result.at_gate
+
     def _busy_error(self) -> LockNotAcquired:
         return LockNotAcquired(
             f"lock {self.name!r} is busy: not acquired within "
@@ -151,49 +212,43 @@ class Lock(LockBase):
         """
         mgr = self.manager
         started, deadline, token, owner, ttl_ms, pause = self._start_acquire(blocking, timeout)
-        clock = mgr.clock
-        subscription = None
-        woken = served = ask_all = False
         if pause:
             # We just handed the lock over: the others are queued, so skip the
             # attempt that would find it busy and go straight into the line.
             time.sleep(pause)
-            subscription = mgr.notifier.subscribe(self._key_b, mgr.node_timeout,
-                                                  waiter=token.encode())
+        plan = self._acquire_plan(deadline, in_line=bool(pause))
+        subscription = None
+        served = False
         try:
-            while True:
-                result = mgr._acquire_round(self._key_b, self._fence_key_b, self._waiters_key_b,
-                                            token, ttl_ms, owner, self.fencing, self.ttl,
-                                            lock_name=self.name,
-                                            waiter=subscription.entry if subscription else b"",
-                                            woken=woken, ask_all=ask_all)
-                if result.acquired:
-                    served = True  # the granting nodes' scripts took us out of the line
-                    if subscription is not None and result.queued_at:
-                        # Nodes that answered busy put us in line: leave it there
-                        # too, or their next release wakes us in vain.
-                        mgr._leave_queue(self._waiters_key_b, subscription.entry, token,
-                                         only=result.queued_at, wait=False)
-                    self._on_acquired(token, result.fence, result.valid_until, started)
-                    return True
-                now = clock()
-                remaining = None if deadline is None else deadline - now
-                if remaining is not None and remaining <= 0:
-                    self.retry_after = result.holder_ttl if result.holder_ttl is not None \
-                        else mgr.retry_delay
-                    return False
-                if subscription is None:
-                    # Subscribe before the final attempt, so a release that lands
-                    # between that attempt and the wait still wakes us. That
-                    # attempt puts us in the waiter queue (the release names us).
-                    confirm = mgr.node_timeout if remaining is None else min(mgr.node_timeout, remaining)
-                    subscription = mgr.notifier.subscribe(self._key_b, confirm,
-                                                          waiter=token.encode())
-                    continue
-                woken = subscription.wait(mgr.next_wait(remaining, result.holder_ttl))
-                subscription.clear()
-                # No notice after a refusal at the gate: see rounds.gate_node.
-                ask_all = not woken and result.at_gate
+            try:
+                step = next(plan)
+                while True:
+                    if type(step) is Attempt:
+                        answer: Any = mgr._acquire_round(
+                            self._key_b, self._fence_key_b, self._waiters_key_b, token, ttl_ms,
+                            owner, self.fencing, self.ttl, lock_name=self.name,
+                            waiter=subscription.entry if subscription else b"",
+                            woken=step.woken, ask_all=step.ask_all)
+                    elif type(step) is Subscribe:
+                        answer = subscription = mgr.notifier.subscribe(
+                            self._key_b, step.confirm, waiter=token.encode())
+                    else:
+                        assert subscription is not None
+                        answer = subscription.wait(step.seconds)
+                        subscription.clear()
+                    step = plan.send(answer)
+            except StopIteration as done:
+                result = done.value
+            if result is None:
+                return False
+            served = True  # the granting nodes' scripts took us out of the line
+            if subscription is not None and result.queued_at:
+                # Nodes that answered busy put us in line: leave it there
+                # too, or their next release wakes us in vain.
+                mgr._leave_queue(self._waiters_key_b, subscription.entry, token,
+                                 only=result.queued_at, wait=False)
+            self._on_acquired(token, result.fence, result.valid_until, started)
+            return True
         finally:
             if subscription is not None:
                 subscription.close()

@@ -19,7 +19,7 @@ from __future__ import annotations
 import logging
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Generator, Protocol, Sequence, TypeVar
+from typing import Any, Generator, NamedTuple, Protocol, Sequence, TypeVar
 
 from .core import quorum as q
 from .exceptions import QuorumUnavailable
@@ -334,12 +334,13 @@ def tally_holders(replies: Sequence[Any], key: bytes) -> int:
 
 
 # -- whole rounds, as steps both flavours run -------------------------------------
-@dataclass(frozen=True)
-class Ask:
+class Ask(NamedTuple):
     """One exchange for a transport to run: node i is sent ``requests[i]``
     (None: not asked); the other fields are :meth:`SyncTransport.round`'s options.
 
     The asyncio transport reads every reply, so it uses ``skip_backoff`` only.
+    (A named tuple: built twice per acquire + release, where a frozen
+    dataclass measured a microsecond slower each.)
     """
 
     requests: list[Any]
