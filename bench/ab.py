@@ -1,0 +1,203 @@
+"""``python -m bench.ab --base REV``: this checkout against an earlier revision, interleaved.
+
+The full benchmark compares libraries; this compares two versions of
+django-redlock, which is how a change to the engine is judged here. On a
+shared, noisy machine a change of 10-20% is invisible between two runs of
+``make bench`` made minutes apart, and plain within one run that interleaves.
+
+``REV`` is checked out into a temporary git worktree. Every round runs each
+variant (this checkout, ``REV``, and python-redis-lock as a yardstick) in
+fresh spawned processes that put that variant's tree first on ``sys.path``
+(and check that the package really came from there), in a shuffled order:
+
+``uncontended``
+    one process, acquire + release in a loop on 1 or 5 nodes: p50 µs;
+``contended``
+    four processes, one lock on 1 node, a GET/SET counter inside (as in
+    ``python -m bench``): acquisitions per second and client CPU per
+    acquisition.
+
+It prints each round, then per variant the median and the median of the
+per-round ratios to ``REV``. Nothing is written to ``bench/results``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import os
+import random
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import redis
+
+ROOT = Path(__file__).resolve().parent.parent
+WORKERS = 4
+START_DELAY = 1.5  # spawned workers import Django and connect before the start
+
+
+def _load(root: str, variant: str, urls: list[str]) -> Any:
+    """The contestant for ``variant``, built from the tree at ``root``."""
+    sys.path.insert(0, root)
+    from bench.libs import build, quiet_loggers
+
+    quiet_loggers()
+    if variant == "python-redis-lock":
+        return build("prl-1", urls, urls)
+    import django_redlock
+
+    where = str(Path(django_redlock.__file__).resolve())
+    if not where.startswith(root):
+        raise RuntimeError(f"django_redlock came from {where}, not from {root}")
+    return build("drl-renew-1" if len(urls) == 1 else "drl-renew-5", urls, urls)
+
+
+def _uncontended(root: str, variant: str, urls: list[str], ops: int, out: Any) -> None:
+    lib = _load(root, variant, urls)
+    try:
+        lat = []
+        for i in range(ops + ops // 5):
+            lock = lib.new("bench:ab:u")
+            t0 = time.perf_counter_ns()
+            if not lib.acquire(lock, 5.0):
+                raise RuntimeError("uncontended acquire failed")
+            lib.release(lock)
+            if i >= ops // 5:  # the first fifth warms up
+                lat.append(time.perf_counter_ns() - t0)
+        out.put(statistics.median(lat) / 1000.0)
+    finally:
+        lib.close()
+
+
+def _contend(root: str, variant: str, url: str, name: str, start_at: float, duration: float,
+             out: Any) -> None:
+    lib = _load(root, variant, [url])
+    counter = redis.Redis.from_url(url)
+    try:
+        warm = lib.new(name + ":warm")
+        lib.acquire(warm, 5.0)
+        lib.release(warm)
+        time.sleep(max(0.0, start_at - time.monotonic()))
+        end = start_at + duration
+        done = 0
+        cpu = os.times()
+        while time.monotonic() < end:
+            lock = lib.new(name)
+            if not lib.acquire(lock, max(0.0, end - time.monotonic())):
+                continue
+            value = counter.get(name + ":n")
+            counter.set(name + ":n", int(value or 0) + 1)
+            lib.release(lock)
+            done += 1
+        after = os.times()
+        out.put((done, after.user - cpu.user + after.system - cpu.system))
+    finally:
+        counter.close()
+        lib.close()
+
+
+def _run_procs(ctx: Any, target: Any, args_list: list[tuple[Any, ...]], timeout: float) -> list[Any]:
+    out = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*args, out), daemon=True) for args in args_list]
+    for p in procs:
+        p.start()
+    try:
+        return [out.get(timeout=timeout) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+
+
+def _worktree(rev: str, into: str) -> None:
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "add", "--detach", "-q", into, rev],
+                   check=True)
+
+
+def _drop_worktree(path: str) -> None:
+    subprocess.run(["git", "-C", str(ROOT), "worktree", "remove", "--force", path],
+                   check=False, capture_output=True)
+
+
+def _summary(title: str, per_round: dict[str, list[float]], base: str, unit: str,
+             higher_is_better: bool) -> None:
+    print(f"\n{title} ({'higher' if higher_is_better else 'lower'} is better)")
+    print(f"{'variant':<22}{'median ' + unit:>16}   x {base}")
+    for variant, values in per_round.items():
+        ratio = statistics.median(v / b for v, b in zip(values, per_round[base]))
+        print(f"{variant:<22}{statistics.median(values):>16.1f}   {ratio:.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__.split("\n")[0])
+    p.add_argument("--base", required=True, help="the git revision to compare against")
+    p.add_argument("--only", default="uncontended,contended",
+                   help="sections (default: uncontended,contended)")
+    p.add_argument("--rounds", type=int, default=8)
+    p.add_argument("--nodes", type=int, default=1, help="uncontended: 1 or 5 nodes (default 1)")
+    p.add_argument("--ops", type=int, default=2000, help="uncontended ops per round")
+    p.add_argument("--duration", type=float, default=3.0, help="contended seconds per round")
+    args = p.parse_args(argv)
+    sections = [s.strip() for s in args.only.split(",") if s.strip()]
+    from .nodes import running_nodes
+
+    ctx = mp.get_context("spawn")
+    tmp = tempfile.mkdtemp(prefix="redlock-ab-")
+    base_tree = os.path.join(tmp, "base")
+    _worktree(args.base, base_tree)
+    here, base = "this checkout", f"base {args.base}"
+    roots = {here: str(ROOT), base: base_tree}
+    rng = random.Random()
+    try:
+        if "uncontended" in sections:
+            lat: dict[str, list[float]] = {here: [], base: []}
+            with running_nodes(args.nodes) as urls:
+                for rnd in range(args.rounds):
+                    order = list(lat)
+                    rng.shuffle(order)
+                    for variant in order:
+                        [p50] = _run_procs(ctx, _uncontended,
+                                           [(roots[variant], variant, urls, args.ops)], 120)
+                        lat[variant].append(p50)
+                    print(f"uncontended round {rnd + 1}: " + ", ".join(
+                        f"{v} {lat[v][-1]:.0f} µs" for v in lat), flush=True)
+            _summary(f"uncontended acquire + release p50, {args.nodes} node(s)", lat, base,
+                     "µs", higher_is_better=False)
+        if "contended" in sections:
+            rate: dict[str, list[float]] = {here: [], base: [], "python-redis-lock": []}
+            cpu: dict[str, list[float]] = {v: [] for v in rate}
+            roots["python-redis-lock"] = str(ROOT)
+            with running_nodes(1) as urls:
+                for rnd in range(args.rounds):
+                    order = list(rate)
+                    rng.shuffle(order)
+                    for variant in order:
+                        name = f"bench:ab:c:{rnd}:{order.index(variant)}"
+                        start_at = time.monotonic() + START_DELAY
+                        results = _run_procs(
+                            ctx, _contend, [(roots[variant], variant, urls[0], name, start_at,
+                                             args.duration)] * WORKERS,
+                            START_DELAY + args.duration + 60)
+                        done = sum(r[0] for r in results)
+                        rate[variant].append(done / args.duration)
+                        cpu[variant].append(sum(r[1] for r in results) / max(done, 1) * 1e6)
+                    print(f"contended round {rnd + 1}: " + ", ".join(
+                        f"{v} {rate[v][-1]:.0f}/s" for v in rate), flush=True)
+            _summary("contended acquisitions/s, 4 processes, 1 node", rate, base, "acq/s",
+                     higher_is_better=True)
+            _summary("client CPU per contended acquisition", cpu, base, "µs",
+                     higher_is_better=False)
+    finally:
+        _drop_worktree(base_tree)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
