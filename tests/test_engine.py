@@ -558,3 +558,29 @@ def test_step_back_entries_of_keys_never_acquired_again_are_swept(
         if i % 500 == 0:
             time.sleep(manager_module.HANDOFF_YIELD * 2)  # let earlier pauses run out
     assert len(mgr._handoff) <= manager_module._HANDOFF_KEYS_MAX + 500
+
+
+def test_the_wake_up_flag_behaves_like_an_event_between_two_threads() -> None:
+    from django_redlock.transport.notify import Flag
+
+    flag = Flag()
+    assert not flag.is_set()
+    started = time.monotonic()
+    assert flag.wait(0.05) is False  # nobody set it: the wait times out
+    assert time.monotonic() - started >= 0.04
+    setter = threading.Timer(0.05, flag.set)
+    setter.start()
+    assert flag.wait(5.0) is True  # woken by the other thread
+    setter.join()
+    assert flag.is_set() and flag.wait(0) is True  # stays set until cleared
+    flag.set()  # setting twice is harmless
+    flag.clear()
+    assert not flag.is_set() and flag.wait(0.01) is False
+    flag.clear()  # clearing twice too
+    for _ in range(200):  # set and clear racing across threads never wedge it
+        t = threading.Thread(target=flag.set)
+        t.start()
+        assert flag.wait(5.0)
+        t.join()
+        flag.clear()
+    assert not flag.is_set()

@@ -42,6 +42,55 @@ RECONNECT_FIRST = 0.05
 RECONNECT_MAX = 2.0
 _POLL = 0.5
 _DRAIN_MAX = 1000
+_READ_SIZE = 65536
+
+
+def _tls_pending(sock: Any) -> bool:
+    """Whether a TLS socket holds decrypted bytes that select() cannot see."""
+    pending = getattr(sock, "pending", None)
+    return bool(pending and pending())
+
+
+class Flag:
+    """A ``threading.Event`` for one setting thread (the listener) and one waiting
+    thread, built on one lock used as a binary semaphore.
+
+    ``threading.Event`` wakes its waiter through a condition variable: the
+    woken thread must then take the condition's lock, which the setter may
+    still hold, and on a busy machine the two threads ping-pong on it. Here
+    ``set()`` is one lock release and the waiter's wake-up one acquire.
+    The lock is held exactly while the flag is clear.
+    """
+
+    __slots__ = ("_lock", "_set")
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._lock.acquire()
+        self._set = False
+
+    def is_set(self) -> bool:
+        return self._set
+
+    def set(self) -> None:
+        """From the listener thread only (one setter)."""
+        if not self._set:
+            self._set = True
+            self._lock.release()
+
+    def wait(self, timeout: float) -> bool:
+        if self._set:
+            return True
+        if self._lock.acquire(timeout=max(timeout, 0.0)):
+            self._lock.release()  # set() released it: leave it released (still set)
+            return True
+        return False
+
+    def clear(self) -> None:
+        """From the waiting thread only. A ``set()`` under way is waited for."""
+        if self._set:
+            self._lock.acquire()
+            self._set = False
 
 
 class Subscription:
@@ -54,7 +103,7 @@ class Subscription:
         self.waiter = waiter
         #: What the waiter puts in the lock's waiter queue: where to send the notice.
         self.entry = notifier.inbox + b"|" + waiter
-        self.event = threading.Event()
+        self.event: Any = Flag()
         self.closed = False
 
     def clear(self) -> None:
@@ -159,6 +208,8 @@ class ReleaseNotifier:
         self._wake_r.setblocking(False)
         self._stopping = False
         self._thread: threading.Thread | None = None
+        #: Flags of the waiters the notices just read name (listener thread only).
+        self._woken: list[Any] = []
 
     # -- waiter side --------------------------------------------------------
     def subscribe(self, channel: bytes, confirm_timeout: float,
@@ -245,7 +296,15 @@ class ReleaseNotifier:
                 self._apply_ops()
                 self._connect_due()
                 self._sync_selector(sel)
-                for key, _ in sel.select(timeout=self._next_timeout()):
+                # Wake the waiters the last notices named only now, with this
+                # thread's work done: a woken waiter needs the GIL at once, and
+                # this thread gives it up in select() a few bytecodes later
+                # instead of competing for it.
+                timeout = self._next_timeout()
+                woken, self._woken = self._woken, []
+                for flag in woken:
+                    flag.set()
+                for key, _ in sel.select(timeout=timeout):
                     if key.data is None:
                         try:
                             while self._wake_r.recv(4096):
@@ -327,7 +386,7 @@ class ReleaseNotifier:
     def _drain(self, link: _Link) -> None:
         for _ in range(_DRAIN_MAX):
             try:
-                data = link.sock.recv(65536)
+                data = link.sock.recv(_READ_SIZE)
             except (BlockingIOError, InterruptedError, ssl.SSLWantReadError):
                 return
             except NODE_DOWN_ERRORS:
@@ -344,6 +403,10 @@ class ReleaseNotifier:
                 return
             for reply in replies:
                 self._handle(reply)
+            if len(data) < _READ_SIZE and not _tls_pending(link.sock):
+                # Drained for now; select() reports more. Reading on until
+                # EAGAIN cost every notice one more system call.
+                return
 
     def _handle(self, reply: Any) -> None:
         if not isinstance(reply, list) or len(reply) < 3:
@@ -356,8 +419,7 @@ class ReleaseNotifier:
                     subs = [] if named is None else [named]
                 else:  # a key channel: force_release wakes them all
                     subs = list(self._subs.get(channel, ()))
-            for sub in subs:
-                sub.event.set()
+            self._woken.extend(sub.event for sub in subs)
         elif kind == b"subscribe":
             with self._lock:
                 confirmed = self._confirmed.get(channel)
