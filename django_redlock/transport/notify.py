@@ -52,45 +52,50 @@ def _tls_pending(sock: Any) -> bool:
 
 
 class Flag:
-    """A ``threading.Event`` for one setting thread (the listener) and one waiting
-    thread, built on one lock used as a binary semaphore.
+    """A ``threading.Event`` for one waiting thread (``set()`` from any thread),
+    whose wake-up is one lock release and one acquire.
 
     ``threading.Event`` wakes its waiter through a condition variable: the
     woken thread must then take the condition's lock, which the setter may
-    still hold, and on a busy machine the two threads ping-pong on it. Here
-    ``set()`` is one lock release and the waiter's wake-up one acquire.
-    The lock is held exactly while the flag is clear.
+    still hold, and on a busy machine the two threads ping-pong on it. Here the
+    waiter sleeps on ``_wake``, a lock held exactly while the flag is clear,
+    and ``set()`` releases it. ``_state`` (never held while sleeping) only
+    orders ``set()`` against ``clear()``, so a set that races a clear is never
+    lost.
     """
 
-    __slots__ = ("_lock", "_set")
+    __slots__ = ("_wake", "_state", "_set")
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._lock.acquire()
+        self._wake = threading.Lock()
+        self._wake.acquire()
+        self._state = threading.Lock()
         self._set = False
 
     def is_set(self) -> bool:
         return self._set
 
     def set(self) -> None:
-        """From the listener thread only (one setter)."""
-        if not self._set:
-            self._set = True
-            self._lock.release()
+        with self._state:
+            if not self._set:
+                self._set = True
+                self._wake.release()
 
     def wait(self, timeout: float) -> bool:
+        """From the waiting thread only."""
         if self._set:
             return True
-        if self._lock.acquire(timeout=max(timeout, 0.0)):
-            self._lock.release()  # set() released it: leave it released (still set)
+        if self._wake.acquire(timeout=max(timeout, 0.0)):
+            self._wake.release()  # set() released it: leave it so (still set)
             return True
         return False
 
     def clear(self) -> None:
-        """From the waiting thread only. A ``set()`` under way is waited for."""
-        if self._set:
-            self._lock.acquire()
-            self._set = False
+        """From the waiting thread only."""
+        with self._state:
+            if self._set:
+                self._wake.acquire()  # free while set: never blocks
+                self._set = False
 
 
 class Subscription:
@@ -294,16 +299,16 @@ class ReleaseNotifier:
             while not self._stopping:
                 self._expire_idle()
                 self._apply_ops()
-                self._connect_due()
+                if self._connect_is_due():
+                    self._wake_named()  # a connect may block: no wake-up waits for it
+                    self._connect_due()
                 self._sync_selector(sel)
+                timeout = self._next_timeout()
                 # Wake the waiters the last notices named only now, with this
                 # thread's work done: a woken waiter needs the GIL at once, and
                 # this thread gives it up in select() a few bytecodes later
                 # instead of competing for it.
-                timeout = self._next_timeout()
-                woken, self._woken = self._woken, []
-                for flag in woken:
-                    flag.set()
+                self._wake_named()
                 for key, _ in sel.select(timeout=timeout):
                     if key.data is None:
                         try:
@@ -317,6 +322,15 @@ class ReleaseNotifier:
             logger.exception("release listener stopped; waiters fall back to timed retries")
         finally:
             sel.close()
+
+    def _wake_named(self) -> None:
+        woken, self._woken = self._woken, []
+        for flag in woken:
+            flag.set()
+
+    def _connect_is_due(self) -> bool:
+        now = time.monotonic()
+        return any(link.sock is None and now >= link.next_connect for link in self._links)
 
     def _sync_selector(self, sel: selectors.BaseSelector) -> None:
         """Register the live links' sockets; forget the dropped ones."""
