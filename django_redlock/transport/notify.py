@@ -215,6 +215,8 @@ class ReleaseNotifier:
         self._thread: threading.Thread | None = None
         #: Flags of the waiters the notices just read name (listener thread only).
         self._woken: list[Any] = []
+        #: A link connected or dropped since the selector was last brought in line.
+        self._links_changed = True
 
     # -- waiter side --------------------------------------------------------
     def subscribe(self, channel: bytes, confirm_timeout: float,
@@ -302,7 +304,9 @@ class ReleaseNotifier:
                 if self._connect_is_due():
                     self._wake_named()  # a connect may block: no wake-up waits for it
                     self._connect_due()
-                self._sync_selector(sel)
+                if self._links_changed:
+                    self._links_changed = False
+                    self._sync_selector(sel)
                 timeout = self._next_timeout()
                 # Wake the waiters the last notices named only now, with this
                 # thread's work done: a woken waiter needs the GIL at once, and
@@ -395,6 +399,7 @@ class ReleaseNotifier:
                 logger.debug("pub/sub connect to %s failed: %s", link.node.name, e)
                 continue
             link.conn, link.sock, link.parser = conn, sock, PushParser()
+            self._links_changed = True
             link.failures = 0
 
     def _drain(self, link: _Link) -> None:
@@ -442,6 +447,7 @@ class ReleaseNotifier:
 
     def _drop(self, link: _Link, *, reconnect: bool = True) -> None:
         conn, link.conn, link.sock = link.conn, None, None
+        self._links_changed = True
         if conn is not None:
             try:
                 conn.disconnect()
