@@ -216,8 +216,7 @@ async def _release_round(mgr: LockManager, transport: AsyncTransport, key: bytes
 async def _leave_queue(mgr: LockManager, transport: AsyncTransport, wkey: bytes,
                        waiter: bytes, *, only: Sequence[bool] | None = None) -> None:
     """See :meth:`LockManager._leave_queue`."""
-    ask = rounds.leave_queue_ask(len(mgr.nodes), wkey, waiter, only=only)
-    await transport.round(ask.requests)
+    await _run(transport, rounds.leave_queue_steps(mgr, wkey, waiter, only=only))
 
 
 async def _extend_round(mgr: LockManager, transport: AsyncTransport, key: bytes, fkey: bytes,

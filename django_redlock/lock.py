@@ -342,8 +342,7 @@ class Lock(LockBase):
             reason = "the lease ran out before it could be extended"
             self._mark_lost(reason)
             return "lost", reason
-        result = mgr._extend_round(self._key_b, self._fence_key_b, self._token, self.fence, ttl,
-                                   lock_name=self.name)
+        result = mgr._extend_round(self._key_b, self._fence_key_b, self._token, self.fence, ttl)
         if result.extended:
             self._valid_until = result.valid_until
             return "ok", ""

@@ -289,12 +289,11 @@ class LockManager:
         and so queued us; the lock is held, its release follows); ``wait=False``
         sends without waiting for the replies.
         """
-        ask = rounds.leave_queue_ask(len(self.nodes), wkey, waiter, token=token, only=only,
-                                     wait=wait)
-        self.transport.round(ask.requests, settle=ask.settle, tag=ask.tag, final=ask.final)
+        self._run(rounds.leave_queue_steps(self, wkey, waiter, token=token, only=only,
+                                           wait=wait))
 
-    def _extend_round(self, key: bytes, fkey: bytes, token: str, fence: int, ttl: float, *,
-                      lock_name: str) -> ExtendResult:
+    def _extend_round(self, key: bytes, fkey: bytes, token: str, fence: int,
+                      ttl: float) -> ExtendResult:
         return self._run(rounds.extend_steps(self, key, fkey, token, fence, ttl))
 
     def _holders(self, key: bytes) -> int:

@@ -444,9 +444,10 @@ def holders_steps(mgr: RoundContext, key: bytes) -> Steps[int]:
     return tally_holders((yield Ask([exists_command(key)] * len(mgr.nodes))), key)
 
 
-def leave_queue_ask(n_nodes: int, wkey: bytes, waiter: bytes, *, token: Any = None,
-                    only: Sequence[bool] | None = None, wait: bool = True) -> Ask:
-    """A waiter gives up: out of the line on every node (``only``: just those)."""
+def leave_queue_steps(mgr: RoundContext, wkey: bytes, waiter: bytes, *, token: Any = None,
+                      only: Sequence[bool] | None = None, wait: bool = True) -> Steps[None]:
+    """A waiter gives up: out of the line on every node (``only``: just those);
+    ``wait=False`` sends without waiting for the replies."""
     command = leave_queue_command(wkey, waiter)
-    return Ask([command if only is None or only[i] else None for i in range(n_nodes)],
-               settle=None if wait else NO_WAIT, tag=token, final=only is None)
+    yield Ask([command if only is None or only[i] else None for i in range(len(mgr.nodes))],
+              settle=None if wait else NO_WAIT, tag=token, final=only is None)
