@@ -306,3 +306,18 @@ def build(lib_id: str, urls1: list[str], urls5: list[str]) -> Contestant:
     contestant = builder(urls1, urls5)
     contestant.label = label
     return contestant
+
+
+def contestant_op(cid: str, urls: list[str], key: str) -> tuple[Callable[[], None],
+                                                                Callable[[], None]]:
+    """One acquire + release (or floor operation) of contestant ``cid`` on the
+    nodes ``urls``, and how to close it: a floor (``raw-*``, ``redispy-floor-*``)
+    or a library of :data:`LIBRARIES`."""
+    if cid.startswith("raw-"):
+        floor: RawFloor | RedisPyFloor = RawFloor(urls, key)
+        return floor.op, floor.close
+    if cid.startswith("redispy-floor-"):
+        floor = RedisPyFloor(urls, key)
+        return floor.op, floor.close
+    lib = build(cid, urls, urls)
+    return lib.make_op(key), lib.close

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from multiprocessing.connection import Connection
 from typing import Any
 
-from .libs import RawFloor, build
+from .libs import contestant_op
 from .stats import median, percentile
 from .uncontended import timed_chunk
 
@@ -61,15 +61,8 @@ class SlowNode:
         self._closers: list[Callable[[], None]] = [lambda: self._stop_proxy(here)]
         self.op: dict[str, Callable[[], None]] = {}
         for cid, _ in CONTESTANTS:
-            key = f"bench:slow:{cid}"
-            if cid == "raw-5":
-                floor = RawFloor(urls, key)
-                self.op[cid] = floor.op
-                self._closers.append(floor.close)
-            else:
-                lib = build(cid, urls, urls)
-                self.op[cid] = lib.make_op(key)
-                self._closers.append(lib.close)
+            self.op[cid], close = contestant_op(cid, urls, f"bench:slow:{cid}")
+            self._closers.append(close)
         self.rounds: list[dict[str, dict[str, float]]] = []
         self.errors: dict[str, int] = {}
 

@@ -12,7 +12,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from .libs import RawFloor, RedisPyFloor, build
+from .libs import contestant_op
 from .stats import median, percentile
 
 #: (id, label, node count, floor it is compared with). Order = table order.
@@ -68,20 +68,9 @@ class Uncontended:
         self._closers: list[Callable[[], None]] = []
         self.op: dict[str, Callable[[], None]] = {}
         for cid, _, n in CONTESTANTS:
-            urls = urls1 if n == 1 else urls5
-            key = f"bench:u:{cid}"
-            if cid.startswith("raw-"):
-                floor: Any = RawFloor(urls, key)
-                self.op[cid] = floor.op
-                self._closers.append(floor.close)
-            elif cid.startswith("redispy-floor-"):
-                floor = RedisPyFloor(urls, key)
-                self.op[cid] = floor.op
-                self._closers.append(floor.close)
-            else:
-                lib = build(cid, urls1, urls5)
-                self.op[cid] = lib.make_op(key)
-                self._closers.append(lib.close)
+            self.op[cid], close = contestant_op(cid, urls1 if n == 1 else urls5,
+                                                f"bench:u:{cid}")
+            self._closers.append(close)
         self.rounds: list[dict[str, dict[str, float]]] = []
         self.errors: dict[str, int] = {}
         self.error_sample: dict[str, str] = {}
