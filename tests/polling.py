@@ -1,7 +1,8 @@
-"""Bounded polling for tests: wait for a condition, never forever."""
+"""Bounded waiting for tests: for a condition, or for threads; never forever."""
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Callable
 
@@ -15,3 +16,16 @@ def wait_until(predicate: Callable[[], bool], timeout: float = 5.0,
             return True
         time.sleep(interval)
     return predicate()
+
+
+def run_in_threads(work: Callable[[], None], count: int, timeout: float = 60.0) -> None:
+    """Run ``work`` in ``count`` threads at once; wait for all, at most ``timeout``
+    s in all, and fail the test if any is still running."""
+    threads = [threading.Thread(target=work, daemon=True) for _ in range(count)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout
+    for t in threads:
+        t.join(timeout=max(0.0, deadline - time.monotonic()))
+    stuck = sum(t.is_alive() for t in threads)
+    assert not stuck, f"{stuck} of {count} threads still running after {timeout:g} s"

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 
@@ -178,76 +180,78 @@ def test_scripts_inline_their_shared_function() -> None:
 
 
 # -- the waiting rules of an acquire, without I/O (LockBase._acquire_plan) ----------------
-def _plan_manager(now: list[float]) -> object:
+class _PlanClock:
+    now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+@pytest.fixture
+def plan_manager() -> Iterator[tuple[Any, _PlanClock]]:
+    """A manager that never connects, on a clock the test moves."""
     from django_redlock import LockManager
 
-    return LockManager(["redis://127.0.0.1:1/0"], clock=lambda: now[0], retry_delay=0.2,
-                       node_timeout=0.5, rng=random.Random(1), auto_renew=False)
+    clock = _PlanClock()
+    mgr = LockManager(["redis://127.0.0.1:1/0"], clock=clock, retry_delay=0.2,
+                      node_timeout=0.5, rng=random.Random(1), auto_renew=False)
+    yield mgr, clock
+    mgr.close()
 
 
-def test_the_acquire_plan_subscribes_before_its_final_attempt_then_waits() -> None:
+def test_the_acquire_plan_subscribes_before_its_final_attempt_then_waits(
+        plan_manager: tuple[Any, _PlanClock]) -> None:
     from django_redlock.lock import Attempt, Subscribe, Wait
     from django_redlock.rounds import AcquireResult
 
-    now = [100.0]
-    mgr = _plan_manager(now)
-    try:
-        lock = mgr.lock("plan", timeout=1.0)
-        plan = lock._acquire_plan(deadline=101.0, in_line=False)
-        assert next(plan) == Attempt(woken=False, ask_all=False)  # a first attempt, not queued
-        busy = AcquireResult(False, holder_ttl=5.0)
-        # Refused: subscribe (confirm within the node timeout), then try again, queued.
-        assert plan.send(busy) == Subscribe(0.5)
-        assert plan.send(None) == Attempt(woken=False, ask_all=False)
-        step = plan.send(busy)
-        assert isinstance(step, Wait) and 0.1 <= step.seconds <= 0.2  # the jittered retry delay
-        # Woken by a notice: the next attempt says so.
-        assert plan.send(True) == Attempt(woken=True, ask_all=False)
-        # Refused at the gate with no notice since: the next attempt asks every node.
-        step = plan.send(AcquireResult(False, holder_ttl=5.0, at_gate=True))
-        assert isinstance(step, Wait)
-        assert plan.send(False) == Attempt(woken=False, ask_all=True)
-        # The deadline passes: the plan gives up and says when to come back.
-        now[0] = 101.5
-        with pytest.raises(StopIteration) as done:
-            plan.send(AcquireResult(False, holder_ttl=3.0))
-        assert done.value.value is None
-        assert lock.retry_after == 3.0
-    finally:
-        mgr.close()
+    mgr, clock = plan_manager
+    lock = mgr.lock("plan", timeout=1.0)
+    plan = lock._acquire_plan(deadline=101.0, in_line=False)
+    assert next(plan) == Attempt(woken=False, ask_all=False)  # a first attempt, not queued
+    busy = AcquireResult(False, holder_ttl=5.0)
+    # Refused: subscribe (confirm within the node timeout), then try again, queued.
+    assert plan.send(busy) == Subscribe(0.5)
+    assert plan.send(None) == Attempt(woken=False, ask_all=False)
+    step = plan.send(busy)
+    assert isinstance(step, Wait) and 0.1 <= step.seconds <= 0.2  # the jittered retry delay
+    # Woken by a notice: the next attempt says so.
+    assert plan.send(True) == Attempt(woken=True, ask_all=False)
+    # Refused at the gate with no notice since: the next attempt asks every node.
+    step = plan.send(AcquireResult(False, holder_ttl=5.0, at_gate=True))
+    assert isinstance(step, Wait)
+    assert plan.send(False) == Attempt(woken=False, ask_all=True)
+    # The deadline passes: the plan gives up and says when to come back.
+    clock.now = 101.5
+    with pytest.raises(StopIteration) as done:
+        plan.send(AcquireResult(False, holder_ttl=3.0))
+    assert done.value.value is None
+    assert lock.retry_after == 3.0
 
 
-def test_the_acquire_plan_goes_straight_into_line_and_returns_the_win() -> None:
+def test_the_acquire_plan_goes_straight_into_line_and_returns_the_win(
+        plan_manager: tuple[Any, _PlanClock]) -> None:
     from django_redlock.lock import Attempt, Subscribe
     from django_redlock.rounds import AcquireResult
 
-    now = [100.0]
-    mgr = _plan_manager(now)
-    try:
-        plan = mgr.lock("plan")._acquire_plan(deadline=None, in_line=True)
-        assert next(plan) == Subscribe(0.5)  # handed over just now: no attempt outside the line
-        assert plan.send(None) == Attempt(woken=False, ask_all=False)
-        won = AcquireResult(True, fence=7, valid_until=110.0)
-        with pytest.raises(StopIteration) as done:
-            plan.send(won)
-        assert done.value.value is won
-    finally:
-        mgr.close()
+    mgr, _ = plan_manager
+    plan = mgr.lock("plan")._acquire_plan(deadline=None, in_line=True)
+    assert next(plan) == Subscribe(0.5)  # handed over just now: no attempt outside the line
+    assert plan.send(None) == Attempt(woken=False, ask_all=False)
+    won = AcquireResult(True, fence=7, valid_until=110.0)
+    with pytest.raises(StopIteration) as done:
+        plan.send(won)
+    assert done.value.value is won
 
 
-def test_a_plan_that_may_not_wait_tries_once() -> None:
+def test_a_plan_that_may_not_wait_tries_once(plan_manager: tuple[Any, _PlanClock]) -> None:
     from django_redlock.lock import Attempt
     from django_redlock.rounds import AcquireResult
 
-    now = [100.0]
-    mgr = _plan_manager(now)
-    try:
-        lock = mgr.lock("plan")
-        plan = lock._acquire_plan(deadline=100.0, in_line=False)  # timeout=0
-        assert next(plan) == Attempt(woken=False, ask_all=False)
-        with pytest.raises(StopIteration) as done:
-            plan.send(AcquireResult(False, holder_ttl=None))
-        assert done.value.value is None
-        assert lock.retry_after == 0.2  # no holder lease known: the retry delay
-    finally:
-        mgr.close()
+    mgr, _ = plan_manager
+    lock = mgr.lock("plan")
+    plan = lock._acquire_plan(deadline=100.0, in_line=False)  # timeout=0
+    assert next(plan) == Attempt(woken=False, ask_all=False)
+    with pytest.raises(StopIteration) as done:
+        plan.send(AcquireResult(False, holder_ttl=None))
+    assert done.value.value is None
+    assert lock.retry_after == 0.2  # no holder lease known: the retry delay

@@ -22,6 +22,7 @@ from django_redlock import (
 from django_redlock.core.keys import fence_key
 from django_redlock.core.owner import parse_value
 from django_redlock.testing import RedisNodes
+from tests.polling import run_in_threads
 
 MakeManager = Callable[..., Any]
 
@@ -323,11 +324,7 @@ def test_threads_sharing_one_manager_are_mutually_excluded(
         except BaseException as e:  # noqa: BLE001 - reported by the assertion below
             errors.append(e)
 
-    threads = [threading.Thread(target=work) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
+    run_in_threads(work, 6)
     assert not errors
     assert int(counter.get("counter")) == 150
 

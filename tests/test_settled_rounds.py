@@ -9,7 +9,6 @@ connections stays what it was. Every wait is bounded.
 
 from __future__ import annotations
 
-import threading
 import time
 from typing import Any, Callable, NamedTuple
 
@@ -19,7 +18,7 @@ import redis
 from django_redlock.core.keys import fence_key
 from django_redlock.testing import FaultProxy, RedisNodes
 from django_redlock.transport.resp import ACQUIRE, RELEASE
-from tests.polling import wait_until
+from tests.polling import run_in_threads, wait_until
 
 MakeManager = Callable[..., Any]
 
@@ -194,12 +193,7 @@ def test_threads_sharing_a_manager_with_a_slow_node(
         except BaseException as e:  # noqa: BLE001 - reported below
             errors.append(e)
 
-    threads = [threading.Thread(target=work) for _ in range(6)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    assert not any(t.is_alive() for t in threads)
+    run_in_threads(work, 6)
     assert errors == []
     assert state["count"] == 240
     fences = state["fences"]
