@@ -1,0 +1,242 @@
+"""``python -m bench.trace``: where a handoff's milliseconds go, step by step.
+
+The handoff table gives one number per library: from ``release()`` in one
+process to ``acquire()`` returning in another. This takes django-redlock's
+apart on one node, with the waiting process instrumented, and measures in the
+same run the two wake-ups it is made of:
+
+``wake, direct``
+    ``PUBLISH`` in one process, until a thread blocked in ``recv()`` on the
+    subscribed socket in another process runs again: one idle process woken.
+``wake, through a listener thread``
+    the same notice read by a listener thread blocked in ``select()``, which
+    sets a :class:`django_redlock.transport.notify.Flag` that the waiting
+    thread sleeps on: our mechanism, one more thread woken.
+
+Then the timeline of a real handoff (django-redlock, defaults, 1 node), each
+mark counted from the holder calling ``release()``, p50 and p90 over the
+samples, with python-redis-lock's total measured alternately in the same run.
+The marks come from wrapping a few internal functions of the waiting process
+(the listener's read, the flag's wait, the transport's send and round); they
+are a diagnostic of the current code, not an API.
+"""
+
+from __future__ import annotations
+
+import argparse
+import multiprocessing as mp
+import random
+import socket
+import sys
+import threading
+import time
+from typing import Any
+
+from .nodes import running_nodes
+from .stats import percentile
+
+GAP = (0.003, 0.013)  # the holder's random hold before release(): the waiter is idle
+TIMEOUT = 10.0
+MARKS = ["notice read by the listener", "waiting thread runs", "acquire request sent",
+         "acquire reply read", "acquire() returned"]
+
+
+def _port(url: str) -> int:
+    return int(url.rsplit(":", 1)[1].split("/")[0])
+
+
+def _sock(port: int) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port))
+    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return s
+
+
+# -- one idle wake-up, with and without the listener thread ------------------------
+def _wake_subscriber(port: int, through_listener: bool, samples: int, ready: Any, out: Any) -> None:
+    import selectors
+
+    from django_redlock.transport.notify import Flag
+
+    s = _sock(port)
+    s.sendall(b"*2\r\n$9\r\nSUBSCRIBE\r\n$5\r\ntrace\r\n")
+    s.recv(1000)
+    woke: list[int] = []
+    if through_listener:
+        flag = Flag()
+
+        def listener() -> None:
+            sel = selectors.DefaultSelector()
+            sel.register(s, selectors.EVENT_READ)
+            for _ in range(samples):
+                while not sel.select(TIMEOUT):
+                    pass
+                s.recv(1000)
+                flag.set()
+
+        threading.Thread(target=listener, daemon=True).start()
+        ready.set()
+        for _ in range(samples):
+            flag.wait(TIMEOUT)
+            woke.append(time.monotonic_ns())
+            flag.clear()
+    else:
+        ready.set()
+        for _ in range(samples):
+            s.recv(1000)
+            woke.append(time.monotonic_ns())
+    out.put(woke)
+
+
+def _wake_us(port: int, through_listener: bool, samples: int, rng: random.Random) -> list[float]:
+    ctx = mp.get_context("spawn")
+    ready, out = ctx.Event(), ctx.Queue()
+    proc = ctx.Process(target=_wake_subscriber,
+                       args=(port, through_listener, samples, ready, out), daemon=True)
+    proc.start()
+    try:
+        if not ready.wait(TIMEOUT):
+            raise RuntimeError("the subscriber did not start")
+        pub = _sock(port)
+        sent = []
+        for _ in range(samples):
+            time.sleep(rng.uniform(*GAP))
+            sent.append(time.monotonic_ns())
+            pub.sendall(b"*3\r\n$7\r\nPUBLISH\r\n$5\r\ntrace\r\n$1\r\nx\r\n")
+            pub.recv(100)
+        woke = out.get(timeout=TIMEOUT)
+        pub.close()
+        return [(b - a) / 1000 for a, b in zip(sent, woke)]
+    finally:
+        proc.join(timeout=TIMEOUT)
+
+
+# -- the handoff, instrumented -----------------------------------------------------
+def _instrument(marks: dict[str, int]) -> None:
+    """Wrap the waiting process's notifier, flag and transport to stamp ``marks``."""
+    from django_redlock.transport import notify, sync
+
+    ns = time.monotonic_ns
+
+    drain = notify.ReleaseNotifier._drain
+
+    def traced_drain(self: Any, link: Any) -> None:
+        marks.setdefault(MARKS[0], ns())
+        drain(self, link)
+
+    wait = notify.Flag.wait
+
+    def traced_wait(self: Any, timeout: float) -> bool:
+        woken = wait(self, timeout)
+        marks.setdefault(MARKS[1], ns())
+        return woken
+
+    send = sync.SyncTransport._send
+
+    def traced_send(self: Any, *args: Any) -> None:
+        if MARKS[1] in marks:
+            marks.setdefault(MARKS[2], ns())
+        send(self, *args)
+
+    round_ = sync.SyncTransport.round
+
+    def traced_round(self: Any, *args: Any, **kwargs: Any) -> Any:
+        result = round_(self, *args, **kwargs)
+        if MARKS[2] in marks:
+            marks.setdefault(MARKS[3], ns())
+        return result
+
+    notify.ReleaseNotifier._drain = traced_drain  # type: ignore[method-assign]
+    notify.Flag.wait = traced_wait  # type: ignore[method-assign]
+    sync.SyncTransport._send = traced_send  # type: ignore[method-assign]
+    sync.SyncTransport.round = traced_round  # type: ignore[method-assign]
+
+
+def _waiter(lib_id: str, urls: list[str], samples: int, barrier: Any, out: Any) -> None:
+    from .libs import build, quiet_loggers
+
+    quiet_loggers()
+    marks: dict[str, int] = {}
+    if lib_id.startswith("drl"):
+        _instrument(marks)
+    lib = build(lib_id, urls, urls)
+    rows = []
+    try:
+        for _ in range(samples):
+            lock = lib.new("bench:trace")
+            barrier.wait(TIMEOUT)  # the holder has it
+            marks.clear()
+            ok = lib.acquire(lock, TIMEOUT)
+            marks[MARKS[4]] = time.monotonic_ns()
+            if ok:
+                lib.release(lock)
+            rows.append(dict(marks) if ok else None)
+            barrier.wait(TIMEOUT)  # the holder may take it again
+    finally:
+        lib.close()
+    out.put(rows)
+
+
+def _handoff(lib_id: str, urls: list[str], samples: int, rng: random.Random) -> list[dict[str, float]]:
+    from .libs import build
+
+    ctx = mp.get_context("spawn")
+    barrier, out = ctx.Barrier(2), ctx.Queue()
+    proc = ctx.Process(target=_waiter, args=(lib_id, urls, samples, barrier, out), daemon=True)
+    proc.start()
+    holder = build(lib_id, urls, urls)
+    released = []
+    try:
+        for _ in range(samples):
+            lock = holder.new("bench:trace")
+            if not holder.acquire(lock, TIMEOUT):
+                raise RuntimeError(f"{lib_id}: the holder could not acquire")
+            barrier.wait(TIMEOUT)
+            time.sleep(rng.uniform(*GAP))  # the waiter is blocked (and its CPU idle)
+            released.append(time.monotonic_ns())
+            holder.release(lock)
+            barrier.wait(TIMEOUT)
+        rows = out.get(timeout=TIMEOUT)
+    finally:
+        holder.close()
+        proc.join(timeout=TIMEOUT)
+    return [{k: (v - t0) / 1000 for k, v in row.items()}
+            for t0, row in zip(released, rows) if row is not None]
+
+
+def _line(label: str, values: list[float]) -> str:
+    if not values:
+        return f"{label:42s} {'-':>8s} {'-':>8s}"
+    return f"{label:42s} {percentile(values, 50):8.0f} {percentile(values, 90):8.0f}"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.trace", description=__doc__.split("\n")[0])
+    ap.add_argument("--samples", type=int, default=60, help="handoffs per batch")
+    ap.add_argument("--batches", type=int, default=3)
+    args = ap.parse_args(argv)
+    rng = random.Random(7)
+    wake: dict[bool, list[float]] = {False: [], True: []}
+    drl: list[dict[str, float]] = []
+    prl: list[dict[str, float]] = []
+    with running_nodes(1) as urls:
+        port = _port(urls[0])
+        for _ in range(args.batches):
+            for through in rng.sample([False, True], 2):
+                wake[through] += _wake_us(port, through, args.samples, rng)
+            for lib in rng.sample(["drl-renew-1", "prl-1"], 2):
+                (drl if lib.startswith("drl") else prl).extend(
+                    _handoff(lib, urls, args.samples, rng))
+    print(f"=== one idle wake-up, 1 node ({args.batches} x {args.samples} samples)")
+    print(f"{'':42s} {'p50 µs':>8s} {'p90 µs':>8s}")
+    print(_line("wake, direct (a thread in recv)", wake[False]))
+    print(_line("wake, through a listener thread and Flag", wake[True]))
+    print("=== handoff timeline, django-redlock (defaults), 1 node: µs after release()")
+    print(f"{'':42s} {'p50 µs':>8s} {'p90 µs':>8s}")
+    for mark in MARKS:
+        print(_line(mark, [row[mark] for row in drl if mark in row]))
+    print(_line("python-redis-lock: acquire() returned", [row[MARKS[4]] for row in prl]))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
