@@ -37,7 +37,7 @@ from .stats import percentile
 
 GAP = (0.003, 0.013)  # the holder's random hold before release(): the waiter is idle
 TIMEOUT = 10.0
-MARKS = ["notice read by the listener", "waiting thread runs", "acquire request sent",
+MARKS = ["release request sent (holder)", "notice read by the listener", "waiting thread runs", "acquire request sent",
          "acquire reply read", "acquire() returned"]
 
 
@@ -120,29 +120,29 @@ def _instrument(marks: dict[str, int]) -> None:
     drain = notify.ReleaseNotifier._drain
 
     def traced_drain(self: Any, link: Any) -> None:
-        marks.setdefault(MARKS[0], ns())
+        marks.setdefault(MARKS[1], ns())
         drain(self, link)
 
     wait = notify.Flag.wait
 
     def traced_wait(self: Any, timeout: float) -> bool:
         woken = wait(self, timeout)
-        marks.setdefault(MARKS[1], ns())
+        marks.setdefault(MARKS[2], ns())
         return woken
 
     send = sync.SyncTransport._send
 
     def traced_send(self: Any, *args: Any) -> None:
-        if MARKS[1] in marks:
-            marks.setdefault(MARKS[2], ns())
+        if MARKS[2] in marks:
+            marks.setdefault(MARKS[3], ns())
         send(self, *args)
 
     round_ = sync.SyncTransport.round
 
     def traced_round(self: Any, *args: Any, **kwargs: Any) -> Any:
         result = round_(self, *args, **kwargs)
-        if MARKS[2] in marks:
-            marks.setdefault(MARKS[3], ns())
+        if MARKS[3] in marks:
+            marks.setdefault(MARKS[4], ns())
         return result
 
     notify.ReleaseNotifier._drain = traced_drain  # type: ignore[method-assign]
@@ -166,7 +166,7 @@ def _waiter(lib_id: str, urls: list[str], samples: int, barrier: Any, out: Any) 
             barrier.wait(TIMEOUT)  # the holder has it
             marks.clear()
             ok = lib.acquire(lock, TIMEOUT)
-            marks[MARKS[4]] = time.monotonic_ns()
+            marks[MARKS[5]] = time.monotonic_ns()
             if ok:
                 lib.release(lock)
             rows.append(dict(marks) if ok else None)
@@ -185,6 +185,18 @@ def _handoff(lib_id: str, urls: list[str], samples: int, rng: random.Random) -> 
     proc.start()
     holder = build(lib_id, urls, urls)
     released = []
+    holder_sent: list[int] = []
+    from django_redlock.transport import sync
+
+    send = sync.SyncTransport._send
+
+    def traced_send(self: Any, *args: Any) -> None:
+        if len(holder_sent) < len(released):
+            holder_sent.append(time.monotonic_ns())
+        send(self, *args)
+
+    if lib_id.startswith("drl"):
+        sync.SyncTransport._send = traced_send  # type: ignore[method-assign]
     try:
         for _ in range(samples):
             lock = holder.new("bench:trace")
@@ -197,8 +209,12 @@ def _handoff(lib_id: str, urls: list[str], samples: int, rng: random.Random) -> 
             barrier.wait(TIMEOUT)
         rows = out.get(timeout=TIMEOUT)
     finally:
+        sync.SyncTransport._send = send  # type: ignore[method-assign]
         holder.close()
         proc.join(timeout=TIMEOUT)
+    for row, sent in zip(rows, holder_sent):
+        if row is not None:
+            row[MARKS[0]] = sent
     return [{k: (v - t0) / 1000 for k, v in row.items()}
             for t0, row in zip(released, rows) if row is not None]
 
@@ -234,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'':42s} {'p50 µs':>8s} {'p90 µs':>8s}")
     for mark in MARKS:
         print(_line(mark, [row[mark] for row in drl if mark in row]))
-    print(_line("python-redis-lock: acquire() returned", [row[MARKS[4]] for row in prl]))
+    print(_line("python-redis-lock: acquire() returned", [row[MARKS[5]] for row in prl]))
     return 0
 
 
