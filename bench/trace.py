@@ -60,6 +60,7 @@ def _wake_subscriber(port: int, through_listener: bool, samples: int, ready: Any
     s = _sock(port)
     s.sendall(b"*2\r\n$9\r\nSUBSCRIBE\r\n$5\r\ntrace\r\n")
     s.recv(1000)
+    s.settimeout(TIMEOUT)  # every wait below is bounded
     woke: list[int] = []
     if through_listener:
         flag = Flag()
@@ -68,15 +69,16 @@ def _wake_subscriber(port: int, through_listener: bool, samples: int, ready: Any
             sel = selectors.DefaultSelector()
             sel.register(s, selectors.EVENT_READ)
             for _ in range(samples):
-                while not sel.select(TIMEOUT):
-                    pass
+                if not sel.select(TIMEOUT):
+                    return  # the publisher is gone: the waiting thread times out too
                 s.recv(1000)
                 flag.set()
 
         threading.Thread(target=listener, daemon=True).start()
         ready.set()
         for _ in range(samples):
-            flag.wait(TIMEOUT)
+            if not flag.wait(TIMEOUT):
+                break
             woke.append(time.monotonic_ns())
             flag.clear()
     else:
