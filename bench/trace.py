@@ -26,39 +26,55 @@ from __future__ import annotations
 import argparse
 import multiprocessing as mp
 import random
-import socket
 import sys
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
+from django_redlock.transport.resp import pack
+
+from .libs import _connect
 from .nodes import running_nodes
 from .stats import percentile
 
 GAP = (0.003, 0.013)  # the holder's random hold before release(): the waiter is idle
 TIMEOUT = 10.0
-MARKS = ["release request sent (holder)", "notice read by the listener", "waiting thread runs", "acquire request sent",
-         "acquire reply read", "acquire() returned"]
+HOLDER_SENT = "release request sent (holder)"
+NOTICE_READ = "notice read by the listener"
+WAITER_RUNS = "waiting thread runs"
+ACQUIRE_SENT = "acquire request sent"
+REPLY_READ = "acquire reply read"
+RETURNED = "acquire() returned"
+MARKS = [HOLDER_SENT, NOTICE_READ, WAITER_RUNS, ACQUIRE_SENT, REPLY_READ, RETURNED]
 
 
-def _port(url: str) -> int:
-    return int(url.rsplit(":", 1)[1].split("/")[0])
+def _wrap(cls: Any, name: str, *, before: Callable[[], Any] | None = None,
+          after: Callable[[], Any] | None = None) -> Any:
+    """Replace ``cls.name`` by a wrapper that calls ``before``/``after`` around it;
+    return the original (to put it back)."""
+    original = getattr(cls, name)
 
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        if before is not None:
+            before()
+        result = original(*args, **kwargs)
+        if after is not None:
+            after()
+        return result
 
-def _sock(port: int) -> socket.socket:
-    s = socket.create_connection(("127.0.0.1", port))
-    s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-    return s
+    setattr(cls, name, wrapper)
+    return original
 
 
 # -- one idle wake-up, with and without the listener thread ------------------------
-def _wake_subscriber(port: int, through_listener: bool, samples: int, ready: Any, out: Any) -> None:
+def _wake_subscriber(url: str, through_listener: bool, samples: int, ready: Any, out: Any) -> None:
     import selectors
 
     from django_redlock.transport.notify import Flag
 
-    s = _sock(port)
-    s.sendall(b"*2\r\n$9\r\nSUBSCRIBE\r\n$5\r\ntrace\r\n")
+    s = _connect(url)
+    s.sendall(pack("SUBSCRIBE", "trace"))
     s.recv(1000)
     s.settimeout(TIMEOUT)  # every wait below is bounded
     woke: list[int] = []
@@ -89,21 +105,22 @@ def _wake_subscriber(port: int, through_listener: bool, samples: int, ready: Any
     out.put(woke)
 
 
-def _wake_us(port: int, through_listener: bool, samples: int, rng: random.Random) -> list[float]:
+def _wake_us(url: str, through_listener: bool, samples: int, rng: random.Random) -> list[float]:
     ctx = mp.get_context("spawn")
     ready, out = ctx.Event(), ctx.Queue()
     proc = ctx.Process(target=_wake_subscriber,
-                       args=(port, through_listener, samples, ready, out), daemon=True)
+                       args=(url, through_listener, samples, ready, out), daemon=True)
     proc.start()
     try:
         if not ready.wait(TIMEOUT):
             raise RuntimeError("the subscriber did not start")
-        pub = _sock(port)
+        pub = _connect(url)
+        publish = pack("PUBLISH", "trace", "x")
         sent = []
         for _ in range(samples):
             time.sleep(rng.uniform(*GAP))
             sent.append(time.monotonic_ns())
-            pub.sendall(b"*3\r\n$7\r\nPUBLISH\r\n$5\r\ntrace\r\n$1\r\nx\r\n")
+            pub.sendall(publish)
             pub.recv(100)
         woke = out.get(timeout=TIMEOUT)
         pub.close()
@@ -118,39 +135,12 @@ def _instrument(marks: dict[str, int]) -> None:
     from django_redlock.transport import notify, sync
 
     ns = time.monotonic_ns
-
-    drain = notify.ReleaseNotifier._drain
-
-    def traced_drain(self: Any, link: Any) -> None:
-        marks.setdefault(MARKS[1], ns())
-        drain(self, link)
-
-    wait = notify.Flag.wait
-
-    def traced_wait(self: Any, timeout: float) -> bool:
-        woken = wait(self, timeout)
-        marks.setdefault(MARKS[2], ns())
-        return woken
-
-    send = sync.SyncTransport._send
-
-    def traced_send(self: Any, *args: Any) -> None:
-        if MARKS[2] in marks:
-            marks.setdefault(MARKS[3], ns())
-        send(self, *args)
-
-    round_ = sync.SyncTransport.round
-
-    def traced_round(self: Any, *args: Any, **kwargs: Any) -> Any:
-        result = round_(self, *args, **kwargs)
-        if MARKS[3] in marks:
-            marks.setdefault(MARKS[4], ns())
-        return result
-
-    notify.ReleaseNotifier._drain = traced_drain  # type: ignore[method-assign]
-    notify.Flag.wait = traced_wait  # type: ignore[method-assign]
-    sync.SyncTransport._send = traced_send  # type: ignore[method-assign]
-    sync.SyncTransport.round = traced_round  # type: ignore[method-assign]
+    _wrap(notify.ReleaseNotifier, "_drain", before=lambda: marks.setdefault(NOTICE_READ, ns()))
+    _wrap(notify.Flag, "wait", after=lambda: marks.setdefault(WAITER_RUNS, ns()))
+    _wrap(sync.SyncTransport, "_send",
+          before=lambda: WAITER_RUNS in marks and marks.setdefault(ACQUIRE_SENT, ns()))
+    _wrap(sync.SyncTransport, "round",
+          after=lambda: ACQUIRE_SENT in marks and marks.setdefault(REPLY_READ, ns()))
 
 
 def _waiter(lib_id: str, urls: list[str], samples: int, barrier: Any, out: Any) -> None:
@@ -168,7 +158,7 @@ def _waiter(lib_id: str, urls: list[str], samples: int, barrier: Any, out: Any) 
             barrier.wait(TIMEOUT)  # the holder has it
             marks.clear()
             ok = lib.acquire(lock, TIMEOUT)
-            marks[MARKS[5]] = time.monotonic_ns()
+            marks[RETURNED] = time.monotonic_ns()
             if ok:
                 lib.release(lock)
             rows.append(dict(marks) if ok else None)
@@ -179,6 +169,8 @@ def _waiter(lib_id: str, urls: list[str], samples: int, barrier: Any, out: Any) 
 
 
 def _handoff(lib_id: str, urls: list[str], samples: int, rng: random.Random) -> list[dict[str, float]]:
+    from django_redlock.transport import sync
+
     from .libs import build
 
     ctx = mp.get_context("spawn")
@@ -188,17 +180,14 @@ def _handoff(lib_id: str, urls: list[str], samples: int, rng: random.Random) -> 
     holder = build(lib_id, urls, urls)
     released = []
     holder_sent: list[int] = []
-    from django_redlock.transport import sync
+
+    def stamp_release() -> None:
+        if len(holder_sent) < len(released):  # the first request after release() was called
+            holder_sent.append(time.monotonic_ns())
 
     send = sync.SyncTransport._send
-
-    def traced_send(self: Any, *args: Any) -> None:
-        if len(holder_sent) < len(released):
-            holder_sent.append(time.monotonic_ns())
-        send(self, *args)
-
     if lib_id.startswith("drl"):
-        sync.SyncTransport._send = traced_send  # type: ignore[method-assign]
+        _wrap(sync.SyncTransport, "_send", before=stamp_release)
     try:
         for _ in range(samples):
             lock = holder.new("bench:trace")
@@ -216,7 +205,7 @@ def _handoff(lib_id: str, urls: list[str], samples: int, rng: random.Random) -> 
         proc.join(timeout=TIMEOUT)
     for row, sent in zip(rows, holder_sent):
         if row is not None:
-            row[MARKS[0]] = sent
+            row[HOLDER_SENT] = sent
     return [{k: (v - t0) / 1000 for k, v in row.items()}
             for t0, row in zip(released, rows) if row is not None]
 
@@ -237,10 +226,9 @@ def main(argv: list[str] | None = None) -> int:
     drl: list[dict[str, float]] = []
     prl: list[dict[str, float]] = []
     with running_nodes(1) as urls:
-        port = _port(urls[0])
         for _ in range(args.batches):
             for through in rng.sample([False, True], 2):
-                wake[through] += _wake_us(port, through, args.samples, rng)
+                wake[through] += _wake_us(urls[0], through, args.samples, rng)
             for lib in rng.sample(["drl-renew-1", "prl-1"], 2):
                 (drl if lib.startswith("drl") else prl).extend(
                     _handoff(lib, urls, args.samples, rng))
@@ -252,7 +240,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"{'':42s} {'p50 µs':>8s} {'p90 µs':>8s}")
     for mark in MARKS:
         print(_line(mark, [row[mark] for row in drl if mark in row]))
-    print(_line("python-redis-lock: acquire() returned", [row[MARKS[5]] for row in prl]))
+    print(_line("python-redis-lock: acquire() returned", [row[RETURNED] for row in prl]))
     return 0
 
 
