@@ -37,10 +37,11 @@ longer has the key. The timer holds the lock only weakly (a lock dropped without
 release stops renewing and simply expires). ``release()`` cancels the timer and
 cancels and awaits a round in flight, so no renewal outlives ``release()``.
 
-Wake-ups: a waiter reuses the manager's :class:`ReleaseNotifier` (the pub/sub
-listener *thread* shared with the sync locks). The blocking subscribe runs in the
-loop's default executor; the notifier then wakes the waiter through
-``loop.call_soon_threadsafe`` on an ``asyncio.Event``. One listener per manager,
+Wake-ups: a waiter reuses the manager's :class:`ReleaseNotifier` (shared with
+the sync locks). The blocking subscribe runs in the loop's default executor; the
+subscription is then *passive*: a waiting sync thread, or else the notifier's
+own thread, reads the notices and wakes the waiter through
+``loop.call_soon_threadsafe`` on an ``asyncio.Event``. One notifier per manager,
 whatever the number of loops, and none of redis-py's RESP3 push-handler quirks.
 
 An ``AsyncLock`` belongs to the event loop (task) that acquires it. The manager
@@ -180,8 +181,9 @@ async def _subscribe(manager: LockManager, channel: bytes, confirm: float,
     # just before the swap is not lost: the caller makes one more attempt right
     # after subscribing, and that attempt sees the release the notice announced.
     old, sub.event = sub.event, _LoopEvent(loop, event)
-    if old.is_set():
+    if old.is_set() or sub.notified:
         event.set()
+    sub.make_passive()  # this thread cannot read for it while the loop runs
     return _Waiter(sub, event)
 
 

@@ -1,7 +1,7 @@
 """Release notices: waking blocked acquirers when a lock is released.
 
-One listener thread per lock manager holds one pub/sub connection per node.
-It subscribes to the manager's own *inbox* channel, and to a channel named like
+Each lock manager (one per process) holds one pub/sub connection per node,
+subscribed to the manager's own *inbox* channel and to a channel named like
 each lock key someone in this process waits for. A waiter queues on the nodes
 as ``<inbox>|<token>``; a release pops the first entry and publishes the token
 on that inbox, so only that waiter's process hears it and only that waiter
@@ -9,14 +9,25 @@ wakes (waking every waiter made each release cost one failed attempt per
 waiter). ``force_release`` publishes on the key's channel, which wakes every
 waiter of the key in every process.
 
+Who reads the connections: one thread at a time holds the *read role*. It is a
+waiting thread whenever one waits (the first to wait reads; the others sleep on
+their flags, and the reader sets the flag of the one a notice names), so the
+waiter a release names is, most of the time, the thread reading the notice: it
+wakes straight from ``select()``, with no hop through a listener thread (one
+more thread woken per handoff). A background *housekeeping* thread
+connects and reconnects, drops channels nobody waited on for a while, and
+reads only when no waiting thread does and someone still needs it: asyncio
+waiters, whose event loop must not block in ``select()``.
+
 A waiter subscribes *before* its final attempt and waits for the node's
 confirmation, so a release that happens between its failed attempt and its wait
 cannot be missed (Redisson's #1763 missed exactly that and slept out the
 whole lease). Notices can still be lost (a node down, a connection reset): the
 waiter's timed, jittered retry is the fallback, never the main mechanism.
 
-All socket I/O of the listener happens on its own thread; waiters only queue
-requests and wait on events, so no connection is ever used by two threads.
+Only the holder of the read role touches the connections' sockets (TLS sockets
+must not be read and written from two threads); a connection is opened by the
+housekeeping thread and put in use by the reader.
 """
 
 from __future__ import annotations
@@ -28,7 +39,7 @@ import socket
 import ssl
 import threading
 import time
-from typing import Any, Sequence
+from typing import Any, Callable, Sequence
 
 from ..core.owner import new_token
 from .resp import pack
@@ -108,15 +119,29 @@ class Subscription:
         self.waiter = waiter
         #: What the waiter puts in the lock's waiter queue: where to send the notice.
         self.entry = notifier.inbox + b"|" + waiter
+        #: Wakes the waiting thread: for a notice, a confirmation, or its turn to read.
         self.event: Any = Flag()
+        #: A release notice (or a dropped link) came since the last :meth:`clear`.
+        self.notified = False
+        #: Waits on another thread's reads (an asyncio waiter): never reads itself.
+        self.passive = False
         self.closed = False
 
     def clear(self) -> None:
+        self.notified = False
         self.event.clear()
 
     def wait(self, timeout: float) -> bool:
-        """True when a release notice arrived (since the last :meth:`clear`)."""
-        return self.event.wait(timeout)
+        """True when a release notice arrived (since the last :meth:`clear`).
+
+        The calling thread reads the nodes' notices itself while nobody else
+        does, so its own notice wakes it without a thread hop.
+        """
+        return self.notifier._await(self, lambda: self.notified, time.monotonic() + timeout)
+
+    def make_passive(self) -> None:
+        """From now on another thread reads this waiter's notices (asyncio)."""
+        self.notifier._make_passive(self)
 
     def close(self) -> None:
         if not self.closed:
@@ -187,7 +212,7 @@ class PushParser:
 
 
 class _Link:
-    """The listener's pub/sub connection to one node."""
+    """One pub/sub connection to one node (used only by the thread holding the read role)."""
 
     def __init__(self, node: NodeClient) -> None:
         self.node = node
@@ -196,24 +221,49 @@ class _Link:
         self.parser = PushParser()
         self.next_connect = 0.0
         self.failures = 0
+        #: Connected by the housekeeping thread, not yet in use (see ``_install``).
+        self.pending: Any = None
+        #: Channels this connection's node confirmed (reset on every connect).
+        self.subscribed: set[bytes] = set()
+
+    def is_down(self) -> bool:
+        """Known down: its last connect failed or it dropped, and no new one is open."""
+        return self.sock is None and self.pending is None and self.failures > 0
+
+
+_HOUSEKEEPER = object()  # the read role's holder when the housekeeping thread reads
 
 
 class ReleaseNotifier:
     def __init__(self, nodes: Sequence[NodeClient]) -> None:
         self._links = [_Link(node) for node in nodes]
         self._lock = threading.Lock()
-        #: This listener's own channel: release notices for its waiters.
+        #: This process's own channel: release notices for its waiters.
         self.inbox = b"redlock:inbox:" + new_token().encode()
         self._subs: dict[bytes, set[Subscription]] = {}
         self._named: dict[bytes, Subscription] = {}
         self._confirmed: dict[bytes, threading.Event] = {}
         self._idle_since: dict[bytes, float] = {}
         self._ops: collections.deque[tuple[str, bytes]] = collections.deque()
+        #: Held by the one thread that does the links' socket I/O (the reader).
+        self._role = threading.Lock()
+        #: Who holds the read role: a Subscription, ``_HOUSEKEEPER`` or None.
+        self._reader: Any = None
+        #: Sync waiters inside ``_await``, in arrival order (under ``_lock``).
+        self._followers: dict[Subscription, None] = {}
+        self._passive = 0  # open passive (asyncio) subscriptions
+        #: A sync waiter asked the housekeeping thread to hand the read role over.
+        self._yield_wanted = False
+        #: Interrupts the reader's select(): new work for the links.
+        self._kick_r, self._kick_w = socket.socketpair()
+        #: Wakes the housekeeping thread.
         self._wake_r, self._wake_w = socket.socketpair()
-        self._wake_r.setblocking(False)
+        for sock in (self._kick_r, self._wake_r):
+            sock.setblocking(False)
+        self._sel: selectors.BaseSelector | None = None
         self._stopping = False
         self._thread: threading.Thread | None = None
-        #: Flags of the waiters the notices just read name (listener thread only).
+        #: Flags of the waiters the notices just read name (reader only).
         self._woken: list[Any] = []
         #: A link connected or dropped since the selector was last brought in line.
         self._links_changed = True
@@ -221,12 +271,17 @@ class ReleaseNotifier:
     # -- waiter side --------------------------------------------------------
     def subscribe(self, channel: bytes, confirm_timeout: float,
                   waiter: bytes | None = None) -> Subscription:
-        """Register a waiter and wait (bounded) until a node confirmed the subscription.
+        """Register a waiter and wait (bounded) until the subscription is confirmed
+        by every node not known to be down.
 
-        ``waiter`` is the token the waiter queues under (``Subscription.entry``);
-        a notice naming it wakes this subscription only. The inbox is subscribed
-        on each connection before any key channel, so a confirmed key channel
-        means a confirmed inbox.
+        Every node, not the first: the waiter's next attempt may queue it on
+        one node only (the gate node, see ``rounds.gate_node``), and a release
+        there skips an entry whose inbox has no listener, so a node that had
+        not confirmed yet would swallow the waiter's notice. ``waiter`` is the
+        token the waiter queues under (``Subscription.entry``); a notice naming
+        it wakes this subscription only. The inbox is subscribed on each
+        connection before any key channel, so a confirmed key channel means a
+        confirmed inbox.
         """
         sub = Subscription(self, channel, waiter or new_token().encode())
         with self._lock:
@@ -239,14 +294,102 @@ class ReleaseNotifier:
                 confirmed = self._confirmed[channel] = threading.Event()
                 self._ops.append(("subscribe", channel))
                 self._ensure_thread()
-                self._wake()
-        if not confirmed.wait(confirm_timeout):
+                self._nudge()
+        if not confirmed.is_set() and not self._await(
+                sub, lambda: self._is_confirmed(channel, confirmed),
+                time.monotonic() + confirm_timeout):
             logger.debug("no node confirmed the subscription to %r in time; "
                          "the waiter falls back to timed retries", channel)
         return sub
 
+    def _await(self, sub: Subscription, done: Callable[[], bool], deadline: float) -> bool:
+        """Wait until ``done()`` or ``deadline``, reading the links while nobody else does.
+
+        Leader/follower: the first waiting thread takes the read role and
+        select()s on the links itself, so its own notice wakes it at once (no
+        hop through another thread: one more wake-up, 55-200 µs of every
+        handoff on the machines ``bench.trace`` ran on). Notices
+        it reads for others set their flags. The others sleep on their flags;
+        a reader that leaves hands the role to the longest waiting of them.
+        """
+        with self._lock:
+            self._followers[sub] = None
+        try:
+            while True:
+                if done():
+                    return True
+                left = deadline - time.monotonic()
+                if left <= 0 or self._stopping:
+                    return done()
+                if self._role.acquire(blocking=False):
+                    self._reader = sub
+                    try:
+                        while not done() and not self._stopping:
+                            left = deadline - time.monotonic()
+                            if left <= 0:
+                                break
+                            self._read(min(left, _POLL))
+                    finally:
+                        self._resign(sub)
+                    continue
+                if not isinstance(self._reader, Subscription):
+                    # The housekeeping thread reads (or is about to): ask for a turn.
+                    self._yield_wanted = True
+                    self._kick()
+                sub.event.wait(left)
+                sub.event.clear()
+        finally:
+            with self._lock:
+                self._followers.pop(sub, None)
+                # Woken for a turn it did not take (its notice came first): pass it on.
+                nxt = None if self._role.locked() else next(iter(self._followers), None)
+            if nxt is not None:
+                nxt.event.set()
+
+    def _is_confirmed(self, channel: bytes, confirmed: threading.Event) -> bool:
+        """Whether every node not known to be down confirmed ``channel``; once
+        so, ``confirmed`` stays set (a link that drops wakes its waiters)."""
+        if confirmed.is_set():
+            return True
+        with self._lock:
+            if all(link.is_down() or channel in link.subscribed for link in self._links):
+                confirmed.set()
+                return True
+        return False
+
+    def _resign(self, me: Any) -> bool:
+        """Give the read role up and wake a waiting thread to take it over
+        (holder of the role only). True when one was woken for it."""
+        woken, self._woken = self._woken, []
+        self._reader = None
+        if me is _HOUSEKEEPER:
+            self._yield_wanted = False
+        self._role.release()
+        for flag in woken:
+            flag.set()
+        with self._lock:
+            nxt = next((s for s in self._followers if s is not me), None)
+            passive = self._passive
+        if nxt is not None:
+            nxt.event.set()  # its turn to read (it re-checks its own condition first)
+            return True
+        if passive and me is not _HOUSEKEEPER and not self._stopping:
+            self._wake()  # asyncio waiters are left: the housekeeping thread reads for them
+        return False
+
+    def _make_passive(self, sub: Subscription) -> None:
+        with self._lock:
+            if sub.passive or sub.closed:
+                return
+            sub.passive = True
+            self._passive += 1
+        self._wake()
+
     def _remove(self, sub: Subscription) -> None:
         with self._lock:
+            if sub.passive:
+                sub.passive = False
+                self._passive -= 1
             if self._named.get(sub.waiter) is sub:
                 del self._named[sub.waiter]
             subs = self._subs.get(sub.channel)
@@ -260,7 +403,7 @@ class ReleaseNotifier:
                 self._idle_since[sub.channel] = time.monotonic()
 
     def _expire_idle(self) -> None:
-        """Unsubscribe channels nobody waited on for LINGER seconds (listener thread)."""
+        """Unsubscribe channels nobody waited on for LINGER seconds."""
         now = time.monotonic()
         with self._lock:
             expired = [ch for ch, since in self._idle_since.items() if now - since >= LINGER]
@@ -271,11 +414,25 @@ class ReleaseNotifier:
                     self._confirmed.pop(channel, None)
                     self._ops.append(("unsubscribe", channel))
 
-    def _wake(self) -> None:
+    @staticmethod
+    def _poke(sock: socket.socket) -> None:
         try:
-            self._wake_w.send(b"x")
-        except OSError:  # buffer full: the listener is awake anyway
+            sock.send(b"x")
+        except OSError:  # buffer full (the other side is awake anyway) or closed
             pass
+
+    def _kick(self) -> None:
+        """Interrupt the reader's select(), if someone reads."""
+        self._poke(self._kick_w)
+
+    def _wake(self) -> None:
+        """Wake the housekeeping thread."""
+        self._poke(self._wake_w)
+
+    def _nudge(self) -> None:
+        """There is work for the links (a channel to subscribe, a link to put in use)."""
+        self._kick()
+        self._wake()
 
     def _ensure_thread(self) -> None:
         if self._thread is None or not self._thread.is_alive():
@@ -284,57 +441,57 @@ class ReleaseNotifier:
 
     def close(self) -> None:
         self._stopping = True
-        self._wake()
+        self._nudge()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=2.0)
-        for link in self._links:
-            self._drop(link, reconnect=False)
-        self._wake_r.close()
-        self._wake_w.close()
-
-    # -- listener thread ----------------------------------------------------
-    def _run(self) -> None:
-        sel = selectors.DefaultSelector()
-        sel.register(self._wake_r, selectors.EVENT_READ, None)
+        got_role = self._role.acquire(timeout=2.0)  # a reader leaves within _POLL
         try:
-            while not self._stopping:
-                self._expire_idle()
-                self._apply_ops()
-                if self._connect_is_due():
-                    self._wake_named()  # a connect may block: no wake-up waits for it
-                    self._connect_due()
-                if self._links_changed:
-                    self._links_changed = False
-                    self._sync_selector(sel)
-                timeout = self._next_timeout()
-                # Wake the waiters the last notices named only now, with this
-                # thread's work done: a woken waiter needs the GIL at once, and
-                # this thread gives it up in select() a few bytecodes later
-                # instead of competing for it.
-                self._wake_named()
-                for key, _ in sel.select(timeout=timeout):
-                    if key.data is None:
-                        try:
-                            while self._wake_r.recv(4096):
-                                pass
-                        except (BlockingIOError, InterruptedError):
-                            pass
-                    else:
-                        self._drain(key.data)
-        except Exception:  # noqa: BLE001 - the listener must never die silently
-            logger.exception("release listener stopped; waiters fall back to timed retries")
+            for link in self._links:
+                self._drop(link, reconnect=False)
+                pending, link.pending = link.pending, None
+                if pending is not None:
+                    self._disconnect(pending)
+            if self._sel is not None:
+                self._sel.close()
+                self._sel = None
+            for sock in (self._kick_r, self._kick_w, self._wake_r, self._wake_w):
+                sock.close()
         finally:
-            sel.close()
+            if got_role:
+                self._role.release()
+
+    # -- reading (holder of the read role only) -----------------------------
+    def _read(self, timeout: float) -> None:
+        """One turn of the reader: send what is queued, then read what arrives."""
+        self._apply_ops()
+        self._install()
+        sel = self._sel
+        if sel is None:
+            sel = self._sel = selectors.DefaultSelector()
+            sel.register(self._kick_r, selectors.EVENT_READ, None)
+            self._links_changed = True
+        if self._links_changed:
+            self._links_changed = False
+            self._sync_selector(sel)
+        # Wake the waiters the last notices named only now, with this turn's
+        # work done: a woken waiter needs the GIL at once, and this thread
+        # gives it up in select() a few bytecodes later instead of competing.
+        self._wake_named()
+        for key, _ in sel.select(timeout=timeout):
+            if key.data is None:
+                try:
+                    while self._kick_r.recv(4096):
+                        pass
+                except (BlockingIOError, InterruptedError):
+                    pass
+            else:
+                self._drain(key.data)
 
     def _wake_named(self) -> None:
         woken, self._woken = self._woken, []
         for flag in woken:
             flag.set()
-
-    def _connect_is_due(self) -> bool:
-        now = time.monotonic()
-        return any(link.sock is None and now >= link.next_connect for link in self._links)
 
     def _sync_selector(self, sel: selectors.BaseSelector) -> None:
         """Register the live links' sockets; forget the dropped ones."""
@@ -349,15 +506,6 @@ class ReleaseNotifier:
         for sock in desired.keys() - current.keys():
             sel.register(sock, selectors.EVENT_READ, desired[sock])
 
-    def _next_timeout(self) -> float:
-        with self._lock:
-            waiting = bool(self._subs)
-        if not waiting:
-            return _POLL  # nothing to (re)connect for: links connect when someone waits
-        now = time.monotonic()
-        due = [link.next_connect - now for link in self._links if link.sock is None]
-        return max(0.0, min([_POLL, *due]))
-
     def _apply_ops(self) -> None:
         while True:
             with self._lock:
@@ -370,37 +518,35 @@ class ReleaseNotifier:
                 if link.sock is not None:
                     self._send(link, op.upper(), channel)
 
-    def _send(self, link: _Link, *args: Any) -> None:
-        try:
-            link.sock.sendall(pack(*args))
-        except (BlockingIOError, *NODE_DOWN_ERRORS):
-            self._drop(link)
-
-    def _connect_due(self) -> None:
-        now = time.monotonic()
+    def _install(self) -> None:
+        """Put the links the housekeeping thread connected in use, subscribed to
+        the inbox and to every channel someone waits on now."""
         for link in self._links:
-            if link.sock is not None or now < link.next_connect:
+            conn = link.pending
+            if conn is None:
+                continue
+            if self._stopping:
+                link.pending = None
+                self._disconnect(conn)
                 continue
             with self._lock:
                 channels = list(self._subs)
-            if not channels:
-                continue  # connect lazily, when someone waits
-            try:
-                conn = link.node.new_connection()
-                conn.connect()  # TCP/TLS, AUTH, SELECT: redis-py's handshake
-                sock = conn._sock
-                sock.setblocking(True)
-                sock.settimeout(link.node.timeout)
-                sock.sendall(pack("SUBSCRIBE", self.inbox, *channels))
-                sock.setblocking(False)
-            except NODE_DOWN_ERRORS as e:
-                link.failures += 1
-                link.next_connect = now + min(RECONNECT_MAX, RECONNECT_FIRST * 2 ** link.failures)
-                logger.debug("pub/sub connect to %s failed: %s", link.node.name, e)
-                continue
-            link.conn, link.sock, link.parser = conn, sock, PushParser()
+            # In use before no longer pending: the housekeeping thread connects
+            # a link that is neither, and must never see this one so.
+            link.conn, link.sock, link.parser = conn, conn._sock, PushParser()
+            link.subscribed = set()
+            link.pending = None
             self._links_changed = True
-            link.failures = 0
+            self._send(link, "SUBSCRIBE", self.inbox, *channels)
+
+    def _send(self, link: _Link, *args: Any) -> None:
+        try:
+            link.sock.setblocking(True)
+            link.sock.settimeout(link.node.timeout)
+            link.sock.sendall(pack(*args))
+            link.sock.setblocking(False)
+        except NODE_DOWN_ERRORS:
+            self._drop(link)
 
     def _drain(self, link: _Link) -> None:
         for _ in range(_DRAIN_MAX):
@@ -421,13 +567,13 @@ class ReleaseNotifier:
                 self._drop(link)
                 return
             for reply in replies:
-                self._handle(reply)
+                self._handle(reply, link)
             if len(data) < _READ_SIZE and not _tls_pending(link.sock):
                 # Drained for now; select() reports more. Reading on until
                 # EAGAIN cost every notice one more system call.
                 return
 
-    def _handle(self, reply: Any) -> None:
+    def _handle(self, reply: Any, link: _Link) -> None:
         if not isinstance(reply, list) or len(reply) < 3:
             return
         kind, channel = reply[0], reply[1]
@@ -438,21 +584,28 @@ class ReleaseNotifier:
                     subs = [] if named is None else [named]
                 else:  # a key channel: force_release wakes them all
                     subs = list(self._subs.get(channel, ()))
-            self._woken.extend(sub.event for sub in subs)
+            for sub in subs:
+                sub.notified = True
+                if sub is not self._reader:  # the reader sees it when this turn ends
+                    self._woken.append(sub.event)
         elif kind == b"subscribe":
             with self._lock:
+                link.subscribed.add(channel)
                 confirmed = self._confirmed.get(channel)
-            if confirmed is not None:
-                confirmed.set()
+                subs = list(self._subs.get(channel, ()))
+            if confirmed is not None and not confirmed.is_set() \
+                    and self._is_confirmed(channel, confirmed):
+                # Subscribers waiting for this confirmation sleep on their flags.
+                self._woken.extend(s.event for s in subs
+                                   if s is not self._reader and not s.passive)
 
     def _drop(self, link: _Link, *, reconnect: bool = True) -> None:
         conn, link.conn, link.sock = link.conn, None, None
+        with self._lock:
+            link.subscribed = set()
         self._links_changed = True
         if conn is not None:
-            try:
-                conn.disconnect()
-            except NODE_DOWN_ERRORS:
-                pass
+            self._disconnect(conn)
         if reconnect:
             link.failures += 1
             link.next_connect = time.monotonic() + min(
@@ -461,4 +614,89 @@ class ReleaseNotifier:
             with self._lock:
                 subs = [s for group in self._subs.values() for s in group]
             for sub in subs:
-                sub.event.set()
+                sub.notified = True
+                if sub is not self._reader:
+                    sub.event.set()
+            self._wake()  # the housekeeping thread reconnects
+
+    @staticmethod
+    def _disconnect(conn: Any) -> None:
+        try:
+            conn.disconnect()
+        except NODE_DOWN_ERRORS:
+            pass
+
+    # -- housekeeping thread ------------------------------------------------
+    def _run(self) -> None:
+        """Connect and reconnect the links, expire idle channels, and read for
+        asyncio waiters (and for queued work) when no waiting thread reads."""
+        try:
+            while not self._stopping:
+                self._expire_idle()
+                self._connect_due()
+                with self._lock:
+                    reads_for = self._passive > 0
+                    work = bool(self._ops) or any(link.pending for link in self._links)
+                if self._role.acquire(blocking=False):
+                    self._reader = _HOUSEKEEPER
+                    handed_over = False
+                    try:
+                        # One turn: a waiting thread that wants to read asks
+                        # through _yield_wanted and gets the role at its end.
+                        self._read(self._next_timeout() if reads_for and not self._yield_wanted
+                                   else 0.0)
+                    finally:
+                        handed_over = self._resign(_HOUSEKEEPER)
+                    if reads_for and not handed_over:
+                        continue  # read on for the asyncio waiters
+                elif work:
+                    self._kick()  # the reader sends it
+                self._sleep(self._next_timeout())
+        except Exception:  # noqa: BLE001 - the listener must never die silently
+            logger.exception("release listener stopped; waiters fall back to timed retries")
+
+    def _sleep(self, timeout: float) -> None:
+        sel = selectors.DefaultSelector()
+        try:
+            sel.register(self._wake_r, selectors.EVENT_READ)
+            if sel.select(timeout=timeout):
+                try:
+                    while self._wake_r.recv(4096):
+                        pass
+                except (BlockingIOError, InterruptedError):
+                    pass
+        finally:
+            sel.close()
+
+    def _next_timeout(self) -> float:
+        with self._lock:
+            waiting = bool(self._subs)
+        if not waiting:
+            return _POLL  # nothing to (re)connect for: links connect when someone waits
+        now = time.monotonic()
+        due = [link.next_connect - now for link in self._links
+               if link.sock is None and link.pending is None]
+        return max(0.0, min([_POLL, *due]))
+
+    def _connect_due(self) -> None:
+        """Connect the links that are down and due, outside the read role (a
+        connect may block up to the node timeout); the reader puts them in use."""
+        now = time.monotonic()
+        for link in self._links:
+            if link.sock is not None or link.pending is not None or now < link.next_connect:
+                continue
+            with self._lock:
+                if not self._subs:
+                    return  # connect lazily, when someone waits
+            try:
+                conn = link.node.new_connection()
+                conn.connect()  # TCP/TLS, AUTH, SELECT: redis-py's handshake
+            except NODE_DOWN_ERRORS as e:
+                link.failures += 1
+                link.next_connect = now + min(RECONNECT_MAX, RECONNECT_FIRST * 2 ** link.failures)
+                logger.debug("pub/sub connect to %s failed: %s", link.node.name, e)
+                self._kick()  # down now: a subscriber need not wait for its confirmation
+                continue
+            link.failures = 0
+            link.pending = conn
+            self._kick()
