@@ -15,7 +15,11 @@ fresh spawned processes that put that variant's tree first on ``sys.path``
 ``contended``
     four processes, one lock on 1 node, a GET/SET counter inside (as in
     ``python -m bench``): acquisitions per second and client CPU per
-    acquisition.
+    acquisition;
+``handoff``
+    two processes on 1 or 5 nodes (``--nodes``): one holds, waits a random
+    3-13 ms (the other is blocked, its CPU idle) and releases; the median
+    time from ``release()`` to the other's ``acquire()`` returning, in µs.
 
 It prints each round, then per variant the median and the median of the
 per-round ratios to ``REV``. Nothing is written to ``bench/results``.
@@ -33,7 +37,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Sequence
 
 import redis
 
@@ -102,9 +106,69 @@ def _contend(root: str, variant: str, url: str, name: str, start_at: float, dura
         lib.close()
 
 
-def _run_procs(ctx: Any, target: Any, args_list: list[tuple[Any, ...]], timeout: float) -> list[Any]:
+HANDOFF_GAP = (0.003, 0.013)  # the holder's hold before release(), as in bench.trace
+HANDOFF_TIMEOUT = 10.0
+
+
+def _hand_hold(root: str, variant: str, urls: list[str], name: str, samples: int, seed: int,
+               barrier: Any, out: Any) -> None:
+    lib = _load(root, variant, urls)
+    rng = random.Random(seed)
+    released = []
+    try:
+        for _ in range(samples):
+            lock = lib.new(name)
+            if not lib.acquire(lock, HANDOFF_TIMEOUT):
+                raise RuntimeError(f"{variant}: the holder could not acquire")
+            barrier.wait(HANDOFF_TIMEOUT)  # the waiter starts its acquire()
+            time.sleep(rng.uniform(*HANDOFF_GAP))
+            released.append(time.monotonic_ns())
+            lib.release(lock)
+            barrier.wait(HANDOFF_TIMEOUT)  # the waiter got it and let it go
+        out.put(("hold", released))
+    finally:
+        lib.close()
+
+
+def _hand_wait(root: str, variant: str, urls: list[str], name: str, samples: int,
+               barrier: Any, out: Any) -> None:
+    lib = _load(root, variant, urls)
+    returned: list[int | None] = []
+    try:
+        for _ in range(samples):
+            lock = lib.new(name)
+            barrier.wait(HANDOFF_TIMEOUT)
+            ok = lib.acquire(lock, HANDOFF_TIMEOUT)
+            returned.append(time.monotonic_ns() if ok else None)
+            if ok:
+                lib.release(lock)
+            barrier.wait(HANDOFF_TIMEOUT)
+        out.put(("wait", returned))
+    finally:
+        lib.close()
+
+
+def _handoff(ctx: Any, root: str, variant: str, urls: list[str], name: str, samples: int,
+             seed: int) -> float:
+    """Median µs from release() to the blocked acquire() returning."""
+    barrier = ctx.Barrier(2)
+    results = dict(_run_procs(ctx, _hand_hold, [(root, variant, urls, name, samples, seed,
+                                                 barrier)], samples * 0.1 + 60,
+                              also=[(_hand_wait, (root, variant, urls, name, samples, barrier))]))
+    gaps = [(t1 - t0) / 1000 for t0, t1 in zip(results["hold"], results["wait"])
+            if t1 is not None]
+    if len(gaps) < samples:
+        raise RuntimeError(f"{variant}: {samples - len(gaps)} handoffs timed out")
+    return statistics.median(gaps)
+
+
+def _run_procs(ctx: Any, target: Any, args_list: list[tuple[Any, ...]], timeout: float,
+               also: Sequence[tuple[Any, tuple[Any, ...]]] = ()) -> list[Any]:
+    """Run ``target(*args, out)`` per args (and each ``(other, args)`` of ``also``)
+    in spawned processes; the values they put on ``out``, waiting at most ``timeout``."""
     out = ctx.Queue()
     procs = [ctx.Process(target=target, args=(*args, out), daemon=True) for args in args_list]
+    procs += [ctx.Process(target=other, args=(*args, out), daemon=True) for other, args in also]
     for p in procs:
         p.start()
     try:
@@ -139,9 +203,12 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__.split("\n")[0])
     p.add_argument("--base", required=True, help="the git revision to compare against")
     p.add_argument("--only", default="uncontended,contended",
-                   help="sections (default: uncontended,contended)")
+                   help="sections: uncontended, contended, handoff "
+                        "(default: uncontended,contended)")
     p.add_argument("--rounds", type=int, default=8)
-    p.add_argument("--nodes", type=int, default=1, help="uncontended: 1 or 5 nodes (default 1)")
+    p.add_argument("--nodes", type=int, default=1,
+                   help="uncontended and handoff: 1 or 5 nodes (default 1)")
+    p.add_argument("--samples", type=int, default=40, help="handoffs per round")
     p.add_argument("--ops", type=int, default=2000, help="uncontended ops per round")
     p.add_argument("--duration", type=float, default=3.0, help="contended seconds per round")
     args = p.parse_args(argv)
@@ -194,6 +261,22 @@ def main(argv: list[str] | None = None) -> int:
                      higher_is_better=True)
             _summary("client CPU per contended acquisition", cpu, base, "µs",
                      higher_is_better=False)
+        if "handoff" in sections:
+            hand: dict[str, list[float]] = {here: [], base: [], "python-redis-lock": []}
+            roots["python-redis-lock"] = str(ROOT)
+            variants = list(hand) if args.nodes == 1 else [here, base]
+            with running_nodes(args.nodes) as urls:
+                for rnd in range(args.rounds):
+                    order = variants[:]
+                    rng.shuffle(order)
+                    for variant in order:
+                        name = f"bench:ab:h:{rnd}:{order.index(variant)}"
+                        hand[variant].append(_handoff(ctx, roots[variant], variant, urls, name,
+                                                      args.samples, rng.randrange(1 << 30)))
+                    print(f"handoff round {rnd + 1}: " + ", ".join(
+                        f"{v} {hand[v][-1]:.0f} µs" for v in variants), flush=True)
+            _summary(f"handoff p50, release() to acquire() returning, {args.nodes} node(s)",
+                     {v: hand[v] for v in variants}, base, "µs", higher_is_better=False)
     finally:
         _drop_worktree(base_tree)
     return 0

@@ -11,14 +11,15 @@ same run the two wake-ups it is made of:
 ``wake, through a listener thread``
     the same notice read by a listener thread blocked in ``select()``, which
     sets a :class:`django_redlock.transport.notify.Flag` that the waiting
-    thread sleeps on: our mechanism, one more thread woken.
+    thread sleeps on: one more thread woken. This was our mechanism until the
+    waiting thread read its own notices; it stays as the yardstick of that hop.
 
 Then the timeline of a real handoff (django-redlock, defaults, 1 node), each
 mark counted from the holder calling ``release()``, p50 and p90 over the
 samples, with python-redis-lock's total measured alternately in the same run.
 The marks come from wrapping a few internal functions of the waiting process
-(the listener's read, the flag's wait, the transport's send and round); they
-are a diagnostic of the current code, not an API.
+(the notifier's read, the subscription's wait, the transport's send and round);
+they are a diagnostic of the current code, not an API.
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ from .stats import percentile
 GAP = (0.003, 0.013)  # the holder's random hold before release(): the waiter is idle
 TIMEOUT = 10.0
 HOLDER_SENT = "release request sent (holder)"
-NOTICE_READ = "notice read by the listener"
-WAITER_RUNS = "waiting thread runs"
+NOTICE_READ = "notice read"
+WAITER_RUNS = "the wait returned"
 ACQUIRE_SENT = "acquire request sent"
 REPLY_READ = "acquire reply read"
 RETURNED = "acquire() returned"
@@ -136,7 +137,7 @@ def _instrument(marks: dict[str, int]) -> None:
 
     ns = time.monotonic_ns
     _wrap(notify.ReleaseNotifier, "_drain", before=lambda: marks.setdefault(NOTICE_READ, ns()))
-    _wrap(notify.Flag, "wait", after=lambda: marks.setdefault(WAITER_RUNS, ns()))
+    _wrap(notify.Subscription, "wait", after=lambda: marks.setdefault(WAITER_RUNS, ns()))
     _wrap(sync.SyncTransport, "_send",
           before=lambda: WAITER_RUNS in marks and marks.setdefault(ACQUIRE_SENT, ns()))
     _wrap(sync.SyncTransport, "round",
