@@ -18,25 +18,12 @@ from typing import Any, Callable
 import pytest
 import redis
 
-from django_redlock.core.keys import waiters_key
 from django_redlock.testing import RedisNodes
 from tests.polling import wait_until
+from tests.test_waiters import SLOW_RETRY, _count_rounds, _queued
 
 MakeManager = Callable[..., Any]
-SLOW_RETRY = 5.0  # longer than any handoff below may take
 BY_NOTICE = 1.0  # a handoff by notice takes milliseconds; a missed one takes SLOW_RETRY
-
-
-def _queued(nodes: RedisNodes, mgr: Any, name: str) -> int:
-    key = waiters_key(mgr.key(name))
-    lengths = []
-    for url in nodes.urls:
-        client = redis.Redis.from_url(str(url))
-        try:
-            lengths.append(client.llen(key))
-        finally:
-            client.close()
-    return max(lengths)
 
 
 def _record_readers(mgr: Any) -> list[str]:
@@ -210,3 +197,36 @@ def test_a_subscription_is_confirmed_by_every_live_node_before_it_returns(
                 client.close()
     finally:
         sub.close()
+
+
+def test_a_reader_whose_connections_drop_is_woken_and_then_served_by_notice(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    holder = make_manager(nodes3)
+    waiter = make_manager(nodes3, retry_delay=SLOW_RETRY)
+    lock = holder.lock("dropped")
+    assert lock.acquire()
+    rounds = _count_rounds(waiter)
+    got: list[float] = []
+    t = threading.Thread(target=lambda: waiter.lock("dropped", timeout=15).acquire()
+                         and got.append(time.monotonic()))
+    t.start()
+    assert wait_until(lambda: _queued(nodes3, holder, "dropped") == 1)
+    assert wait_until(lambda: waiter.notifier._reader is not None)  # the waiter reads
+    before = rounds[0]
+    for url in nodes3.urls:  # the server closes every pub/sub connection
+        client = redis.Redis.from_url(str(url))
+        try:
+            client.client_kill_filter(_type="pubsub")
+        finally:
+            client.close()
+    # The drop wakes the reader (a notice may have been missed): it retries at
+    # once instead of sleeping out its 5 s timer.
+    assert wait_until(lambda: rounds[0] > before, timeout=2.0)
+    links = waiter.notifier._links
+    assert wait_until(lambda: all(link.sock is not None
+                                  and waiter.notifier.inbox in link.subscribed
+                                  for link in links), timeout=3.0), "not resubscribed"
+    released = time.monotonic()
+    lock.release()
+    t.join(timeout=SLOW_RETRY)
+    assert got and got[0] - released < BY_NOTICE
