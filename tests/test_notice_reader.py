@@ -230,3 +230,28 @@ def test_a_reader_whose_connections_drop_is_woken_and_then_served_by_notice(
     lock.release()
     t.join(timeout=SLOW_RETRY)
     assert got and got[0] - released < BY_NOTICE
+
+
+def test_a_subscription_waits_for_a_reconnected_node_to_confirm_again(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+    notifier = mgr.notifier
+    first = notifier.subscribe(b"redlock:again", confirm_timeout=3.0)  # keeps it subscribed
+    try:
+        node0 = redis.Redis.from_url(str(nodes3.urls[0]))
+        try:
+            node0.client_kill_filter(_type="pubsub")
+            link = notifier._links[0]
+            # Nobody waits, so the housekeeping thread notices the drop on its round.
+            assert wait_until(lambda: b"redlock:again" not in link.subscribed, timeout=3.0)
+            second = notifier.subscribe(b"redlock:again", confirm_timeout=3.0)
+            try:
+                # Node 0 delivers again before the new waiter could queue there.
+                assert node0.publish(notifier.inbox, b"probe") == 1
+                assert node0.publish(b"redlock:again", b"probe") == 1
+            finally:
+                second.close()
+        finally:
+            node0.close()
+    finally:
+        first.close()

@@ -225,10 +225,16 @@ class _Link:
         self.pending: Any = None
         #: Channels this connection's node confirmed (reset on every connect).
         self.subscribed: set[bytes] = set()
+        #: The last connect attempt failed (a dropped connection alone is not that).
+        self.connect_failed = False
 
     def is_down(self) -> bool:
-        """Known down: its last connect failed or it dropped, and no new one is open."""
-        return self.sock is None and self.pending is None and self.failures > 0
+        """Known down: the last connect failed, and no new connection is open.
+
+        A link whose connection just dropped is not down until a reconnect
+        fails: a restarted node is usually back by then, and a waiter that
+        queued there unconfirmed would lose its notice."""
+        return self.sock is None and self.pending is None and self.connect_failed
 
 
 _HOUSEKEEPER = object()  # the read role's holder when the housekeeping thread reads
@@ -295,9 +301,8 @@ class ReleaseNotifier:
                 self._ops.append(("subscribe", channel))
                 self._ensure_thread()
                 self._nudge()
-        if not confirmed.is_set() and not self._await(
-                sub, lambda: self._is_confirmed(channel, confirmed),
-                time.monotonic() + confirm_timeout):
+        if not self._is_confirmed(channel) and not self._await(
+                sub, lambda: self._is_confirmed(channel), time.monotonic() + confirm_timeout):
             logger.debug("no node confirmed the subscription to %r in time; "
                          "the waiter falls back to timed retries", channel)
         return sub
@@ -346,16 +351,19 @@ class ReleaseNotifier:
             if nxt is not None:
                 nxt.event.set()
 
-    def _is_confirmed(self, channel: bytes, confirmed: threading.Event) -> bool:
-        """Whether every node not known to be down confirmed ``channel``; once
-        so, ``confirmed`` stays set (a link that drops wakes its waiters)."""
-        if confirmed.is_set():
-            return True
+    def _is_confirmed(self, channel: bytes) -> bool:
+        """Whether every node not known to be down confirmed ``channel`` on the
+        connection in use now (a reconnected link must confirm again).
+
+        ``_confirmed[channel]`` is set the first time this holds: it marks a
+        channel subscribed, so the next waiter sends no SUBSCRIBE of its own."""
         with self._lock:
-            if all(link.is_down() or channel in link.subscribed for link in self._links):
-                confirmed.set()
-                return True
-        return False
+            if not all(link.is_down() or channel in link.subscribed for link in self._links):
+                return False
+            confirmed = self._confirmed.get(channel)
+        if confirmed is not None:
+            confirmed.set()
+        return True
 
     def _resign(self, me: Any) -> bool:
         """Give the read role up and wake a waiting thread to take it over
@@ -512,8 +520,11 @@ class ReleaseNotifier:
                 if not self._ops:
                     return
                 op, channel = self._ops.popleft()
-                if op == "unsubscribe" and channel in self._subs:
-                    continue  # re-subscribed meanwhile
+                if op == "unsubscribe":
+                    if channel in self._subs:
+                        continue  # re-subscribed meanwhile
+                    for link in self._links:
+                        link.subscribed.discard(channel)
             for link in self._links:
                 if link.sock is not None:
                     self._send(link, op.upper(), channel)
@@ -591,11 +602,10 @@ class ReleaseNotifier:
         elif kind == b"subscribe":
             with self._lock:
                 link.subscribed.add(channel)
-                confirmed = self._confirmed.get(channel)
                 subs = list(self._subs.get(channel, ()))
-            if confirmed is not None and not confirmed.is_set() \
-                    and self._is_confirmed(channel, confirmed):
-                # Subscribers waiting for this confirmation sleep on their flags.
+            if subs and self._is_confirmed(channel):
+                # Subscribers waiting for this confirmation sleep on their flags
+                # (a waiter woken for nothing checks its notice and sleeps on).
                 self._woken.extend(s.event for s in subs
                                    if s is not self._reader and not s.passive)
 
@@ -695,8 +705,16 @@ class ReleaseNotifier:
                 link.failures += 1
                 link.next_connect = now + min(RECONNECT_MAX, RECONNECT_FIRST * 2 ** link.failures)
                 logger.debug("pub/sub connect to %s failed: %s", link.node.name, e)
-                self._kick()  # down now: a subscriber need not wait for its confirmation
+                link.connect_failed = True
+                # Down now: no subscriber waits for its confirmation any more
+                # (the reader re-checks after a kick, the others when woken).
+                with self._lock:
+                    awaiting = list(self._followers)
+                for sub in awaiting:
+                    sub.event.set()
+                self._kick()
                 continue
             link.failures = 0
+            link.connect_failed = False
             link.pending = conn
             self._kick()
