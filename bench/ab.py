@@ -13,9 +13,9 @@ fresh spawned processes that put that variant's tree first on ``sys.path``
 ``uncontended``
     one process, acquire + release in a loop on 1 or 5 nodes: p50 µs;
 ``contended``
-    four processes, one lock on 1 node, a GET/SET counter inside (as in
-    ``python -m bench``): acquisitions per second and client CPU per
-    acquisition;
+    four processes, one lock on 1 or 5 nodes (``--nodes``), a GET/SET counter
+    inside (as in ``python -m bench``): acquisitions per second and client CPU
+    per acquisition;
 ``handoff``
     two processes on 1 or 5 nodes (``--nodes``): one holds, waits a random
     3-13 ms (the other is blocked, its CPU idle) and releases; the median
@@ -79,10 +79,10 @@ def _uncontended(root: str, variant: str, urls: list[str], ops: int, out: Any) -
         lib.close()
 
 
-def _contend(root: str, variant: str, url: str, name: str, start_at: float, duration: float,
-             out: Any) -> None:
-    lib = _load(root, variant, [url])
-    counter = redis.Redis.from_url(url)
+def _contend(root: str, variant: str, urls: list[str], name: str, start_at: float,
+             duration: float, out: Any) -> None:
+    lib = _load(root, variant, urls)
+    counter = redis.Redis.from_url(urls[0])
     try:
         warm = lib.new(name + ":warm")
         lib.acquire(warm, 5.0)
@@ -207,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
                         "(default: uncontended,contended)")
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--nodes", type=int, default=1,
-                   help="uncontended and handoff: 1 or 5 nodes (default 1)")
+                   help="1 or 5 nodes (default 1)")
     p.add_argument("--samples", type=int, default=40, help="handoffs per round")
     p.add_argument("--ops", type=int, default=2000, help="uncontended ops per round")
     p.add_argument("--duration", type=float, default=3.0, help="contended seconds per round")
@@ -238,10 +238,12 @@ def main(argv: list[str] | None = None) -> int:
             _summary(f"uncontended acquire + release p50, {args.nodes} node(s)", lat, base,
                      "µs", higher_is_better=False)
         if "contended" in sections:
-            rate: dict[str, list[float]] = {here: [], base: [], "python-redis-lock": []}
+            rate: dict[str, list[float]] = {here: [], base: []}
+            if args.nodes == 1:  # python-redis-lock is a 1-node lock
+                rate["python-redis-lock"] = []
+                roots["python-redis-lock"] = str(ROOT)
             cpu: dict[str, list[float]] = {v: [] for v in rate}
-            roots["python-redis-lock"] = str(ROOT)
-            with running_nodes(1) as urls:
+            with running_nodes(args.nodes) as urls:
                 for rnd in range(args.rounds):
                     order = list(rate)
                     rng.shuffle(order)
@@ -249,7 +251,7 @@ def main(argv: list[str] | None = None) -> int:
                         name = f"bench:ab:c:{rnd}:{order.index(variant)}"
                         start_at = time.monotonic() + START_DELAY
                         results = _run_procs(
-                            ctx, _contend, [(roots[variant], variant, urls[0], name, start_at,
+                            ctx, _contend, [(roots[variant], variant, urls, name, start_at,
                                              args.duration)] * WORKERS,
                             START_DELAY + args.duration + 60)
                         done = sum(r[0] for r in results)
@@ -257,8 +259,8 @@ def main(argv: list[str] | None = None) -> int:
                         cpu[variant].append(sum(r[1] for r in results) / max(done, 1) * 1e6)
                     print(f"contended round {rnd + 1}: " + ", ".join(
                         f"{v} {rate[v][-1]:.0f}/s" for v in rate), flush=True)
-            _summary("contended acquisitions/s, 4 processes, 1 node", rate, base, "acq/s",
-                     higher_is_better=True)
+            _summary(f"contended acquisitions/s, 4 processes, {args.nodes} node(s)", rate, base,
+                     "acq/s", higher_is_better=True)
             _summary("client CPU per contended acquisition", cpu, base, "µs",
                      higher_is_better=False)
         if "handoff" in sections:
