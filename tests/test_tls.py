@@ -28,6 +28,7 @@ from tests.test_waiters import SLOW_RETRY, _queued
 MakeManager = Callable[..., Any]
 PASSWORD = "tls-secret"
 BY_NOTICE = 1.0
+TLS_PORT_ATTEMPTS = 3
 
 
 def _free_port() -> int:
@@ -68,16 +69,22 @@ def tls_nodes(certificate: tuple[Path, Path]) -> Iterator[_TLSNodes]:
     ports: list[int] = []
     try:
         for _ in range(3):
-            port = _free_port()
-            server = RedisServer(password=PASSWORD, extra_args=[
-                "--tls-port", str(port), "--tls-cert-file", str(cert),
-                "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert),
-                "--tls-auth-clients", "no"])
-            servers.append(server)
-            try:
-                server.start()
-            except Exception as e:  # noqa: BLE001 - a server built without TLS
-                pytest.skip(f"redis-server does not start with TLS here: {e}")
+            # The TLS port is picked here, and someone may take it before the
+            # server binds it: a fresh one is tried before TLS is called missing.
+            for attempt in range(TLS_PORT_ATTEMPTS):
+                port = _free_port()
+                server = RedisServer(password=PASSWORD, extra_args=[
+                    "--tls-port", str(port), "--tls-cert-file", str(cert),
+                    "--tls-key-file", str(key), "--tls-ca-cert-file", str(cert),
+                    "--tls-auth-clients", "no"])
+                servers.append(server)
+                try:
+                    server.start()
+                    break
+                except Exception as e:  # noqa: BLE001 - a server built without TLS
+                    if attempt == TLS_PORT_ATTEMPTS - 1:
+                        pytest.skip(f"redis-server does not start with TLS here "
+                                    f"({TLS_PORT_ATTEMPTS} tries): {e}")
             ports.append(port)
         yield _TLSNodes(servers, ports, cert)
     finally:
