@@ -9,7 +9,6 @@ which is what these tests exercise. Every wait is bounded.
 
 from __future__ import annotations
 
-import asyncio
 import shutil
 import socket
 import subprocess
@@ -23,7 +22,7 @@ import pytest
 
 from django_redlock.testing import RedisServer
 from tests.polling import wait_until
-from tests.test_waiters import SLOW_RETRY, _queued
+from tests.test_waiters import SLOW_RETRY, _queued, async_handoff_seconds
 
 MakeManager = Callable[..., Any]
 PASSWORD = "tls-secret"
@@ -116,28 +115,4 @@ def test_an_async_waiter_is_woken_by_notice_over_tls(
         tls_nodes: _TLSNodes, make_manager: MakeManager) -> None:
     holder = make_manager(tls_nodes.tls_urls)
     waiter = make_manager(tls_nodes.tls_urls, retry_delay=SLOW_RETRY)
-    lock = holder.lock("tls-async")
-    assert lock.acquire()
-    queued_at: list[float] = []
-
-    def release_when_queued() -> None:
-        if wait_until(lambda: _queued(tls_nodes, holder, "tls-async") == 1):
-            queued_at.append(time.monotonic())
-        lock.release()
-
-    async def wait() -> float:
-        mine = waiter.alock("tls-async", timeout=10, auto_renew=False)
-        try:
-            assert await mine.acquire()
-            took = time.monotonic()
-            await mine.release()
-            return took
-        finally:
-            await waiter.aclose()
-
-    releaser = threading.Thread(target=release_when_queued)
-    releaser.start()
-    took = asyncio.run(asyncio.wait_for(wait(), 15))
-    releaser.join(timeout=10)
-    assert queued_at, "the async waiter never queued"
-    assert took - queued_at[0] < BY_NOTICE
+    assert async_handoff_seconds(tls_nodes, holder, waiter, "tls-async") < BY_NOTICE

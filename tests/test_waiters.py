@@ -173,14 +173,15 @@ def test_the_waiter_queue_expires(nodes3: RedisNodes, make_manager: MakeManager)
     lock.release()
 
 
-def test_an_async_waiter_is_woken_by_name(nodes3: RedisNodes, make_manager: MakeManager) -> None:
-    holder = make_manager(nodes3)
-    waiter = make_manager(nodes3, retry_delay=SLOW_RETRY)
-    lock = holder.lock("async-line")
+def async_handoff_seconds(nodes: Any, holder: Any, waiter: Any, name: str) -> float:
+    """Hold ``name`` with ``holder``, let an asyncio waiter of ``waiter`` queue
+    for it, release: the seconds from that release to the waiter's ``acquire()``
+    returning (a handoff by notice takes milliseconds, one by timer seconds)."""
+    lock = holder.lock(name)
     assert lock.acquire()
 
     async def wait() -> float:
-        mine = waiter.alock("async-line", timeout=10, auto_renew=False)
+        mine = waiter.alock(name, timeout=10, auto_renew=False)
         try:
             assert await mine.acquire()
             took = time.monotonic()
@@ -190,7 +191,7 @@ def test_an_async_waiter_is_woken_by_name(nodes3: RedisNodes, make_manager: Make
             await waiter.aclose()
 
     def release_when_queued() -> None:
-        if wait_until(lambda: _queued(nodes3, holder, "async-line") == 1):
+        if wait_until(lambda: _queued(nodes, holder, name) == 1):
             times.append(time.monotonic())
         lock.release()
 
@@ -200,7 +201,13 @@ def test_an_async_waiter_is_woken_by_name(nodes3: RedisNodes, make_manager: Make
     took = asyncio.run(asyncio.wait_for(wait(), 15))
     releaser.join(timeout=10)
     assert times, "the async waiter never queued"
-    assert took - times[0] < 1.0
+    return took - times[0]
+
+
+def test_an_async_waiter_is_woken_by_name(nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    holder = make_manager(nodes3)
+    waiter = make_manager(nodes3, retry_delay=SLOW_RETRY)
+    assert async_handoff_seconds(nodes3, holder, waiter, "async-line") < 1.0
 
 
 def test_a_waiter_served_without_a_notice_leaves_the_line(
