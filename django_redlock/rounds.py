@@ -385,7 +385,13 @@ def acquire_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token
         if busy is not None:
             return busy
         need = mgr.quorum - (1 if granted_by(first) else 0)
-        replies = yield Ask([None if i == gate else call for i in range(n)],
+        # A woken waiter's place at the front is the gate's, where the release
+        # popped it. Elsewhere it joins at the back: on a node whose release is
+        # still on its way, the front would make that release wake this waiter
+        # (served by then) instead of whoever stands first there.
+        rest = acquire_call(key, fkey, wkey, token, ttl_ms, owner, fencing, waiter) \
+            if woken else call
+        replies = yield Ask([None if i == gate else rest for i in range(n)],
                             settle=acquire_settle(need), tag=token)
         replies[gate] = first
     else:

@@ -170,6 +170,45 @@ def test_gate_node_is_stable_per_name_and_skips_a_failing_node() -> None:
     assert busy_at_gate([1, 7]) is None
 
 
+def test_a_woken_waiter_keeps_the_front_of_the_line_at_the_gate_only() -> None:
+    """Its place at the front is where the release popped it: the gate. On the
+    other nodes it joins at the back, so a release that reaches one of them
+    late wakes whoever stands first there, not this waiter (served by then)."""
+    from django_redlock.rounds import Ask, acquire_steps, gate_node
+
+    class Node:
+        name = "n"
+
+        def backing_off(self, now: float) -> bool:
+            return False
+
+    class Ctx:
+        nodes = [Node() for _ in range(3)]
+        quorum = 2
+        drift_factor = 0.01
+
+        def clock(self) -> float:
+            return 0.0
+
+    def modes(ask: Ask) -> list[bytes | None]:
+        return [None if call is None else call.args[5] for call in ask.requests]
+
+    key = b"redlock:line"
+    gate = gate_node(key, Ctx.nodes, 0.0)
+    assert gate is not None
+    for woken, at_gate, elsewhere in ((True, b"2", b"1"), (False, b"1", b"1")):
+        steps = acquire_steps(Ctx(), key, b"f", b"w", "tok", 1000, "{}", True, 1.0,
+                              lock_name="line", waiter=b"inbox|tok", woken=woken)
+        first = next(steps)
+        assert modes(first) == [at_gate if i == gate else None for i in range(3)]
+        rest = steps.send([[1, 5] if i == gate else None for i in range(3)])  # gate granted
+        assert modes(rest) == [None if i == gate else elsewhere for i in range(3)]
+    # Asking every node at once (no gate), a woken waiter keeps the front everywhere.
+    steps = acquire_steps(Ctx(), key, b"f", b"w", "tok", 1000, "{}", True, 1.0,
+                          lock_name="line", waiter=b"inbox|tok", woken=True, ask_all=True)
+    assert modes(next(steps)) == [b"2", b"2", b"2"]
+
+
 def test_scripts_inline_their_shared_function() -> None:
     from django_redlock.transport.resp import EXTEND, RELEASE
 
