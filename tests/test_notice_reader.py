@@ -20,7 +20,7 @@ import redis
 
 from django_redlock.testing import RedisNodes
 from tests.polling import wait_until
-from tests.test_waiters import SLOW_RETRY, _count_rounds, _queued
+from tests.test_waiters import SLOW_RETRY, WaitingThread, _count_rounds, _queued
 
 MakeManager = Callable[..., Any]
 BY_NOTICE = 1.0  # a handoff by notice takes milliseconds; a missed one takes SLOW_RETRY
@@ -48,21 +48,11 @@ def test_the_waiting_thread_reads_its_own_notice(
     readers = _record_readers(waiter)
     lock = holder.lock("self-read")
     assert lock.acquire()
-    got: list[float] = []
-
-    def wait() -> None:
-        mine = waiter.lock("self-read", timeout=10, auto_renew=False)
-        if mine.acquire():
-            got.append(time.monotonic())
-            mine.release()
-
-    t = threading.Thread(target=wait, name="the-waiter")
-    t.start()
+    waiting = WaitingThread(waiter, "self-read", thread_name="the-waiter")
     assert wait_until(lambda: _queued(nodes3, holder, "self-read") == 1)
     released = time.monotonic()
     lock.release()
-    t.join(timeout=SLOW_RETRY)
-    assert got and got[0] - released < BY_NOTICE, readers
+    assert waiting.seconds_after(released) < BY_NOTICE, readers
     # No hop through another thread: the notice woke the waiter in select().
     assert readers == ["the-waiter"]
 
@@ -113,18 +103,13 @@ def test_a_reader_that_gives_up_hands_the_role_on(
     impatient.start()  # first to wait: it reads
     assert wait_until(lambda: _queued(nodes3, holder, "impatient-reader") == 1)
     assert wait_until(lambda: waiters.notifier._reader is not None)
-    got: list[float] = []
-    patient = threading.Thread(
-        target=lambda: waiters.lock("impatient-reader", timeout=10).acquire()
-        and got.append(time.monotonic()))
-    patient.start()
+    patient = WaitingThread(waiters, "impatient-reader")
     impatient.join(timeout=SLOW_RETRY)
     assert not impatient.is_alive()
     assert wait_until(lambda: _queued(nodes3, holder, "impatient-reader") == 1)
     released = time.monotonic()
     lock.release()
-    patient.join(timeout=SLOW_RETRY)
-    assert got and got[0] - released < BY_NOTICE
+    assert patient.seconds_after(released) < BY_NOTICE
 
 
 @pytest.mark.parametrize("first", ["sync", "async"])
@@ -206,10 +191,7 @@ def test_a_reader_whose_connections_drop_is_woken_and_then_served_by_notice(
     lock = holder.lock("dropped")
     assert lock.acquire()
     rounds = _count_rounds(waiter)
-    got: list[float] = []
-    t = threading.Thread(target=lambda: waiter.lock("dropped", timeout=15).acquire()
-                         and got.append(time.monotonic()))
-    t.start()
+    waiting = WaitingThread(waiter, "dropped", timeout=15)
     assert wait_until(lambda: _queued(nodes3, holder, "dropped") == 1)
     assert wait_until(lambda: waiter.notifier._reader is not None)  # the waiter reads
     before = rounds[0]
@@ -228,8 +210,7 @@ def test_a_reader_whose_connections_drop_is_woken_and_then_served_by_notice(
                                   for link in links), timeout=3.0), "not resubscribed"
     released = time.monotonic()
     lock.release()
-    t.join(timeout=SLOW_RETRY)
-    assert got and got[0] - released < BY_NOTICE
+    assert waiting.seconds_after(released) < BY_NOTICE
 
 
 def test_a_subscription_waits_for_a_reconnected_node_to_confirm_again(

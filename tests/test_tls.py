@@ -12,7 +12,6 @@ from __future__ import annotations
 import shutil
 import socket
 import subprocess
-import threading
 import time
 from pathlib import Path
 from typing import Any, Callable, Iterator
@@ -22,7 +21,7 @@ import pytest
 
 from django_redlock.testing import RedisServer
 from tests.polling import wait_until
-from tests.test_waiters import SLOW_RETRY, _queued, async_handoff_seconds
+from tests.test_waiters import SLOW_RETRY, WaitingThread, _queued, async_handoff_seconds
 
 MakeManager = Callable[..., Any]
 PASSWORD = "tls-secret"
@@ -97,18 +96,14 @@ def test_a_sync_waiter_is_woken_by_notice_over_tls(
     waiter = make_manager(tls_nodes.tls_urls, retry_delay=SLOW_RETRY)
     lock = holder.lock("tls-line")
     assert lock.acquire() and lock.fence > 0
-    got: list[float] = []
-    t = threading.Thread(target=lambda: waiter.lock("tls-line", timeout=10).acquire()
-                         and got.append(time.monotonic()))
-    t.start()
+    waiting = WaitingThread(waiter, "tls-line")
     assert wait_until(lambda: _queued(tls_nodes, holder, "tls-line") == 1)
     for link in waiter.notifier._links:  # the notices really come over TLS
         assert wait_until(lambda link=link: link.sock is not None)
         assert link.sock.version() is not None  # an ssl.SSLSocket, handshake done
     released = time.monotonic()
     lock.release()
-    t.join(timeout=SLOW_RETRY)
-    assert got and got[0] - released < BY_NOTICE
+    assert waiting.seconds_after(released) < BY_NOTICE
 
 
 def test_an_async_waiter_is_woken_by_notice_over_tls(

@@ -41,6 +41,29 @@ def _queued(nodes: RedisNodes, mgr: Any, name: str) -> int:
     return max(len(q) for q in _queues(nodes, mgr, name))
 
 
+class WaitingThread:
+    """A thread that waits for ``name`` through ``mgr`` and keeps it once served,
+    noting when its ``acquire()`` returned."""
+
+    def __init__(self, mgr: Any, name: str, *, timeout: float = 10.0,
+                 thread_name: str | None = None) -> None:
+        self._lock = mgr.lock(name, timeout=timeout)
+        self.served_at: float | None = None
+        self.thread = threading.Thread(target=self._run, name=thread_name)
+        self.thread.start()
+
+    def _run(self) -> None:
+        if self._lock.acquire():
+            self.served_at = time.monotonic()
+
+    def seconds_after(self, released: float, join: float = SLOW_RETRY) -> float:
+        """Join (at most ``join`` s); the seconds from ``released`` until it was
+        served. Fails the test when it was not served."""
+        self.thread.join(timeout=join)
+        assert self.served_at is not None, "the waiter was not served"
+        return self.served_at - released
+
+
 def _count_rounds(mgr: Any) -> list[int]:
     """Count the manager's acquire rounds (each is one attempt on the nodes)."""
     calls = [0]
@@ -135,10 +158,7 @@ def test_an_entry_whose_inbox_nobody_listens_to_is_skipped(
     waiter = make_manager(nodes3, retry_delay=SLOW_RETRY)
     lock = holder.lock("ghost-line")
     assert lock.acquire()
-    got: list[float] = []
-    t = threading.Thread(target=lambda: waiter.lock("ghost-line", timeout=10).acquire()
-                         and got.append(time.monotonic()))
-    t.start()
+    live = WaitingThread(waiter, "ghost-line")
     assert wait_until(lambda: _queued(nodes3, holder, "ghost-line") == 1)
     key = waiters_key(holder.key("ghost-line"))
     for url in nodes3.urls:  # dead processes' waiters stand first in line everywhere
@@ -148,9 +168,8 @@ def test_an_entry_whose_inbox_nobody_listens_to_is_skipped(
         client.close()
     released = time.monotonic()
     lock.release()
-    t.join(timeout=SLOW_RETRY - 1)
-    assert got, "the live waiter was not woken"
-    assert got[0] - released < 1.0  # by name, not by its 5 s timer
+    # By name, not by its 5 s timer.
+    assert live.seconds_after(released, join=SLOW_RETRY - 1) < 1.0
     assert _queued(nodes3, holder, "ghost-line") == 0
 
 
