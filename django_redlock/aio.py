@@ -167,10 +167,10 @@ def _close_subscription(fut: asyncio.Future[Subscription]) -> None:
 
 
 async def _subscribe(manager: LockManager, channel: bytes, confirm: float,
-                     waiter: bytes) -> _Waiter:
+                     waiter: bytes, hand_over: bytes) -> _Waiter:
     loop = asyncio.get_running_loop()
     notifier = manager.notifier
-    fut = loop.run_in_executor(None, notifier.subscribe, channel, confirm, waiter)
+    fut = loop.run_in_executor(None, notifier.subscribe, channel, confirm, waiter, hand_over)
     try:
         sub = await asyncio.shield(fut)
     except asyncio.CancelledError:
@@ -219,6 +219,12 @@ async def _leave_queue(mgr: LockManager, transport: AsyncTransport, wkey: bytes,
                        waiter: bytes, *, only: Sequence[bool] | None = None) -> None:
     """See :meth:`LockManager._leave_queue`."""
     await _run(transport, rounds.leave_queue_steps(mgr, wkey, waiter, only=only))
+
+
+async def _give_up(mgr: LockManager, transport: AsyncTransport, key: bytes, fkey: bytes,
+                   wkey: bytes, token: str, entry: bytes) -> None:
+    """See :meth:`LockManager._give_up`."""
+    await _run(transport, rounds.give_up_steps(mgr, key, fkey, wkey, token, entry))
 
 
 async def _extend_round(mgr: LockManager, transport: AsyncTransport, key: bytes, fkey: bytes,
@@ -280,27 +286,33 @@ class AsyncLock(LockBase):
         plan = self._acquire_plan(deadline, in_line=bool(pause))
         waiter: _Waiter | None = None
         served = False
+        hand_over = self._hand_over_entry(ttl_ms, owner)
+        refusal: AcquireResult | None = None  # the last refused attempt
         try:
             try:
                 step = next(plan)
                 while True:
                     if type(step) is Attempt:
-                        try:
-                            answer: Any = await _acquire_round(
-                                mgr, self.transport, self._key_b, self._fence_key_b,
-                                self._waiters_key_b, token, ttl_ms, owner, self.fencing,
-                                self.ttl, lock_name=self.name,
-                                waiter=waiter.sub.entry if waiter else b"",
-                                woken=step.woken, ask_all=step.ask_all)
-                        except asyncio.CancelledError:
-                            # The round may have set our key on some nodes: take it back.
-                            await _complete(_release_round(mgr, self.transport, self._key_b,
-                                                           self._fence_key_b,
-                                                           self._waiters_key_b, token, 0))
-                            raise
+                        answer: Any = self._take_handover(waiter and waiter.sub, refusal)
+                        if answer is None:
+                            try:
+                                answer = await _acquire_round(
+                                    mgr, self.transport, self._key_b, self._fence_key_b,
+                                    self._waiters_key_b, token, ttl_ms, owner, self.fencing,
+                                    self.ttl, lock_name=self.name,
+                                    waiter=waiter.sub.entry if waiter else b"",
+                                    woken=step.woken, ask_all=step.ask_all)
+                            except asyncio.CancelledError:
+                                # The round may have set our key on some nodes: take it back.
+                                await _complete(_release_round(
+                                    mgr, self.transport, self._key_b, self._fence_key_b,
+                                    self._waiters_key_b, token, 0))
+                                raise
+                            if not answer.acquired:
+                                refusal = answer
                     elif type(step) is Subscribe:
                         answer = waiter = await _subscribe(mgr, self._key_b, step.confirm,
-                                                           token.encode())
+                                                           token.encode(), hand_over)
                     else:
                         assert waiter is not None
                         answer = await waiter.wait(step.seconds)
@@ -338,8 +350,14 @@ class AsyncLock(LockBase):
                     # Timed out, failed or cancelled: out of the line, or the next
                     # release would wake us in vain while others wait. Finished
                     # even when cancelled; the CancelledError goes on afterwards.
-                    await _complete(_leave_queue(mgr, self.transport, self._waiters_key_b,
+                    # A lock handed to us meanwhile is handed on (Lock.acquire).
+                    if hand_over:
+                        await _complete(_give_up(mgr, self.transport, self._key_b,
+                                                 self._fence_key_b, self._waiters_key_b, token,
                                                  waiter.sub.entry))
+                    else:
+                        await _complete(_leave_queue(mgr, self.transport,
+                                                     self._waiters_key_b, waiter.sub.entry))
 
     def _on_acquired(self, token: str, fence: int, valid_until: float) -> None:
         mgr = self.manager

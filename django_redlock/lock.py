@@ -27,7 +27,7 @@ import time
 from types import EllipsisType, TracebackType
 from typing import TYPE_CHECKING, Any, Generator, NamedTuple, Union
 
-from . import signals
+from . import rounds, signals
 from .core.keys import fence_key, lock_key, validate_name, waiters_key
 from .core.owner import new_token, owner_json
 from .exceptions import LockLost, LockNotAcquired, LockNotOwned, QuorumUnavailable, RedlockError
@@ -35,6 +35,7 @@ from .exceptions import LockLost, LockNotAcquired, LockNotOwned, QuorumUnavailab
 if TYPE_CHECKING:
     from .manager import LockManager
     from .rounds import AcquireResult
+    from .transport.notify import Subscription
 
 logger = logging.getLogger("django_redlock.lock")
 
@@ -175,6 +176,27 @@ class LockBase:
             # No notice after a refusal at the gate: see rounds.gate_node.
             ask_all = not woken and result.at_gate
 
+    def _hand_over_entry(self, ttl_ms: int, owner: str) -> bytes:
+        """What this acquire's queue entry adds so that a release may hand it
+        the lock: one-node managers only (see ``rounds.hand_over_entry``)."""
+        if len(self.manager.nodes) != 1:
+            return b""
+        return rounds.hand_over_entry(ttl_ms, self.fencing, owner)
+
+    def _take_handover(self, sub: "Subscription | None",
+                       refusal: "AcquireResult | None") -> "AcquireResult | None":
+        """The lock a release handed to this waiter, when it can be used as it
+        is (``rounds.handed_over``); None: make an attempt (which finds the key
+        already ours when it was handed over)."""
+        if sub is None or sub.handed is None:
+            return None
+        handed, sub.handed = sub.handed, None
+        if refusal is None:
+            return None
+        mgr = self.manager
+        return rounds.handed_over(handed, asked_at=refusal.asked_at, queued_ms=refusal.queued_ms,
+                                  now=mgr.clock(), ttl=self.ttl, drift_factor=mgr.drift_factor)
+
     def _busy_error(self) -> LockNotAcquired:
         return LockNotAcquired(
             f"lock {self.name!r} is busy: not acquired within "
@@ -219,19 +241,26 @@ class Lock(LockBase):
         plan = self._acquire_plan(deadline, in_line=bool(pause))
         subscription = None
         served = False
+        hand_over = self._hand_over_entry(ttl_ms, owner)
+        refusal: AcquireResult | None = None  # the last refused attempt
         try:
             try:
                 step = next(plan)
                 while True:
                     if type(step) is Attempt:
-                        answer: Any = mgr._acquire_round(
-                            self._key_b, self._fence_key_b, self._waiters_key_b, token, ttl_ms,
-                            owner, self.fencing, self.ttl, lock_name=self.name,
-                            waiter=subscription.entry if subscription else b"",
-                            woken=step.woken, ask_all=step.ask_all)
+                        answer: Any = self._take_handover(subscription, refusal)
+                        if answer is None:
+                            answer = mgr._acquire_round(
+                                self._key_b, self._fence_key_b, self._waiters_key_b, token,
+                                ttl_ms, owner, self.fencing, self.ttl, lock_name=self.name,
+                                waiter=subscription.entry if subscription else b"",
+                                woken=step.woken, ask_all=step.ask_all)
+                            if not answer.acquired:
+                                refusal = answer
                     elif type(step) is Subscribe:
                         answer = subscription = mgr.notifier.subscribe(
-                            self._key_b, step.confirm, waiter=token.encode())
+                            self._key_b, step.confirm, waiter=token.encode(),
+                            hand_over=hand_over)
                     else:
                         assert subscription is not None
                         answer = subscription.wait(step.seconds)
@@ -254,8 +283,13 @@ class Lock(LockBase):
                 subscription.close()
                 if not served:
                     # Timed out or interrupted: out of the line, or the next
-                    # release would wake us in vain while others wait.
-                    mgr._leave_queue(self._waiters_key_b, subscription.entry, token)
+                    # release would wake us in vain while others wait; and a
+                    # lock handed to us meanwhile is handed on.
+                    if hand_over:
+                        mgr._give_up(self._key_b, self._fence_key_b, self._waiters_key_b,
+                                     token, subscription.entry)
+                    else:
+                        mgr._leave_queue(self._waiters_key_b, subscription.entry, token)
             if not served:
                 mgr.transport.forget(token)  # no round of this token follows
 

@@ -292,6 +292,12 @@ class LockManager:
         self._run(rounds.leave_queue_steps(self, wkey, waiter, token=token, only=only,
                                            wait=wait))
 
+    def _give_up(self, key: bytes, fkey: bytes, wkey: bytes, token: str, entry: bytes) -> None:
+        """A waiter that may have been handed the lock gives up (see
+        ``rounds.give_up_steps``); best effort like :meth:`_leave_queue`: a
+        node it cannot reach keeps a lock handed to it until that lease ends."""
+        self._run(rounds.give_up_steps(self, key, fkey, wkey, token, entry))
+
     def _extend_round(self, key: bytes, fkey: bytes, token: str, fence: int,
                       ttl: float) -> ExtendResult:
         return self._run(rounds.extend_steps(self, key, fkey, token, fence, ttl))

@@ -47,6 +47,11 @@ class AcquireResult:
     queued_at: list[bool] | None = None
     #: Refused by the gate node alone (the other nodes were not asked).
     at_gate: bool = False
+    #: A refused waiter's round: when it started (``mgr.clock()``) and the
+    #: node's clock (ms) when it queued the waiter; a lock that node's release
+    #: hands over later is timed from these (:func:`handed_over`). 0: unknown.
+    asked_at: float = 0.0
+    queued_ms: int = 0
 
 
 @dataclass
@@ -63,6 +68,8 @@ class AcquireTally:
     maybe_ours: list[bool]
     #: busy or not waited for: a waiter's entry may have been queued there
     queued_at: list[bool] = field(default_factory=list)
+    #: A busy node's clock (ms) when it queued a waiter (the latest such).
+    queued_ms: int = 0
 
     @property
     def answered(self) -> int:
@@ -76,7 +83,8 @@ class ReleaseResult:
     #: A majority no longer had this holder's key: it had expired or been taken
     #: before the release, whatever the holder's clock said.
     lost: bool
-    #: How many nodes woke a queued waiter (named it in their release notice).
+    #: How many nodes woke a queued waiter (named it in their release notice)
+    #: or handed it the lock.
     woken: int = 0
 
 
@@ -122,11 +130,11 @@ def acquire_call(key: bytes, fkey: bytes, wkey: bytes, token: str, ttl_ms: int, 
 
 def granted_by(reply: Any) -> bool:
     """Whether one node's acquire reply granted the lock."""
-    return isinstance(reply, list) and len(reply) == 2 and reply[0] == 1
+    return isinstance(reply, list) and len(reply) >= 2 and reply[0] == 1
 
 
 def _busy_reply(reply: Any) -> bool:
-    return isinstance(reply, list) and len(reply) == 2 and reply[0] == 0
+    return isinstance(reply, list) and len(reply) >= 2 and reply[0] == 0
 
 
 def acquire_settle(need: int) -> Settle:
@@ -143,7 +151,7 @@ def tally_acquire(replies: Sequence[Any], node_names: Sequence[str]) -> AcquireT
         if reply is NOT_AWAITED:
             tally.maybe_ours[i] = True  # sent; its reply is read later and dropped
             tally.queued_at[i] = True
-        elif isinstance(reply, list) and len(reply) == 2:
+        elif isinstance(reply, list) and len(reply) >= 2:
             if reply[0] == 1:
                 fence = int(reply[1])
                 tally.fence_min = fence if tally.ok == 0 else min(tally.fence_min, fence)
@@ -153,6 +161,8 @@ def tally_acquire(replies: Sequence[Any], node_names: Sequence[str]) -> AcquireT
             else:
                 tally.busy_ttls.append(max(0, int(reply[1])) / 1000.0)
                 tally.queued_at[i] = True
+                if len(reply) > 2:  # it queued a waiter: its clock then
+                    tally.queued_ms = max(tally.queued_ms, int(reply[2]))
         elif isinstance(reply, NodeError):
             tally.errors[reply.node] = reply.reason
             tally.maybe_ours[i] = reply.sent
@@ -186,7 +196,7 @@ def gate_node(key: bytes, nodes: Sequence[Any], now: float) -> int | None:
 
 def busy_at_gate(reply: Any) -> AcquireResult | None:
     """The refused result when the gate node says the lock is held, else None."""
-    if isinstance(reply, list) and len(reply) == 2 and reply[0] == 0:
+    if isinstance(reply, list) and len(reply) >= 2 and reply[0] == 0:
         return AcquireResult(False, holder_ttl=max(0, int(reply[1])) / 1000.0, at_gate=True)
     return None
 
@@ -222,7 +232,7 @@ def fences_disagree(tally: AcquireTally, ttl: float) -> bool:
     return tally.ok > 1 and tally.fence - tally.fence_min >= ttl * 1000 * FENCE_SPREAD_LIMIT
 
 
-def refused(tally: AcquireTally, *, n_nodes: int, elapsed: float, ttl: float,
+def refused(tally: AcquireTally, *, n_nodes: int, start: float, elapsed: float, ttl: float,
             lock_name: str) -> AcquireResult:
     """After a lost round (and its clean-up release): busy, or QuorumUnavailable."""
     if tally.answered < q.quorum(n_nodes):
@@ -233,7 +243,52 @@ def refused(tally: AcquireTally, *, n_nodes: int, elapsed: float, ttl: float,
                     "retrying", lock_name, elapsed, ttl)
     busy = sorted(tally.busy_ttls)
     holder_ttl = busy[len(busy) // 2] if busy else None
-    return AcquireResult(False, holder_ttl=holder_ttl, errors=tally.errors)
+    return AcquireResult(False, holder_ttl=holder_ttl, errors=tally.errors, asked_at=start,
+                         queued_ms=tally.queued_ms)
+
+
+# -- a lock handed over by a release (one node) ------------------------------------
+#: A lock handed over with less of its lease left than this share (as far as
+#: the waiter can prove: :func:`core.quorum.handover_validity`) is taken with an
+#: attempt instead, which finds the key already ours and renews the lease: a
+#: waiter that waited long loses ``drift_factor`` of its wait from the bound.
+HANDOVER_MIN_SHARE = 0.5
+
+
+def hand_over_entry(ttl_ms: int, fencing: bool, owner: str) -> bytes:
+    """What a waiter on a one-node manager appends to its queue entry so that a
+    release hands it the lock outright (release.lua): the key is set for it
+    and its notice carries the fence, so the woken waiter sends no acquire
+    round of its own (one round trip less on every contended handoff).
+
+    One node only: with several, each node's release would hand the lock to
+    whoever stands first *there*, and lines that differ would split the vote.
+    """
+    return b"%d|%s|%s" % (ttl_ms, b"1" if fencing else b"0", owner.encode("utf-8"))
+
+
+def handed_over(notice: bytes, *, asked_at: float, queued_ms: int, now: float, ttl: float,
+                drift_factor: float) -> AcquireResult | None:
+    """The acquired result for a lock a release handed over, or None to make an
+    attempt instead (which wins at once: the key is ours already).
+
+    ``notice`` is ``<fence>|<node clock ms>`` from the release notice;
+    ``asked_at``/``queued_ms`` from the waiter's last refused attempt
+    (:class:`AcquireResult`). A hand-over that the node's clock places before
+    that attempt is stale: that lease ran out unseen (the attempt found
+    someone else's key), so it is not used.
+    """
+    fence_b, _, clock_b = notice.partition(b"|")
+    try:
+        fence, handed_ms = int(fence_b), int(clock_b)
+    except ValueError:
+        return None
+    if queued_ms <= 0 or handed_ms <= queued_ms:
+        return None
+    valid = q.handover_validity(ttl, now - asked_at, handed_ms - queued_ms, drift_factor)
+    if valid < ttl * HANDOVER_MIN_SHARE:
+        return None
+    return AcquireResult(True, fence=fence, valid_until=now + valid)
 
 
 # -- release -------------------------------------------------------------------
@@ -291,7 +346,7 @@ def tally_release(replies: Sequence[Any], key: bytes) -> ReleaseResult:
     not_ours = sum(1 for r in counts if r == 0)
     return ReleaseResult(released=sum(1 for r in counts if r >= 1), not_ours=not_ours,
                          lost=not_ours > n - q.quorum(n),
-                         woken=sum(1 for r in counts if r == 2))
+                         woken=sum(1 for r in counts if r >= 2))
 
 
 # -- extend --------------------------------------------------------------------
@@ -412,7 +467,8 @@ def acquire_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token
         # Release wherever the key may be ours, including nodes that went
         # silent after the request left: a leftover would block others.
         yield from release_steps(mgr, key, fkey, wkey, token, 0, only=tally.maybe_ours)
-    return refused(tally, n_nodes=n, elapsed=elapsed, ttl=ttl, lock_name=lock_name)
+    return refused(tally, n_nodes=n, start=start, elapsed=elapsed, ttl=ttl,
+                   lock_name=lock_name)
 
 
 def release_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token: str,
@@ -448,6 +504,16 @@ def extend_steps(mgr: RoundContext, key: bytes, fkey: bytes, token: str, fence: 
 def holders_steps(mgr: RoundContext, key: bytes) -> Steps[int]:
     """How many nodes have ``key``; QuorumUnavailable when too few answer."""
     return tally_holders((yield Ask([exists_command(key)] * len(mgr.nodes))), key)
+
+
+def give_up_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token: str,
+                  entry: bytes) -> Steps[None]:
+    """A waiter that may be handed the lock gives up: out of the line, and in
+    the same script a lock handed to it meanwhile is released (and handed on),
+    so a waiter leaving never holds the lock for a lease nobody uses."""
+    call = Call(RELEASE, (key, fkey, wkey), (token, 0, _FENCE_GRACE_B, b"1", entry),
+                last_of_token=True)
+    yield Ask([call] * len(mgr.nodes), tag=token, final=True)
 
 
 def leave_queue_steps(mgr: RoundContext, wkey: bytes, waiter: bytes, *, token: Any = None,

@@ -216,6 +216,52 @@ def test_scripts_inline_their_shared_function() -> None:
         assert b"--#include" not in script.source
         assert script.source.count(b"local function write_back_fence") == 1
         assert b"write_back_fence(KEYS[2]" in script.source
+    for script in (ACQUIRE, RELEASE):  # both issue fences: the acquire, and a handover
+        assert script.source.count(b"local function issue_fence") == 1
+        assert b"issue_fence(KEYS[2], ARGV[" in script.source
+
+
+# -- a lock handed over by a release (one node) ------------------------------------------
+def test_a_handover_is_timed_from_the_waiters_last_attempt() -> None:
+    # The attempt left at t=100 and the node queued it at 5_000 ms; the node
+    # handed over at 7_001 ms, i.e. at least 2 s (less 1 ms resolution, less 1 %
+    # for the clocks' rates) after the attempt left: at t >= 101.98. Read at
+    # t=102.5, 0.52 s of a 10 s lease are gone, as if a round took that long.
+    valid = q.handover_validity(10.0, 2.5, 2_001, 0.01)
+    assert valid == pytest.approx(q.validity(10.0, 2.5 - 2.0 * 0.99, 0.01))
+    # The bound never credits more than the node's clock says passed.
+    assert q.handover_validity(10.0, 2.5, 1, 0.01) == pytest.approx(q.validity(10.0, 2.5, 0.01))
+
+
+def test_a_handover_is_used_only_when_it_is_provably_fresh_and_long_enough() -> None:
+    from django_redlock.rounds import handed_over
+
+    def take(notice: bytes, *, now: float = 102.5, queued_ms: int = 5_000,
+             ttl: float = 10.0, drift: float = 0.01) -> Any:
+        return handed_over(notice, asked_at=100.0, queued_ms=queued_ms, now=now, ttl=ttl,
+                           drift_factor=drift)
+
+    won = take(b"42|7001")
+    assert won is not None and won.acquired and won.fence == 42
+    assert won.valid_until == pytest.approx(102.5 + q.handover_validity(10.0, 2.5, 2_001, 0.01))
+    # Stale: the node's clock puts the handover before (or at) the refused
+    # attempt, whose lease then ran out unseen.
+    assert take(b"42|5000") is None and take(b"42|4000") is None
+    # Unknown attempt time (no refused attempt timed by the node).
+    assert take(b"42|7001", queued_ms=0) is None
+    # Less than half the lease provable: an attempt renews it instead.
+    assert take(b"42|7001", ttl=1.0, drift=0.4) is None
+    assert take(b"42|7001", now=110.0) is None
+    # Not a handover notice at all.
+    assert take(b"garbage") is None and take(b"42|") is None
+
+
+def test_a_hand_over_entry_carries_lease_fencing_and_owner() -> None:
+    from django_redlock.rounds import hand_over_entry
+
+    owner = owner_json("with|bar")
+    assert hand_over_entry(1500, True, owner) == b"1500|1|" + owner.encode()
+    assert hand_over_entry(1500, False, owner).startswith(b"1500|0|")
 
 
 # -- the waiting rules of an acquire, without I/O (LockBase._acquire_plan) ----------------

@@ -39,6 +39,25 @@ def validity(ttl: float, elapsed: float, drift_factor: float) -> float:
     return ttl - elapsed - drift(ttl, drift_factor)
 
 
+def handover_validity(ttl: float, since_asked: float, server_gap_ms: int,
+                      drift_factor: float) -> float:
+    """Seconds of lease left for a lock a release handed to a waiter (one node).
+
+    The waiter sent no request of its own for it, so "elapsed since the request
+    left" must be bounded another way. Its last refused attempt left
+    ``since_asked`` seconds ago and the node read its clock (ms) while queueing
+    it; the hand-over happened ``server_gap_ms`` later on that same clock. So the
+    lease started at least ``(server_gap_ms - 1) / 1000 * (1 - drift_factor)``
+    seconds after the attempt left (1 ms for the clock's resolution, the factor
+    for the two clocks' rates): the time since then is what counts as elapsed.
+    It assumes what Redlock already assumes (clocks whose *rates* differ by at
+    most the drift factor); the node's own key expiry reads the same clock.
+    A result <= 0 means the lock must not be used as handed over.
+    """
+    gap = max(0, server_gap_ms - 1) / 1000.0 * (1.0 - drift_factor)
+    return validity(ttl, since_asked - gap, drift_factor)
+
+
 def has_quorum(successes: int, n_nodes: int) -> bool:
     return successes >= quorum(n_nodes)
 

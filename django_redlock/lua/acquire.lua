@@ -5,14 +5,21 @@
 -- ARGV[6] the waiter queue: '0' leave it alone (a first attempt), '1' join at
 -- the back when busy, '2' join at the front (a waiter that was just woken and
 -- lost the race keeps its place); ARGV[7] how long the queue outlives the lock
--- (ms); ARGV[8] the waiter's queue entry, '<inbox channel>|<token>'
--- Returns {1, fence} when this holder now has the key, {0, pttl} when it is busy.
+-- (ms); ARGV[8] the waiter's queue entry, '<inbox channel>|<token>', or
+-- '<inbox channel>|<token>|<lease ms>|<fenced 0/1>|<owner>' for a waiter the
+-- release may hand the lock to outright (see release.lua)
+-- Returns {1, fence} when this holder now has the key; {0, pttl} when it is
+-- busy, {0, pttl, now} when busy for a waiter (this node's clock in ms: a lock
+-- handed over later is timed from it, see rounds.handed_over).
+--#include fence_issue
 local mine = ARGV[1] .. '|'
 local queue = ARGV[6]
 local current = redis.call('GET', KEYS[1])
 if current then
   if string.sub(current, 1, #mine) == mine then
-    -- Ours already: an earlier attempt of this same acquire whose reply was lost.
+    -- Ours already: an earlier attempt of this same acquire whose reply was
+    -- lost, or a release handed the lock to this waiter (release.lua) before
+    -- the waiter read that release's notice.
     redis.call('PEXPIRE', KEYS[1], ARGV[2])
     return {1, string.match(current, '^[^|]*|([^|]*)|')}
   end
@@ -29,6 +36,7 @@ if current then
     local keep = tonumber(ARGV[7])
     if pttl > 0 then keep = keep + pttl end
     redis.call('PEXPIRE', KEYS[3], keep)
+    return {0, pttl, server_ms()}
   end
   return {0, pttl}
 end
@@ -37,15 +45,7 @@ if queue ~= '0' then
 end
 local fence = '0'
 if ARGV[4] == '1' then
-  -- fence = max(counter + 1, now in ms): it grows with every acquisition, and it
-  -- keeps growing after the counter expired or the node restarted empty, because
-  -- the counter only expires once the clock has passed it by the grace period.
-  local t = redis.call('TIME')
-  local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
-  local nxt = (tonumber(redis.call('GET', KEYS[2]) or '0') or 0) + 1
-  if now > nxt then nxt = now end
-  fence = string.format('%.0f', nxt)
-  redis.call('SET', KEYS[2], fence, 'PX', string.format('%.0f', nxt - now + tonumber(ARGV[5])))
+  fence = issue_fence(KEYS[2], ARGV[5])
 end
 redis.call('SET', KEYS[1], mine .. fence .. '|' .. ARGV[3], 'NX', 'PX', ARGV[2])
 return {1, fence}

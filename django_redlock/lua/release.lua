@@ -1,11 +1,18 @@
--- Release a lock on one node: compare-and-delete, then wake the next waiter.
+-- Release a lock on one node: compare-and-delete, then wake the next waiter,
+-- or hand the lock to it.
 -- KEYS[1] lock key, KEYS[2] fencing counter key, KEYS[3] waiter queue key
 -- ARGV[1] holder token, ARGV[2] the holder's fence ('0' when unfenced),
 -- ARGV[3] counter grace in ms, ARGV[4] '1' to wake a waiter ('0' for the
--- clean-up after a lost attempt: the lock was never held, nobody waits for it)
+-- clean-up after a lost attempt: the lock was never held, nobody waits for it),
+-- ARGV[5] (optional) a waiter's queue entry to take out of the line first: a
+-- waiter that gives up, and may have been handed the lock meanwhile
 -- Returns 0 when the key was not ours (never touches others' keys), 2 when a
--- waiter was woken, else 1.
+-- waiter was woken, 3 when the lock was handed to a waiter, else 1.
 --#include fence_writeback
+--#include fence_issue
+if ARGV[5] then
+  redis.call('LREM', KEYS[3], 0, ARGV[5])
+end
 local mine = ARGV[1] .. '|'
 local current = redis.call('GET', KEYS[1])
 if not current or string.sub(current, 1, #mine) ~= mine then
@@ -14,20 +21,39 @@ end
 redis.call('DEL', KEYS[1])
 write_back_fence(KEYS[2], ARGV[2], ARGV[3])
 if ARGV[4] == '1' then
-  -- Wake one waiter, the first in line: its entry is '<inbox>|<token>', and the
-  -- notice goes to that waiter's own listener only. Waking every waiter made
-  -- each release cost one failed attempt per waiter (a thundering herd).
+  -- The first in line: its entry is '<inbox>|<token>', and the notice goes to
+  -- that waiter's own process only. Waking every waiter made each release cost
+  -- one failed attempt per waiter (a thundering herd).
+  -- An entry '<inbox>|<token>|<lease ms>|<fenced>|<owner>' (a waiter on a
+  -- one-node manager) is handed the lock here: the key is set for it, and the
+  -- notice carries its fence and this node's clock, so the waiter holds the
+  -- lock when it wakes, without a round trip of its own.
   -- An entry whose inbox nobody listens to any more (its process is gone) is
-  -- skipped, so a dead waiter does not stall the line until the others' timers.
+  -- skipped (and a lock handed to it taken back), so a dead waiter does not
+  -- stall the line until the others' timers.
   for _ = 1, 8 do
     local entry = redis.call('LPOP', KEYS[3])
     if not entry then
       break
     end
-    local bar = string.find(entry, '|', 1, true)
-    if bar and redis.call('PUBLISH', string.sub(entry, 1, bar - 1),
-                          string.sub(entry, bar + 1)) > 0 then
-      return 2
+    local inbox, rest = string.match(entry, '^([^|]*)|(.*)$')
+    if inbox then
+      local token, lease, fenced, owner = string.match(rest, '^([^|]*)|(%d+)|([01])|(.*)$')
+      if token then
+        local fence, now = '0', nil
+        if fenced == '1' then
+          fence, now = issue_fence(KEYS[2], ARGV[3])
+        else
+          now = server_ms()
+        end
+        redis.call('SET', KEYS[1], token .. '|' .. fence .. '|' .. owner, 'PX', lease)
+        if redis.call('PUBLISH', inbox, token .. '|' .. fence .. '|' .. string.format('%.0f', now)) > 0 then
+          return 3
+        end
+        redis.call('DEL', KEYS[1])
+      elseif redis.call('PUBLISH', inbox, rest) > 0 then
+        return 2
+      end
     end
   end
 end

@@ -112,13 +112,21 @@ class Flag:
 class Subscription:
     """A waiter's interest in one channel. Not thread-shared: one per waiting call."""
 
-    def __init__(self, notifier: "ReleaseNotifier", channel: bytes, waiter: bytes) -> None:
+    def __init__(self, notifier: "ReleaseNotifier", channel: bytes, waiter: bytes,
+                 hand_over: bytes = b"") -> None:
         self.notifier = notifier
         self.channel = channel
         #: The token a release notice names to wake this waiter.
         self.waiter = waiter
-        #: What the waiter puts in the lock's waiter queue: where to send the notice.
+        #: What the waiter puts in the lock's waiter queue: where to send the
+        #: notice, and (``hand_over``, see ``rounds.hand_over_entry``) what a
+        #: release needs to hand it the lock.
         self.entry = notifier.inbox + b"|" + waiter
+        if hand_over:
+            self.entry += b"|" + hand_over
+        #: ``<fence>|<node clock ms>`` when a release handed this waiter the
+        #: lock (set before ``notified``); the waiter takes it and clears it.
+        self.handed: bytes | None = None
         #: Wakes the waiting thread: for a notice, a confirmation, or its turn to read.
         self.event: Any = Flag()
         #: A release notice (or a dropped link) came since the last :meth:`clear`.
@@ -276,7 +284,7 @@ class ReleaseNotifier:
 
     # -- waiter side --------------------------------------------------------
     def subscribe(self, channel: bytes, confirm_timeout: float,
-                  waiter: bytes | None = None) -> Subscription:
+                  waiter: bytes | None = None, hand_over: bytes = b"") -> Subscription:
         """Register a waiter and wait (bounded) until the subscription is confirmed
         by every node not known to be down.
 
@@ -287,9 +295,9 @@ class ReleaseNotifier:
         token the waiter queues under (``Subscription.entry``); a notice naming
         it wakes this subscription only. The inbox is subscribed on each
         connection before any key channel, so a confirmed key channel means a
-        confirmed inbox.
+        confirmed inbox. ``hand_over``: see :class:`Subscription`.
         """
-        sub = Subscription(self, channel, waiter or new_token().encode())
+        sub = Subscription(self, channel, waiter or new_token().encode(), hand_over)
         with self._lock:
             subs = self._subs.setdefault(channel, set())
             subs.add(sub)
@@ -591,8 +599,12 @@ class ReleaseNotifier:
         if kind == b"message":
             with self._lock:
                 if channel == self.inbox:
-                    named = self._named.get(reply[2])
+                    # '<token>', or '<token>|<fence>|<clock>': the lock handed over
+                    name, _, handed = reply[2].partition(b"|")
+                    named = self._named.get(name)
                     subs = [] if named is None else [named]
+                    if handed and named is not None:
+                        named.handed = handed
                 else:  # a key channel: force_release wakes them all
                     subs = list(self._subs.get(channel, ()))
             for sub in subs:

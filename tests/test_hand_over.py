@@ -1,0 +1,326 @@
+"""One node: a release hands the lock to the first waiter in line.
+
+The release script sets the key for that waiter (its token, a new fence, its
+owner) and its notice carries the fence and the node's clock, so the woken
+waiter holds the lock without an acquire round of its own. These tests show
+what a user gets from that: fewer round trips, the same line order, a fence
+that still grows, no lock left to a waiter that is gone or gave up. The retry
+delay is long (5 s) wherever a handoff is timed, so a handoff that fell back to
+the waiter's timer shows up as slow. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from types import SimpleNamespace
+from typing import Any, Callable
+
+import pytest
+import redis
+
+from django_redlock.core.keys import fence_key, waiters_key
+from django_redlock.core.owner import parse_value
+from django_redlock.testing import RedisNodes
+from tests.polling import wait_until
+from tests.test_waiters import (
+    SLOW_RETRY,
+    WaitingThread,
+    _count_rounds,
+    _queued,
+    _queues,
+)
+
+MakeManager = Callable[..., Any]
+
+
+@pytest.fixture
+def one_node(nodes3: RedisNodes) -> Any:
+    """The first of the module's nodes, alone: a one-node manager's cluster."""
+    return SimpleNamespace(urls=nodes3.urls[:1], server=nodes3[0])
+
+
+def _stored(one_node: Any, mgr: Any, name: str) -> Any:
+    client = redis.Redis.from_url(str(one_node.urls[0]))
+    try:
+        raw = client.get(mgr.key(name))
+        counter = client.get(fence_key(mgr.key(name)))
+    finally:
+        client.close()
+    return (parse_value(raw) if raw is not None else None,
+            int(counter) if counter is not None else None)
+
+
+def test_a_release_hands_the_lock_to_the_waiter_in_line(one_node: Any,
+                                                         make_manager: MakeManager) -> None:
+    holder = make_manager(one_node, retry_delay=SLOW_RETRY)
+    waiter = make_manager(one_node, retry_delay=SLOW_RETRY, ttl=8.0)
+    rounds_seen = _count_rounds(waiter)
+    lock = holder.lock("handed")
+    assert lock.acquire()
+    mine = waiter.lock("handed", timeout=10, label="next|in|line")
+    served: list[float] = []
+    t = threading.Thread(target=lambda: mine.acquire() and served.append(time.monotonic()))
+    t.start()
+    assert wait_until(lambda: _queued(one_node, holder, "handed") == 1), "not queued"
+    rounds_before = rounds_seen[0]
+    released = time.monotonic()
+    lock.release()
+    t.join(timeout=SLOW_RETRY - 1)
+    assert served and served[0] - released < 1.0, "not handed over by notice"
+    # Held without an acquire round of its own after the release.
+    assert rounds_seen[0] == rounds_before
+    assert mine.owned() and 4.0 <= mine.validity <= 8.0
+    stored, counter = _stored(one_node, waiter, "handed")
+    assert stored is not None and stored.token == mine._token
+    assert stored.owner.get("label") == "next|in|line"
+    # A fence that grows with the handover, and the node's counter holds it.
+    assert mine.fence > lock.fence and counter == mine.fence
+    assert _queued(one_node, holder, "handed") == 0
+    mine.extend()  # the lease is ours on the node: renewals work as after any acquire
+    mine.release()
+    assert _stored(one_node, waiter, "handed")[0] is None
+
+
+def test_waiters_are_handed_the_lock_in_arrival_order(one_node: Any,
+                                                      make_manager: MakeManager) -> None:
+    holder = make_manager(one_node, retry_delay=SLOW_RETRY)
+    managers = [make_manager(one_node, retry_delay=SLOW_RETRY) for _ in range(3)]
+    counters = [_count_rounds(mgr) for mgr in managers]
+    lock = holder.lock("handed-line")
+    assert lock.acquire()
+    order: list[int] = []
+    fences: list[int] = []
+
+    def wait_then_hold(i: int, mgr: Any) -> None:
+        mine = mgr.lock("handed-line", timeout=10, auto_renew=False)
+        if mine.acquire():
+            order.append(i)
+            fences.append(mine.fence)
+            time.sleep(0.05)
+            mine.release()
+
+    threads = []
+    for i, mgr in enumerate(managers):
+        t = threading.Thread(target=wait_then_hold, args=(i, mgr))
+        t.start()
+        threads.append(t)
+        assert wait_until(lambda n=i + 1: _queued(one_node, holder, "handed-line") == n)
+    before = [c[0] for c in counters]
+    started = time.monotonic()
+    lock.release()
+    for t in threads:
+        t.join(timeout=10)
+    assert order == [0, 1, 2]
+    assert time.monotonic() - started < SLOW_RETRY
+    assert fences == sorted(fences) and len(set(fences)) == 3 and fences[0] > lock.fence
+    # Each was handed the lock: not one acquire round after it queued.
+    assert [c[0] for c in counters] == before
+
+
+def test_a_waiter_that_is_gone_is_not_handed_the_lock(one_node: Any,
+                                                      make_manager: MakeManager) -> None:
+    holder = make_manager(one_node)
+    waiter = make_manager(one_node, retry_delay=SLOW_RETRY)
+    lock = holder.lock("ghost-hand")
+    assert lock.acquire()
+    live = WaitingThread(waiter, "ghost-hand")
+    assert wait_until(lambda: _queued(one_node, holder, "ghost-hand") == 1)
+    client = redis.Redis.from_url(str(one_node.urls[0]))
+    try:  # dead processes' waiters, in the hand-over form, stand first in line
+        for i in range(3):
+            client.lpush(waiters_key(holder.key("ghost-hand")),
+                         b"redlock:inbox:gone-%d|dead-token-%d|30000|1|{}" % (i, i))
+    finally:
+        client.close()
+    released = time.monotonic()
+    lock.release()
+    assert live.seconds_after(released, join=SLOW_RETRY - 1) < 1.0
+    stored, _ = _stored(one_node, waiter, "ghost-hand")
+    assert stored is not None and stored.token == live._lock._token
+    assert _queued(one_node, holder, "ghost-hand") == 0
+
+
+def test_a_waiter_that_gives_up_hands_on_a_lock_handed_to_it(
+        one_node: Any, make_manager: MakeManager) -> None:
+    """The release lands between the impatient waiter's last attempt and its
+    leaving the line: the lock is handed to it, and its leaving hands it on, at
+    once, instead of leaving it unused for a whole lease."""
+    holder = make_manager(one_node)
+    impatient = make_manager(one_node, retry_delay=SLOW_RETRY, ttl=30.0)
+    patient = make_manager(one_node, retry_delay=SLOW_RETRY)
+    lock = holder.lock("hand-on")
+    assert lock.acquire()
+    real_give_up = impatient._give_up
+    handed_to_it: list[bool] = []
+
+    def release_first(key: bytes, *args: Any) -> None:
+        lock.release()  # the holder's release comes in just before it leaves
+        stored, _ = _stored(one_node, impatient, "hand-on")
+        handed_to_it.append(stored is not None and stored.owner.get("label") == "impatient")
+        real_give_up(key, *args)
+
+    impatient._give_up = release_first
+    gives_up = threading.Thread(
+        target=lambda: impatient.lock("hand-on", timeout=1.5, label="impatient").acquire())
+    gives_up.start()
+    assert wait_until(lambda: _queued(one_node, holder, "hand-on") == 1)
+    waits = WaitingThread(patient, "hand-on")
+    assert wait_until(lambda: _queued(one_node, holder, "hand-on") == 2)
+    gives_up.join(timeout=5)
+    assert not gives_up.is_alive()
+    assert handed_to_it == [True], "the release did not hand the lock to the leaving waiter"
+    left = time.monotonic()
+    # Handed on by the leaving waiter's script: not after the 30 s lease, nor a timer.
+    assert waits.seconds_after(left, join=SLOW_RETRY - 1) < 1.0
+    assert _queued(one_node, holder, "hand-on") == 0
+
+
+def test_a_waiter_that_times_out_leaves_the_line(one_node: Any,
+                                                 make_manager: MakeManager) -> None:
+    holder, waiter = make_manager(one_node), make_manager(one_node, retry_delay=0.05)
+    lock = holder.lock("impatient-one")
+    assert lock.acquire()
+    assert waiter.lock("impatient-one", timeout=0.3).acquire() is False
+    assert _queued(one_node, holder, "impatient-one") == 0
+    stored, _ = _stored(one_node, holder, "impatient-one")
+    assert stored is not None and stored.token == lock._token  # the holder's key untouched
+    lock.release()
+
+
+def test_a_handover_the_waiter_cannot_time_is_taken_with_an_attempt(
+        one_node: Any, make_manager: MakeManager) -> None:
+    """With a drift factor this large, the lease a waiter can prove after a 1 s
+    wait is below half its TTL: it makes one attempt, which finds the key
+    already its own and renews the whole lease."""
+    holder = make_manager(one_node, retry_delay=SLOW_RETRY)
+    waiter = make_manager(one_node, retry_delay=SLOW_RETRY, ttl=1.0, drift_factor=0.4)
+    rounds_seen = _count_rounds(waiter)
+    lock = holder.lock("slow-clock")
+    assert lock.acquire()
+    mine = WaitingThread(waiter, "slow-clock")
+    assert wait_until(lambda: _queued(one_node, holder, "slow-clock") == 1)
+    time.sleep(1.0)
+    rounds_before = rounds_seen[0]
+    released = time.monotonic()
+    lock.release()
+    assert mine.seconds_after(released, join=SLOW_RETRY - 1) < 1.0
+    assert rounds_seen[0] == rounds_before + 1
+    # Validity as after any attempt: ttl - round trip - drift (0.4 s + 2 ms here).
+    assert 0.4 < mine._lock.validity <= 0.6
+    stored, _ = _stored(one_node, waiter, "slow-clock")
+    assert stored is not None and stored.token == mine._lock._token
+
+
+def test_only_a_one_node_manager_asks_for_the_lock_to_be_handed_over(
+        nodes3: RedisNodes, one_node: Any, make_manager: MakeManager) -> None:
+    """Several nodes each hand the lock to whoever stands first there; lines
+    that differ would split the vote. So there a release only wakes."""
+    for nodes, parts in ((one_node, 5), (nodes3, 2)):
+        holder = make_manager(nodes)
+        waiter = make_manager(nodes, retry_delay=SLOW_RETRY)
+        lock = holder.lock(f"entry-form-{parts}")
+        assert lock.acquire()
+        mine = WaitingThread(waiter, f"entry-form-{parts}")
+        assert wait_until(lambda n=nodes, h=holder, p=parts: _queued(n, h, f"entry-form-{p}") == 1)
+        entries = [e for queue in _queues(nodes, holder, f"entry-form-{parts}") for e in queue]
+        assert entries and all(len(e.split(b"|", 4)) == parts for e in entries)
+        released = time.monotonic()
+        lock.release()
+        assert mine.seconds_after(released, join=SLOW_RETRY - 1) < 1.0
+
+
+def test_an_async_waiter_is_handed_the_lock(one_node: Any, make_manager: MakeManager,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    from django_redlock import aio
+
+    holder = make_manager(one_node)
+    waiter = make_manager(one_node, retry_delay=SLOW_RETRY)
+    real_round = aio._acquire_round
+    rounds_seen = [0]
+
+    async def counting(*args: Any, **kwargs: Any) -> Any:
+        rounds_seen[0] += 1
+        return await real_round(*args, **kwargs)
+
+    monkeypatch.setattr(aio, "_acquire_round", counting)
+    lock = holder.lock("async-hand")
+    assert lock.acquire()
+    marks: dict[str, Any] = {}
+
+    def release_when_queued() -> None:
+        if wait_until(lambda: _queued(one_node, holder, "async-hand") == 1):
+            marks["rounds"] = rounds_seen[0]
+            marks["released"] = time.monotonic()
+        lock.release()
+
+    async def wait() -> None:
+        mine = waiter.alock("async-hand", timeout=10, auto_renew=False)
+        try:
+            assert await mine.acquire()
+            marks["served"] = time.monotonic()
+            marks["fence"] = mine.fence
+            marks["stored"] = _stored(one_node, waiter, "async-hand")[0]
+            marks["token"] = mine._token
+            await mine.release()
+        finally:
+            await waiter.aclose()
+
+    releaser = threading.Thread(target=release_when_queued)
+    releaser.start()
+    asyncio.run(asyncio.wait_for(wait(), 15))
+    releaser.join(timeout=10)
+    assert "released" in marks, "the async waiter never queued"
+    assert marks["served"] - marks["released"] < 1.0
+    assert rounds_seen[0] == marks["rounds"]  # no acquire round after the release
+    assert marks["fence"] > lock.fence
+    assert marks["stored"] is not None and marks["stored"].token == marks["token"]
+
+
+def test_an_async_waiter_that_gives_up_hands_on_a_lock_handed_to_it(
+        one_node: Any, make_manager: MakeManager, monkeypatch: pytest.MonkeyPatch) -> None:
+    """As for a thread (above): the release lands just before the asyncio
+    waiter, out of time, leaves the line."""
+    from django_redlock import aio
+
+    holder = make_manager(one_node)
+    impatient = make_manager(one_node, retry_delay=SLOW_RETRY, ttl=30.0)
+    patient = make_manager(one_node, retry_delay=SLOW_RETRY)
+    lock = holder.lock("async-hand-on")
+    assert lock.acquire()
+    real_give_up = aio._give_up
+    handed_to_it: list[bool] = []
+
+    async def release_first(mgr: Any, *args: Any) -> None:
+        if mgr is impatient:
+            lock.release()
+            stored, _ = _stored(one_node, impatient, "async-hand-on")
+            handed_to_it.append(stored is not None and stored.owner.get("label") == "impatient")
+        await real_give_up(mgr, *args)
+
+    monkeypatch.setattr(aio, "_give_up", release_first)
+
+    async def give_up() -> bool:
+        try:
+            return await impatient.alock("async-hand-on", timeout=1.5,
+                                         label="impatient").acquire()
+        finally:
+            await impatient.aclose()
+
+    waits: list[WaitingThread] = []
+
+    def patient_joins() -> None:
+        if wait_until(lambda: _queued(one_node, holder, "async-hand-on") == 1):
+            waits.append(WaitingThread(patient, "async-hand-on"))
+            wait_until(lambda: _queued(one_node, holder, "async-hand-on") == 2)
+
+    joiner = threading.Thread(target=patient_joins)
+    joiner.start()
+    assert asyncio.run(asyncio.wait_for(give_up(), 15)) is False
+    left = time.monotonic()
+    joiner.join(timeout=10)
+    assert waits, "the asyncio waiter never queued"
+    assert handed_to_it == [True], "the release did not hand the lock to the leaving waiter"
+    assert waits[0].seconds_after(left, join=SLOW_RETRY - 1) < 1.0
+    assert _queued(one_node, holder, "async-hand-on") == 0
