@@ -276,14 +276,17 @@ def handed_over(notice: bytes, *, asked_at: float, queued_ms: int, now: float, t
     ``asked_at``/``queued_ms`` from the waiter's last refused attempt
     (:class:`AcquireResult`). A hand-over that the node's clock places before
     that attempt is stale: that lease ran out unseen (the attempt found
-    someone else's key), so it is not used.
+    someone else's key), so it is not used. One in the same millisecond is
+    not: a hand-over before the attempt would have made the attempt find the
+    key ours, unless that lease had run out in between, which takes the
+    whole lease (more than the millisecond: ``handed_over`` needs half of it).
     """
     fence_b, _, clock_b = notice.partition(b"|")
     try:
         fence, handed_ms = int(fence_b), int(clock_b)
     except ValueError:
         return None
-    if queued_ms <= 0 or handed_ms <= queued_ms:
+    if queued_ms <= 0 or handed_ms < queued_ms:
         return None
     valid = q.handover_validity(ttl, now - asked_at, handed_ms - queued_ms, drift_factor)
     if valid < ttl * HANDOVER_MIN_SHARE:

@@ -244,9 +244,13 @@ def test_a_handover_is_used_only_when_it_is_provably_fresh_and_long_enough() -> 
     won = take(b"42|7001")
     assert won is not None and won.acquired and won.fence == 42
     assert won.valid_until == pytest.approx(102.5 + q.handover_validity(10.0, 2.5, 2_001, 0.01))
-    # Stale: the node's clock puts the handover before (or at) the refused
-    # attempt, whose lease then ran out unseen.
-    assert take(b"42|5000") is None and take(b"42|4000") is None
+    # Stale: the node's clock puts the handover before the refused attempt,
+    # whose lease then ran out unseen.
+    assert take(b"42|4999") is None and take(b"42|4000") is None
+    # In the same millisecond: after the attempt (or the attempt had found
+    # the key ours), timed from the attempt's start.
+    same = take(b"42|5000")
+    assert same is not None and same.valid_until == pytest.approx(100.0 + q.validity(10.0, 0.0, 0.01))
     # Unknown attempt time (no refused attempt timed by the node).
     assert take(b"42|7001", queued_ms=0) is None
     # Less than half the lease provable: an attempt renews it instead.
