@@ -6,8 +6,11 @@ each lock key someone in this process waits for. A waiter queues on the nodes
 as ``<inbox>|<token>``; a release pops the first entry and publishes the token
 on that inbox, so only that waiter's process hears it and only that waiter
 wakes (waking every waiter made each release cost one failed attempt per
-waiter). ``force_release`` publishes on the key's channel, which wakes every
-waiter of the key in every process.
+waiter). On a one-node manager the release hands that waiter the lock and the
+notice is ``<token>|<fence>|<node clock>``; the part after the token is kept on
+the waiter's subscription (``Subscription.handed``) for it to use
+(``rounds.handed_over``). ``force_release`` publishes on the key's channel,
+which wakes every waiter of the key in every process.
 
 Who reads the connections: one thread at a time holds the *read role*. It is a
 waiting thread whenever one waits (the first to wait reads; the others sleep on
