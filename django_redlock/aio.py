@@ -202,10 +202,11 @@ async def _run(transport: AsyncTransport, steps: rounds.Steps[T]) -> T:
 async def _acquire_round(mgr: LockManager, transport: AsyncTransport, key: bytes, fkey: bytes,
                          wkey: bytes, token: str, ttl_ms: int, owner: str, fencing: bool,
                          ttl: float, *, lock_name: str, waiter: bytes = b"",
-                         woken: bool = False, ask_all: bool = False) -> AcquireResult:
+                         hand_over: bytes = b"", woken: bool = False, ask_all: bool = False,
+                         handed: AcquireResult | None = None) -> AcquireResult:
     return await _run(transport, rounds.acquire_steps(
         mgr, key, fkey, wkey, token, ttl_ms, owner, fencing, ttl, lock_name=lock_name,
-        waiter=waiter, woken=woken, ask_all=ask_all))
+        waiter=waiter, hand_over=hand_over, woken=woken, ask_all=ask_all, handed=handed))
 
 
 async def _release_round(mgr: LockManager, transport: AsyncTransport, key: bytes, fkey: bytes,
@@ -216,15 +217,15 @@ async def _release_round(mgr: LockManager, transport: AsyncTransport, key: bytes
 
 
 async def _leave_queue(mgr: LockManager, transport: AsyncTransport, wkey: bytes,
-                       waiter: bytes, *, only: Sequence[bool] | None = None) -> None:
+                       entries: Sequence[bytes], *, only: Sequence[bool] | None = None) -> None:
     """See :meth:`LockManager._leave_queue`."""
-    await _run(transport, rounds.leave_queue_steps(mgr, wkey, waiter, only=only))
+    await _run(transport, rounds.leave_queue_steps(mgr, wkey, entries, only=only))
 
 
 async def _give_up(mgr: LockManager, transport: AsyncTransport, key: bytes, fkey: bytes,
-                   wkey: bytes, token: str, entry: bytes) -> None:
+                   wkey: bytes, token: str, entries: Sequence[bytes]) -> None:
     """See :meth:`LockManager._give_up`."""
-    await _run(transport, rounds.give_up_steps(mgr, key, fkey, wkey, token, entry))
+    await _run(transport, rounds.give_up_steps(mgr, key, fkey, wkey, token, entries))
 
 
 async def _extend_round(mgr: LockManager, transport: AsyncTransport, key: bytes, fkey: bytes,
@@ -286,33 +287,34 @@ class AsyncLock(LockBase):
         plan = self._acquire_plan(deadline, in_line=bool(pause))
         waiter: _Waiter | None = None
         served = False
-        hand_over = self._hand_over_entry(ttl_ms, owner)
         refusal: AcquireResult | None = None  # the last refused attempt
         try:
             try:
                 step = next(plan)
                 while True:
                     if type(step) is Attempt:
-                        answer: Any = self._take_handover(waiter and waiter.sub, refusal)
-                        if answer is None:
-                            try:
-                                answer = await _acquire_round(
-                                    mgr, self.transport, self._key_b, self._fence_key_b,
-                                    self._waiters_key_b, token, ttl_ms, owner, self.fencing,
-                                    self.ttl, lock_name=self.name,
-                                    waiter=waiter.sub.entry if waiter else b"",
-                                    woken=step.woken, ask_all=step.ask_all)
-                            except asyncio.CancelledError:
-                                # The round may have set our key on some nodes: take it back.
-                                await _complete(_release_round(
-                                    mgr, self.transport, self._key_b, self._fence_key_b,
-                                    self._waiters_key_b, token, 0))
-                                raise
-                            if not answer.acquired:
-                                refusal = answer
+                        sub = waiter.sub if waiter else None
+                        try:
+                            answer: Any = await _acquire_round(
+                                mgr, self.transport, self._key_b, self._fence_key_b,
+                                self._waiters_key_b, token, ttl_ms, owner, self.fencing,
+                                self.ttl, lock_name=self.name,
+                                waiter=sub.entry if sub else b"",
+                                hand_over=sub.hand_over_entry if sub else b"",
+                                woken=step.woken, ask_all=step.ask_all,
+                                handed=self._take_handover(sub, refusal))
+                        except asyncio.CancelledError:
+                            # The round may have set our key on some nodes: take it back.
+                            await _complete(_release_round(mgr, self.transport, self._key_b,
+                                                           self._fence_key_b,
+                                                           self._waiters_key_b, token, 0))
+                            raise
+                        if not answer.acquired:
+                            refusal = answer
                     elif type(step) is Subscribe:
-                        answer = waiter = await _subscribe(mgr, self._key_b, step.confirm,
-                                                           token.encode(), hand_over)
+                        answer = waiter = await _subscribe(
+                            mgr, self._key_b, step.confirm, token.encode(),
+                            self._hand_over_entry(ttl_ms, owner))
                     else:
                         assert waiter is not None
                         answer = await waiter.wait(step.seconds)
@@ -328,7 +330,7 @@ class AsyncLock(LockBase):
                 if waiter is not None and result.queued_at:
                     # Nodes that answered busy put us in line: leave it there too.
                     _, cancelled = await _complete(_leave_queue(
-                        mgr, self.transport, self._waiters_key_b, waiter.sub.entry,
+                        mgr, self.transport, self._waiters_key_b, self._entries(waiter.sub),
                         only=result.queued_at))
                     if cancelled:
                         raise asyncio.CancelledError
@@ -351,13 +353,9 @@ class AsyncLock(LockBase):
                     # release would wake us in vain while others wait. Finished
                     # even when cancelled; the CancelledError goes on afterwards.
                     # A lock handed to us meanwhile is handed on (Lock.acquire).
-                    if hand_over:
-                        await _complete(_give_up(mgr, self.transport, self._key_b,
-                                                 self._fence_key_b, self._waiters_key_b, token,
-                                                 waiter.sub.entry))
-                    else:
-                        await _complete(_leave_queue(mgr, self.transport,
-                                                     self._waiters_key_b, waiter.sub.entry))
+                    await _complete(_give_up(mgr, self.transport, self._key_b,
+                                             self._fence_key_b, self._waiters_key_b, token,
+                                             self._entries(waiter.sub)))
 
     def _on_acquired(self, token: str, fence: int, valid_until: float) -> None:
         mgr = self.manager

@@ -177,17 +177,21 @@ class LockBase:
             ask_all = not woken and result.at_gate
 
     def _hand_over_entry(self, ttl_ms: int, owner: str) -> bytes:
-        """What this acquire's queue entry adds so that a release may hand it
-        the lock: one-node managers only (see ``rounds.hand_over_entry``)."""
-        if len(self.manager.nodes) != 1:
-            return b""
+        """What this acquire's queue entry adds on the hand-over node so that a
+        release there may hand it the lock (``rounds.hand_over_entry``)."""
         return rounds.hand_over_entry(ttl_ms, self.fencing, owner)
+
+    def _entries(self, sub: "Subscription") -> list[bytes]:
+        """The waiter's queue entry on each node (``rounds.waiter_entries``)."""
+        return rounds.waiter_entries(self._key_b, len(self.manager.nodes), sub.entry,
+                                     sub.hand_over_entry)
 
     def _take_handover(self, sub: "Subscription | None",
                        refusal: "AcquireResult | None") -> "AcquireResult | None":
         """The lock a release handed to this waiter, when it can be used as it
-        is (``rounds.handed_over``); None: make an attempt (which finds the key
-        already ours when it was handed over)."""
+        is (``rounds.handed_over``), for the next round (``rounds.acquire_steps``);
+        None: make a plain attempt (which finds the key already ours on the
+        node that handed it over)."""
         if sub is None or sub.handed is None:
             return None
         handed, sub.handed = sub.handed, None
@@ -241,26 +245,25 @@ class Lock(LockBase):
         plan = self._acquire_plan(deadline, in_line=bool(pause))
         subscription = None
         served = False
-        hand_over = self._hand_over_entry(ttl_ms, owner)
         refusal: AcquireResult | None = None  # the last refused attempt
         try:
             try:
                 step = next(plan)
                 while True:
                     if type(step) is Attempt:
-                        answer: Any = self._take_handover(subscription, refusal)
-                        if answer is None:
-                            answer = mgr._acquire_round(
-                                self._key_b, self._fence_key_b, self._waiters_key_b, token,
-                                ttl_ms, owner, self.fencing, self.ttl, lock_name=self.name,
-                                waiter=subscription.entry if subscription else b"",
-                                woken=step.woken, ask_all=step.ask_all)
-                            if not answer.acquired:
-                                refusal = answer
+                        answer: Any = mgr._acquire_round(
+                            self._key_b, self._fence_key_b, self._waiters_key_b, token, ttl_ms,
+                            owner, self.fencing, self.ttl, lock_name=self.name,
+                            waiter=subscription.entry if subscription else b"",
+                            hand_over=subscription.hand_over_entry if subscription else b"",
+                            woken=step.woken, ask_all=step.ask_all,
+                            handed=self._take_handover(subscription, refusal))
+                        if not answer.acquired:
+                            refusal = answer
                     elif type(step) is Subscribe:
                         answer = subscription = mgr.notifier.subscribe(
                             self._key_b, step.confirm, waiter=token.encode(),
-                            hand_over=hand_over)
+                            hand_over=self._hand_over_entry(ttl_ms, owner))
                     else:
                         assert subscription is not None
                         answer = subscription.wait(step.seconds)
@@ -274,7 +277,7 @@ class Lock(LockBase):
             if subscription is not None and result.queued_at:
                 # Nodes that answered busy put us in line: leave it there
                 # too, or their next release wakes us in vain.
-                mgr._leave_queue(self._waiters_key_b, subscription.entry, token,
+                mgr._leave_queue(self._waiters_key_b, self._entries(subscription), token,
                                  only=result.queued_at, wait=False)
             self._on_acquired(token, result.fence, result.valid_until, started)
             return True
@@ -285,11 +288,8 @@ class Lock(LockBase):
                     # Timed out or interrupted: out of the line, or the next
                     # release would wake us in vain while others wait; and a
                     # lock handed to us meanwhile is handed on.
-                    if hand_over:
-                        mgr._give_up(self._key_b, self._fence_key_b, self._waiters_key_b,
-                                     token, subscription.entry)
-                    else:
-                        mgr._leave_queue(self._waiters_key_b, subscription.entry, token)
+                    mgr._give_up(self._key_b, self._fence_key_b, self._waiters_key_b, token,
+                                 self._entries(subscription))
             if not served:
                 mgr.transport.forget(token)  # no round of this token follows
 

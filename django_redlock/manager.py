@@ -25,7 +25,7 @@ import threading
 import time
 import weakref
 from types import EllipsisType
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, TypeVar
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -270,33 +270,34 @@ class LockManager:
 
     def _acquire_round(self, key: bytes, fkey: bytes, wkey: bytes, token: str, ttl_ms: int,
                        owner: str, fencing: bool, ttl: float, *, lock_name: str,
-                       waiter: bytes = b"", woken: bool = False,
-                       ask_all: bool = False) -> AcquireResult:
+                       waiter: bytes = b"", hand_over: bytes = b"", woken: bool = False,
+                       ask_all: bool = False,
+                       handed: AcquireResult | None = None) -> AcquireResult:
         return self._run(rounds.acquire_steps(
             self, key, fkey, wkey, token, ttl_ms, owner, fencing, ttl, lock_name=lock_name,
-            waiter=waiter, woken=woken, ask_all=ask_all))
+            waiter=waiter, hand_over=hand_over, woken=woken, ask_all=ask_all, handed=handed))
 
     def _release_round(self, key: bytes, fkey: bytes, wkey: bytes, token: str, fence: int, *,
                        only: list[bool] | None = None) -> ReleaseResult:
         return self._run(rounds.release_steps(self, key, fkey, wkey, token, fence, only=only))
 
-    def _leave_queue(self, wkey: bytes, waiter: bytes, token: str, *,
+    def _leave_queue(self, wkey: bytes, entries: Sequence[bytes], token: str, *,
                      only: list[bool] | None = None, wait: bool = True) -> None:
-        """A waiter gives up: out of the line on every node (best effort: an entry
-        left behind costs the next waiters one missed notice, then their timer).
-
-        ``only``: just those nodes (after a won round, the ones that answered busy
-        and so queued us; the lock is held, its release follows); ``wait=False``
-        sends without waiting for the replies.
-        """
-        self._run(rounds.leave_queue_steps(self, wkey, waiter, token=token, only=only,
+        """A served waiter leaves the line on the nodes that answered busy and so
+        queued it (``only``; ``entries``: its entry per node, see
+        ``rounds.waiter_entries``); ``wait=False`` sends without waiting for
+        the replies (the lock is held, its release follows)."""
+        self._run(rounds.leave_queue_steps(self, wkey, entries, token=token, only=only,
                                            wait=wait))
 
-    def _give_up(self, key: bytes, fkey: bytes, wkey: bytes, token: str, entry: bytes) -> None:
-        """A waiter that may have been handed the lock gives up (see
-        ``rounds.give_up_steps``); best effort like :meth:`_leave_queue`: a
-        node it cannot reach keeps a lock handed to it until that lease ends."""
-        self._run(rounds.give_up_steps(self, key, fkey, wkey, token, entry))
+    def _give_up(self, key: bytes, fkey: bytes, wkey: bytes, token: str,
+                 entries: Sequence[bytes]) -> None:
+        """A waiter that timed out or was interrupted leaves the line everywhere,
+        and hands on a lock handed to it meanwhile (``rounds.give_up_steps``).
+        Best effort: an entry left behind costs the next waiters one missed
+        notice, then their timer; a node it cannot reach keeps a lock handed
+        to it until that lease ends."""
+        self._run(rounds.give_up_steps(self, key, fkey, wkey, token, entries))
 
     def _extend_round(self, key: bytes, fkey: bytes, token: str, fence: int,
                       ttl: float) -> ExtendResult:

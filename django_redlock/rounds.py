@@ -68,7 +68,7 @@ class AcquireTally:
     maybe_ours: list[bool]
     #: busy or not waited for: a waiter's entry may have been queued there
     queued_at: list[bool] = field(default_factory=list)
-    #: A busy node's clock (ms) when it queued a waiter (the latest such).
+    #: The hand-over node's clock (ms) when it queued a waiter (0: it did not).
     queued_ms: int = 0
 
     @property
@@ -144,7 +144,10 @@ def acquire_settle(need: int) -> Settle:
     return Settle(need, granted_by, _busy_reply)
 
 
-def tally_acquire(replies: Sequence[Any], node_names: Sequence[str]) -> AcquireTally:
+def tally_acquire(replies: Sequence[Any], node_names: Sequence[str],
+                  clock_node: int = 0) -> AcquireTally:
+    """Count one acquire round's replies. ``clock_node``: the node whose clock
+    a refused waiter keeps (:func:`hand_over_node`)."""
     tally = AcquireTally(ok=0, fence=0, fence_min=0, busy_ttls=[], errors={},
                          maybe_ours=[False] * len(replies), queued_at=[False] * len(replies))
     for i, reply in enumerate(replies):
@@ -161,8 +164,8 @@ def tally_acquire(replies: Sequence[Any], node_names: Sequence[str]) -> AcquireT
             else:
                 tally.busy_ttls.append(max(0, int(reply[1])) / 1000.0)
                 tally.queued_at[i] = True
-                if len(reply) > 2:  # it queued a waiter: its clock then
-                    tally.queued_ms = max(tally.queued_ms, int(reply[2]))
+                if i == clock_node and len(reply) > 2:  # it queued a waiter: its clock then
+                    tally.queued_ms = int(reply[2])
         elif isinstance(reply, NodeError):
             tally.errors[reply.node] = reply.reason
             tally.maybe_ours[i] = reply.sent
@@ -190,14 +193,31 @@ def gate_node(key: bytes, nodes: Sequence[Any], now: float) -> int | None:
     """
     if len(nodes) < 2:
         return None
-    index = zlib.crc32(key) % len(nodes)
+    index = hand_over_node(key, len(nodes))
     return None if nodes[index].backing_off(now) else index
 
 
-def busy_at_gate(reply: Any) -> AcquireResult | None:
+def hand_over_node(key: bytes, n_nodes: int) -> int:
+    """The one node whose release may hand the lock to a waiter: the gate node
+    (:func:`gate_node`), or the only node. Only there does a waiter queue in the
+    hand-over form (:func:`waiter_entries`): if every node handed the lock to
+    whoever stands first *there*, lines that differ would split the vote."""
+    return zlib.crc32(key) % n_nodes
+
+
+def waiter_entries(key: bytes, n_nodes: int, entry: bytes, hand_over: bytes) -> list[bytes]:
+    """A waiter's queue entry per node: ``hand_over`` (the entry in the
+    hand-over form) at :func:`hand_over_node`, ``entry`` elsewhere. Each node
+    always sees the same form of one waiter's entry (``LPOS``/``LREM`` match it)."""
+    h = hand_over_node(key, n_nodes)
+    return [hand_over if i == h else entry for i in range(n_nodes)]
+
+
+def busy_at_gate(reply: Any, start: float) -> AcquireResult | None:
     """The refused result when the gate node says the lock is held, else None."""
     if isinstance(reply, list) and len(reply) >= 2 and reply[0] == 0:
-        return AcquireResult(False, holder_ttl=max(0, int(reply[1])) / 1000.0, at_gate=True)
+        return AcquireResult(False, holder_ttl=max(0, int(reply[1])) / 1000.0, at_gate=True,
+                             asked_at=start, queued_ms=int(reply[2]) if len(reply) > 2 else 0)
     return None
 
 
@@ -247,7 +267,7 @@ def refused(tally: AcquireTally, *, n_nodes: int, start: float, elapsed: float, 
                          queued_ms=tally.queued_ms)
 
 
-# -- a lock handed over by a release (one node) ------------------------------------
+# -- a lock handed over by a release (the hand-over node) --------------------------
 #: A lock handed over with less of its lease left than this share (as far as
 #: the waiter can prove: :func:`core.quorum.handover_validity`) is taken with an
 #: attempt instead, which finds the key already ours and renews the lease: a
@@ -256,13 +276,12 @@ HANDOVER_MIN_SHARE = 0.5
 
 
 def hand_over_entry(ttl_ms: int, fencing: bool, owner: str) -> bytes:
-    """What a waiter on a one-node manager appends to its queue entry so that a
-    release hands it the lock outright (release.lua): the key is set for it
-    and its notice carries the fence, so the woken waiter sends no acquire
-    round of its own (one round trip less on every contended handoff).
-
-    One node only: with several, each node's release would hand the lock to
-    whoever stands first *there*, and lines that differ would split the vote.
+    """What a waiter appends to its queue entry on the hand-over node
+    (:func:`hand_over_node`) so that a release there hands it the lock
+    outright (release.lua): the key is set for it and its notice carries the
+    fence, so the woken waiter sends no acquire request to that node (one
+    round trip less on every contended handoff: on one node, its whole
+    acquire; on several, the gate's, before it asks the others).
     """
     return b"%d|%s|%s" % (ttl_ms, b"1" if fencing else b"0", owner.encode("utf-8"))
 
@@ -301,13 +320,19 @@ def leave_queue_command(wkey: bytes, waiter: bytes) -> Command:
 
 
 def release_requests(n_nodes: int, key: bytes, fkey: bytes, wkey: bytes, token: str,
-                     fence: int, only: Sequence[bool] | None) -> list[Call | None]:
+                     fence: int, only: Sequence[bool] | None,
+                     wake_at: int | None = None) -> list[Call | None]:
     """Release on every node, or only where ``only`` says (the clean-up after a
-    lost attempt, which wakes nobody: the lock was never held)."""
+    lost attempt, which wakes nobody: the lock was never held; except on node
+    ``wake_at``, whose lock was handed to us while others queued there)."""
     call = Call(RELEASE, (key, fkey, wkey),
                 (token, fence, _FENCE_GRACE_B, b"1" if only is None else b"0"),
                 last_of_token=only is None)
-    return [call if only is None or only[i] else None for i in range(n_nodes)]
+    requests: list[Call | None] = [call if only is None or only[i] else None
+                                   for i in range(n_nodes)]
+    if only is not None and wake_at is not None and only[wake_at]:
+        requests[wake_at] = Call(RELEASE, (key, fkey, wkey), (token, fence, _FENCE_GRACE_B, b"1"))
+    return requests
 
 
 def _never(reply: Any) -> bool:
@@ -427,21 +452,39 @@ class RoundContext(Protocol):
 
 def acquire_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token: str,
                   ttl_ms: int, owner: str, fencing: bool, ttl: float, *, lock_name: str,
-                  waiter: bytes = b"", woken: bool = False,
-                  ask_all: bool = False) -> Steps[AcquireResult]:
+                  waiter: bytes = b"", hand_over: bytes = b"", woken: bool = False,
+                  ask_all: bool = False,
+                  handed: AcquireResult | None = None) -> Steps[AcquireResult]:
     """One acquire attempt: the gate node first for a waiter, then a quorum; on a
-    win with fences far apart, the write-back; on a loss, the clean-up."""
-    call = acquire_call(key, fkey, wkey, token, ttl_ms, owner, fencing, waiter, woken)
+    win with fences far apart, the write-back; on a loss, the clean-up.
+
+    ``waiter``/``hand_over``: the waiter's queue entry, plain and in the
+    hand-over form (:func:`waiter_entries`). ``handed``: the hand-over node's
+    release handed us its lock (:func:`handed_over`): on one node that is the
+    whole result; on several the gate is not asked again, and the lease
+    counts from the handover when that is earlier.
+    """
     nodes = mgr.nodes
     n = len(nodes)
+    if handed is not None and n == 1:
+        return handed
+    call = acquire_call(key, fkey, wkey, token, ttl_ms, owner, fencing, waiter, woken)
+    h = hand_over_node(key, n)
+    calls = [call] * n
+    if hand_over and hand_over != waiter:
+        calls[h] = acquire_call(key, fkey, wkey, token, ttl_ms, owner, fencing, hand_over, woken)
     start = mgr.clock()
     # A waiter (it queues) asks the gate node first; see gate_node.
     gate = gate_node(key, nodes, start) if waiter and not ask_all else None
     if gate is not None:
-        first = (yield Ask([call if i == gate else None for i in range(n)], tag=token))[gate]
-        busy = busy_at_gate(first)
-        if busy is not None:
-            return busy
+        if handed is not None:
+            first: Any = [1, handed.fence]  # the gate's release handed it to us
+        else:
+            first = (yield Ask([calls[i] if i == gate else None for i in range(n)],
+                               tag=token))[gate]
+            busy = busy_at_gate(first, start)
+            if busy is not None:
+                return busy
         need = mgr.quorum - (1 if granted_by(first) else 0)
         # A woken waiter's place at the front is the gate's, where the release
         # popped it. Elsewhere it joins at the back: on a node whose release is
@@ -453,12 +496,15 @@ def acquire_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token
                             settle=acquire_settle(need), tag=token)
         replies[gate] = first
     else:
-        replies = yield Ask([call] * n, settle=acquire_settle(mgr.quorum), tag=token)
+        handed = None  # the gate is not trusted now: its copy is asked like any
+        replies = yield Ask(calls, settle=acquire_settle(mgr.quorum), tag=token)
     elapsed = mgr.clock() - start
-    tally = tally_acquire(replies, [node.name for node in nodes])
+    tally = tally_acquire(replies, [node.name for node in nodes], clock_node=h)
     won = granted(tally, n_nodes=n, start=start, elapsed=elapsed, ttl=ttl,
                   drift_factor=mgr.drift_factor)
     if won is not None:
+        if handed is not None and handed.valid_until < won.valid_until:
+            won.valid_until = handed.valid_until  # that lease began before this round
         if not fences_disagree(tally, ttl):
             return won
         synced = yield from extend_steps(mgr, key, fkey, token, won.fence, ttl)
@@ -468,14 +514,17 @@ def acquire_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token
                     lock_name)
     if any(tally.maybe_ours):
         # Release wherever the key may be ours, including nodes that went
-        # silent after the request left: a leftover would block others.
-        yield from release_steps(mgr, key, fkey, wkey, token, 0, only=tally.maybe_ours)
+        # silent after the request left: a leftover would block others. The
+        # gate's lock, when it was handed to us, goes on to the next in line.
+        yield from release_steps(mgr, key, fkey, wkey, token, 0, only=tally.maybe_ours,
+                                 wake_at=gate if handed is not None else None)
     return refused(tally, n_nodes=n, start=start, elapsed=elapsed, ttl=ttl,
                    lock_name=lock_name)
 
 
 def release_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token: str,
-                  fence: int, *, only: Sequence[bool] | None = None) -> Steps[ReleaseResult]:
+                  fence: int, *, only: Sequence[bool] | None = None,
+                  wake_at: int | None = None) -> Steps[ReleaseResult]:
     """A release on every node, or the clean-up after a lost attempt (``only``).
 
     The clean-up waits for no reply: it is sent behind the attempt on the same
@@ -484,7 +533,7 @@ def release_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token
     exchange (``final``).
     """
     n = len(mgr.nodes)
-    requests = release_requests(n, key, fkey, wkey, token, fence, only)
+    requests = release_requests(n, key, fkey, wkey, token, fence, only, wake_at)
     settle = NO_WAIT if only is not None else release_settle(
         n, gate_node(key, mgr.nodes, mgr.clock()))
     replies = yield Ask(requests, settle=settle, tag=token, final=only is None,
@@ -510,19 +559,21 @@ def holders_steps(mgr: RoundContext, key: bytes) -> Steps[int]:
 
 
 def give_up_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token: str,
-                  entry: bytes) -> Steps[None]:
-    """A waiter that may be handed the lock gives up: out of the line, and in
-    the same script a lock handed to it meanwhile is released (and handed on),
-    so a waiter leaving never holds the lock for a lease nobody uses."""
-    call = Call(RELEASE, (key, fkey, wkey), (token, 0, _FENCE_GRACE_B, b"1", entry),
-                last_of_token=True)
-    yield Ask([call] * len(mgr.nodes), tag=token, final=True)
+                  entries: Sequence[bytes]) -> Steps[None]:
+    """A waiter gives up: out of the line on every node (``entries``: its entry
+    there, :func:`waiter_entries`), and in the same script a lock handed to it
+    meanwhile is released and handed on, so a waiter leaving never holds the
+    lock for a lease nobody uses."""
+    yield Ask([Call(RELEASE, (key, fkey, wkey), (token, 0, _FENCE_GRACE_B, b"1", entry),
+                    last_of_token=True) for entry in entries], tag=token, final=True)
 
 
-def leave_queue_steps(mgr: RoundContext, wkey: bytes, waiter: bytes, *, token: Any = None,
-                      only: Sequence[bool] | None = None, wait: bool = True) -> Steps[None]:
-    """A waiter gives up: out of the line on every node (``only``: just those);
-    ``wait=False`` sends without waiting for the replies."""
-    command = leave_queue_command(wkey, waiter)
-    yield Ask([command if only is None or only[i] else None for i in range(len(mgr.nodes))],
+def leave_queue_steps(mgr: RoundContext, wkey: bytes, entries: Sequence[bytes], *,
+                      token: Any = None, only: Sequence[bool] | None = None,
+                      wait: bool = True) -> Steps[None]:
+    """A served waiter leaves the line where it may still stand (``only``: just
+    those nodes; ``entries``: its entry on each node); ``wait=False`` sends
+    without waiting for the replies."""
+    yield Ask([leave_queue_command(wkey, entries[i]) if only is None or only[i] else None
+               for i in range(len(mgr.nodes))],
               settle=None if wait else NO_WAIT, tag=token, final=only is None)

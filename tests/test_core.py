@@ -165,9 +165,12 @@ def test_gate_node_is_stable_per_name_and_skips_a_failing_node() -> None:
     nodes[first].down = True
     assert gate_node(b"redlock:stock:1", nodes, 0.0) is None  # ask everyone at once
     assert gate_node(b"redlock:x", [Node()], 0.0) is None  # one node: nothing to gate
-    busy = busy_at_gate([0, 1500])
+    busy = busy_at_gate([0, 1500], 10.0)
     assert busy is not None and not busy.acquired and busy.holder_ttl == 1.5
-    assert busy_at_gate([1, 7]) is None
+    assert busy.queued_ms == 0  # not queued: no clock to time a handover from
+    queued = busy_at_gate([0, 1500, 123_456], 10.0)
+    assert queued is not None and (queued.asked_at, queued.queued_ms) == (10.0, 123_456)
+    assert busy_at_gate([1, 7], 10.0) is None
 
 
 def test_a_woken_waiter_keeps_the_front_of_the_line_at_the_gate_only() -> None:
@@ -207,6 +210,97 @@ def test_a_woken_waiter_keeps_the_front_of_the_line_at_the_gate_only() -> None:
     steps = acquire_steps(Ctx(), key, b"f", b"w", "tok", 1000, "{}", True, 1.0,
                           lock_name="line", waiter=b"inbox|tok", woken=True, ask_all=True)
     assert modes(next(steps)) == [b"2", b"2", b"2"]
+
+
+class _Node:
+    name = "n"
+
+    def backing_off(self, now: float) -> bool:
+        return False
+
+
+class _Ctx3:
+    """Three healthy nodes on a clock the test sets."""
+
+    nodes = [_Node() for _ in range(3)]
+    quorum = 2
+    drift_factor = 0.01
+    now = 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+
+def test_only_the_hand_over_node_gets_the_hand_over_form_of_an_entry() -> None:
+    from django_redlock.rounds import acquire_steps, hand_over_node, waiter_entries
+
+    key = b"redlock:forms"
+    h = hand_over_node(key, 3)
+    assert waiter_entries(key, 3, b"plain", b"handover") == \
+        [b"handover" if i == h else b"plain" for i in range(3)]
+    assert waiter_entries(key, 1, b"plain", b"handover") == [b"handover"]
+    # Every node asked at once (no gate): each gets its own form.
+    steps = acquire_steps(_Ctx3(), key, b"f", b"w", "tok", 1000, "{}", True, 1.0,
+                          lock_name="forms", waiter=b"plain", hand_over=b"handover",
+                          ask_all=True)
+    ask = next(steps)
+    assert [call.args[7] for call in ask.requests] == waiter_entries(key, 3, b"plain", b"handover")
+
+
+def test_a_gate_handover_asks_only_the_other_nodes_and_keeps_the_earlier_lease() -> None:
+    from django_redlock.rounds import AcquireResult, acquire_steps, gate_node
+
+    key = b"redlock:handed"
+    ctx = _Ctx3()
+    gate = gate_node(key, ctx.nodes, 0.0)
+    assert gate is not None
+    ctx.now = 50.0
+    handed = AcquireResult(True, fence=77, valid_until=55.0)  # the gate's lease, as proved
+    steps = acquire_steps(ctx, key, b"f", b"w", "tok", 10_000, "{}", True, 10.0,
+                          lock_name="handed", waiter=b"plain", hand_over=b"handover",
+                          woken=True, handed=handed)
+    rest = next(steps)
+    # The gate is not asked again; the others are asked at the back of their lines.
+    assert [r is None for r in rest.requests] == [i == gate for i in range(3)]
+    assert all(r.args[5] == b"1" and r.args[7] == b"plain" for r in rest.requests if r)
+    ctx.now = 50.1
+    try:
+        steps.send([None if i == gate else [1, 70] for i in range(3)])
+    except StopIteration as done:
+        won = done.value
+    assert won.acquired and won.fence == 77
+    assert won.valid_until == 55.0  # the handover's lease began before this round's
+    # A handover on one node is the whole result: no request at all.
+    one = acquire_steps(type("One", (_Ctx3,), {"nodes": [_Node()], "quorum": 1})(), key, b"f",
+                        b"w", "tok", 10_000, "{}", True, 10.0, lock_name="handed",
+                        waiter=b"plain", hand_over=b"handover", woken=True, handed=handed)
+    with pytest.raises(StopIteration) as done:
+        next(one)
+    assert done.value.value is handed
+
+
+def test_a_lost_round_after_a_gate_handover_hands_the_gates_lock_on() -> None:
+    from django_redlock.rounds import AcquireResult, acquire_steps, gate_node
+
+    key = b"redlock:handed-lost"
+    ctx = _Ctx3()
+    gate = gate_node(key, ctx.nodes, 0.0)
+    assert gate is not None
+    handed = AcquireResult(True, fence=77, valid_until=5.0)
+    steps = acquire_steps(ctx, key, b"f", b"w", "tok", 10_000, "{}", True, 10.0,
+                          lock_name="handed-lost", waiter=b"plain", hand_over=b"handover",
+                          woken=True, handed=handed)
+    next(steps)
+    cleanup = steps.send([None if i == gate else [0, 900, 1] for i in range(3)])  # both busy
+    # Released where it is ours, the gate only; there, with the wake flag: the
+    # waiters queued behind us get the lock (a plain clean-up wakes nobody).
+    assert [r is not None for r in cleanup.requests] == [i == gate for i in range(3)]
+    assert cleanup.requests[gate].args[3] == b"1"
+    try:
+        steps.send([1 if i == gate else None for i in range(3)])
+    except StopIteration as done:
+        lost = done.value
+    assert not lost.acquired
 
 
 def test_scripts_inline_their_shared_function() -> None:

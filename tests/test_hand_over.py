@@ -1,12 +1,14 @@
-"""One node: a release hands the lock to the first waiter in line.
+"""A release hands the lock to the first waiter in line, on the hand-over node.
 
-The release script sets the key for that waiter (its token, a new fence, its
+That node is the only node, or the gate node of several (``rounds.hand_over_node``).
+Its release script sets the key for the waiter (its token, a new fence, its
 owner) and its notice carries the fence and the node's clock, so the woken
-waiter holds the lock without an acquire round of its own. These tests show
-what a user gets from that: fewer round trips, the same line order, a fence
-that still grows, no lock left to a waiter that is gone or gave up. The retry
-delay is long (5 s) wherever a handoff is timed, so a handoff that fell back to
-the waiter's timer shows up as slow. Every wait is bounded.
+waiter sends that node no acquire request: on one node it holds the lock when
+it wakes; on several it asks only the others. These tests show what a user gets
+from that: fewer requests, the same line order, a fence that still grows, no
+lock left to a waiter that is gone or gave up. The retry delay is long (5 s)
+wherever a handoff is timed, so a handoff that fell back to the waiter's timer
+shows up as slow. Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -22,15 +24,12 @@ import redis
 
 from django_redlock.core.keys import fence_key, waiters_key
 from django_redlock.core.owner import parse_value
+from django_redlock.rounds import hand_over_node
 from django_redlock.testing import RedisNodes
+from django_redlock.transport.aio import AsyncTransport
+from django_redlock.transport.resp import ACQUIRE, Call
 from tests.polling import wait_until
-from tests.test_waiters import (
-    SLOW_RETRY,
-    WaitingThread,
-    _count_rounds,
-    _queued,
-    _queues,
-)
+from tests.test_waiters import SLOW_RETRY, WaitingThread, _queued, _queues
 
 MakeManager = Callable[..., Any]
 
@@ -41,8 +40,25 @@ def one_node(nodes3: RedisNodes) -> Any:
     return SimpleNamespace(urls=nodes3.urls[:1], server=nodes3[0])
 
 
-def _stored(one_node: Any, mgr: Any, name: str) -> Any:
-    client = redis.Redis.from_url(str(one_node.urls[0]))
+def _acquire_requests(requests: Any) -> int:
+    return sum(1 for r in requests if isinstance(r, Call) and r.script is ACQUIRE)
+
+
+def _count_acquire_requests(mgr: Any) -> list[int]:
+    """Count the acquire requests ``mgr`` sends to its nodes (one per node asked)."""
+    sent = [0]
+    real = mgr.transport.round
+
+    def counting(requests: Any, **kwargs: Any) -> Any:
+        sent[0] += _acquire_requests(requests)
+        return real(requests, **kwargs)
+
+    mgr.transport.round = counting
+    return sent
+
+
+def _stored(one_node: Any, mgr: Any, name: str, node: int = 0) -> Any:
+    client = redis.Redis.from_url(str(one_node.urls[node]))
     try:
         raw = client.get(mgr.key(name))
         counter = client.get(fence_key(mgr.key(name)))
@@ -56,7 +72,7 @@ def test_a_release_hands_the_lock_to_the_waiter_in_line(one_node: Any,
                                                          make_manager: MakeManager) -> None:
     holder = make_manager(one_node, retry_delay=SLOW_RETRY)
     waiter = make_manager(one_node, retry_delay=SLOW_RETRY, ttl=8.0)
-    rounds_seen = _count_rounds(waiter)
+    sent = _count_acquire_requests(waiter)
     lock = holder.lock("handed")
     assert lock.acquire()
     mine = waiter.lock("handed", timeout=10, label="next|in|line")
@@ -64,13 +80,13 @@ def test_a_release_hands_the_lock_to_the_waiter_in_line(one_node: Any,
     t = threading.Thread(target=lambda: mine.acquire() and served.append(time.monotonic()))
     t.start()
     assert wait_until(lambda: _queued(one_node, holder, "handed") == 1), "not queued"
-    rounds_before = rounds_seen[0]
+    sent_before = sent[0]
     released = time.monotonic()
     lock.release()
     t.join(timeout=SLOW_RETRY - 1)
     assert served and served[0] - released < 1.0, "not handed over by notice"
-    # Held without an acquire round of its own after the release.
-    assert rounds_seen[0] == rounds_before
+    # Held without an acquire request of its own after the release.
+    assert sent[0] == sent_before
     assert mine.owned() and 4.0 <= mine.validity <= 8.0
     stored, counter = _stored(one_node, waiter, "handed")
     assert stored is not None and stored.token == mine._token
@@ -87,7 +103,7 @@ def test_waiters_are_handed_the_lock_in_arrival_order(one_node: Any,
                                                       make_manager: MakeManager) -> None:
     holder = make_manager(one_node, retry_delay=SLOW_RETRY)
     managers = [make_manager(one_node, retry_delay=SLOW_RETRY) for _ in range(3)]
-    counters = [_count_rounds(mgr) for mgr in managers]
+    counters = [_count_acquire_requests(mgr) for mgr in managers]
     lock = holder.lock("handed-line")
     assert lock.acquire()
     order: list[int] = []
@@ -115,7 +131,7 @@ def test_waiters_are_handed_the_lock_in_arrival_order(one_node: Any,
     assert order == [0, 1, 2]
     assert time.monotonic() - started < SLOW_RETRY
     assert fences == sorted(fences) and len(set(fences)) == 3 and fences[0] > lock.fence
-    # Each was handed the lock: not one acquire round after it queued.
+    # Each was handed the lock: not one acquire request after it queued.
     assert [c[0] for c in counters] == before
 
 
@@ -196,62 +212,122 @@ def test_a_handover_the_waiter_cannot_time_is_taken_with_an_attempt(
     already its own and renews the whole lease."""
     holder = make_manager(one_node, retry_delay=SLOW_RETRY)
     waiter = make_manager(one_node, retry_delay=SLOW_RETRY, ttl=1.0, drift_factor=0.4)
-    rounds_seen = _count_rounds(waiter)
+    sent = _count_acquire_requests(waiter)
     lock = holder.lock("slow-clock")
     assert lock.acquire()
     mine = WaitingThread(waiter, "slow-clock")
     assert wait_until(lambda: _queued(one_node, holder, "slow-clock") == 1)
     time.sleep(1.0)
-    rounds_before = rounds_seen[0]
+    sent_before = sent[0]
     released = time.monotonic()
     lock.release()
     assert mine.seconds_after(released, join=SLOW_RETRY - 1) < 1.0
-    assert rounds_seen[0] == rounds_before + 1
+    assert sent[0] == sent_before + 1
     # Validity as after any attempt: ttl - round trip - drift (0.4 s + 2 ms here).
     assert 0.4 < mine._lock.validity <= 0.6
     stored, _ = _stored(one_node, waiter, "slow-clock")
     assert stored is not None and stored.token == mine._lock._token
 
 
-def test_only_a_one_node_manager_asks_for_the_lock_to_be_handed_over(
-        nodes3: RedisNodes, one_node: Any, make_manager: MakeManager) -> None:
-    """Several nodes each hand the lock to whoever stands first there; lines
-    that differ would split the vote. So there a release only wakes."""
-    for nodes, parts in ((one_node, 5), (nodes3, 2)):
-        holder = make_manager(nodes)
-        waiter = make_manager(nodes, retry_delay=SLOW_RETRY)
-        lock = holder.lock(f"entry-form-{parts}")
-        assert lock.acquire()
-        mine = WaitingThread(waiter, f"entry-form-{parts}")
-        assert wait_until(lambda n=nodes, h=holder, p=parts: _queued(n, h, f"entry-form-{p}") == 1)
-        entries = [e for queue in _queues(nodes, holder, f"entry-form-{parts}") for e in queue]
-        assert entries and all(len(e.split(b"|", 4)) == parts for e in entries)
-        released = time.monotonic()
-        lock.release()
-        assert mine.seconds_after(released, join=SLOW_RETRY - 1) < 1.0
+def test_on_several_nodes_only_the_gate_node_queues_the_hand_over_form(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """Every node would hand the lock to whoever stands first *there*, and lines
+    that differ would split the vote: so only the gate node may hand over."""
+    holder = make_manager(nodes3)
+    waiter = make_manager(nodes3, retry_delay=SLOW_RETRY)
+    lock = holder.lock("entry-form")
+    assert lock.acquire()
+    mine = WaitingThread(waiter, "entry-form")
+    assert wait_until(lambda: _queued(nodes3, holder, "entry-form") == 1)
+    gate = hand_over_node(holder.key("entry-form").encode(), 3)
+    queues = _queues(nodes3, holder, "entry-form")
+    assert [len(q) for q in queues] == [1 if i == gate else 0 for i in range(3)]
+    assert len(queues[gate][0].split(b"|", 4)) == 5  # inbox, token, lease, fencing, owner
+    released = time.monotonic()
+    lock.release()
+    assert mine.seconds_after(released, join=SLOW_RETRY - 1) < 1.0
+
+
+def test_on_several_nodes_the_gate_hands_its_lock_over_and_the_waiter_asks_the_others(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    holder = make_manager(nodes3, retry_delay=SLOW_RETRY)
+    waiter = make_manager(nodes3, retry_delay=SLOW_RETRY, ttl=8.0)
+    sent = _count_acquire_requests(waiter)
+    lock = holder.lock("handed-3")
+    assert lock.acquire()
+    gate = hand_over_node(holder.key("handed-3").encode(), 3)
+    mine = WaitingThread(waiter, "handed-3")
+    assert wait_until(lambda: _queued(nodes3, holder, "handed-3") == 1)
+    sent_before = sent[0]
+    released = time.monotonic()
+    lock.release()
+    assert mine.seconds_after(released, join=SLOW_RETRY - 1) < 1.0
+    # The two other nodes only: the gate's lock came with the notice.
+    assert sent[0] == sent_before + 2
+    held = mine._lock
+    assert held.owned() and 4.0 <= held.validity <= 8.0
+    assert held.fence > lock.fence
+    stored, counter = _stored(nodes3, waiter, "handed-3", node=gate)
+    assert stored is not None and stored.token == held._token and counter is not None
+    assert wait_until(lambda: sum(
+        1 for i in range(3)
+        if (_stored(nodes3, waiter, "handed-3", node=i)[0] or SimpleNamespace(token="")).token
+        == held._token) == 3)
+    held.release()
+
+
+def test_on_several_nodes_a_waiter_that_gives_up_hands_on_the_gates_lock(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    holder = make_manager(nodes3)
+    impatient = make_manager(nodes3, retry_delay=SLOW_RETRY, ttl=30.0)
+    patient = make_manager(nodes3, retry_delay=SLOW_RETRY)
+    lock = holder.lock("hand-on-3")
+    assert lock.acquire()
+    gate = hand_over_node(holder.key("hand-on-3").encode(), 3)
+    real_give_up = impatient._give_up
+    handed_to_it: list[bool] = []
+
+    def release_first(key: bytes, *args: Any) -> None:
+        lock.release()  # the holder's release comes in just before it leaves
+        stored, _ = _stored(nodes3, impatient, "hand-on-3", node=gate)
+        handed_to_it.append(stored is not None and stored.owner.get("label") == "impatient")
+        real_give_up(key, *args)
+
+    impatient._give_up = release_first
+    gives_up = threading.Thread(
+        target=lambda: impatient.lock("hand-on-3", timeout=1.5, label="impatient").acquire())
+    gives_up.start()
+    assert wait_until(lambda: _queued(nodes3, holder, "hand-on-3") == 1)
+    waits = WaitingThread(patient, "hand-on-3")
+    assert wait_until(lambda: _queued(nodes3, holder, "hand-on-3") == 2)
+    gives_up.join(timeout=5)
+    assert not gives_up.is_alive()
+    assert handed_to_it == [True], "the release did not hand the gate's lock to the leaving waiter"
+    left = time.monotonic()
+    assert waits.seconds_after(left, join=SLOW_RETRY - 1) < 1.0
+    assert _queued(nodes3, holder, "hand-on-3") == 0
 
 
 def test_an_async_waiter_is_handed_the_lock(one_node: Any, make_manager: MakeManager,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-    from django_redlock import aio
 
     holder = make_manager(one_node)
     waiter = make_manager(one_node, retry_delay=SLOW_RETRY)
-    real_round = aio._acquire_round
-    rounds_seen = [0]
+    real_round = AsyncTransport.round
+    sent = [0]
 
-    async def counting(*args: Any, **kwargs: Any) -> Any:
-        rounds_seen[0] += 1
-        return await real_round(*args, **kwargs)
+    async def counting(self: Any, requests: Any, **kwargs: Any) -> Any:
+        sent[0] += _acquire_requests(requests)
+        return await real_round(self, requests, **kwargs)
 
-    monkeypatch.setattr(aio, "_acquire_round", counting)
+    monkeypatch.setattr(AsyncTransport, "round", counting)
     lock = holder.lock("async-hand")
     assert lock.acquire()
     marks: dict[str, Any] = {}
 
     def release_when_queued() -> None:
         if wait_until(lambda: _queued(one_node, holder, "async-hand") == 1):
-            marks["rounds"] = rounds_seen[0]
+            marks["sent"] = sent[0]
             marks["released"] = time.monotonic()
         lock.release()
 
@@ -273,7 +349,7 @@ def test_an_async_waiter_is_handed_the_lock(one_node: Any, make_manager: MakeMan
     releaser.join(timeout=10)
     assert "released" in marks, "the async waiter never queued"
     assert marks["served"] - marks["released"] < 1.0
-    assert rounds_seen[0] == marks["rounds"]  # no acquire round after the release
+    assert sent[0] == marks["sent"]  # no acquire request after the release
     assert marks["fence"] > lock.fence
     assert marks["stored"] is not None and marks["stored"].token == marks["token"]
 

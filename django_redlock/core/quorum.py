@@ -41,7 +41,7 @@ def validity(ttl: float, elapsed: float, drift_factor: float) -> float:
 
 def handover_validity(ttl: float, since_asked: float, server_gap_ms: int,
                       drift_factor: float) -> float:
-    """Seconds of lease left for a lock a release handed to a waiter (one node).
+    """Seconds of lease left on the node whose release handed a waiter the lock.
 
     The waiter sent no request of its own for it, so "elapsed since the request
     left" must be bounded another way. Its last refused attempt left

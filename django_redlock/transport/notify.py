@@ -6,7 +6,8 @@ each lock key someone in this process waits for. A waiter queues on the nodes
 as ``<inbox>|<token>``; a release pops the first entry and publishes the token
 on that inbox, so only that waiter's process hears it and only that waiter
 wakes (waking every waiter made each release cost one failed attempt per
-waiter). On a one-node manager the release hands that waiter the lock and the
+waiter). On the hand-over node (the only node, or the gate of several:
+``rounds.hand_over_node``) the release hands that waiter the lock and the
 notice is ``<token>|<fence>|<node clock>``; the part after the token is kept on
 the waiter's subscription (``Subscription.handed``) for it to use
 (``rounds.handed_over``). ``force_release`` publishes on the key's channel,
@@ -122,11 +123,10 @@ class Subscription:
         #: The token a release notice names to wake this waiter.
         self.waiter = waiter
         #: What the waiter puts in the lock's waiter queue: where to send the
-        #: notice, and (``hand_over``, see ``rounds.hand_over_entry``) what a
-        #: release needs to hand it the lock.
+        #: notice; and on the hand-over node (``rounds.waiter_entries``),
+        #: ``hand_over_entry``, with what a release needs to hand it the lock.
         self.entry = notifier.inbox + b"|" + waiter
-        if hand_over:
-            self.entry += b"|" + hand_over
+        self.hand_over_entry = self.entry + b"|" + hand_over if hand_over else self.entry
         #: ``<fence>|<node clock ms>`` when a release handed this waiter the
         #: lock (set before ``notified``); the waiter takes it and clears it.
         self.handed: bytes | None = None
