@@ -19,7 +19,9 @@ mark counted from the holder calling ``release()``, p50 and p90 over the
 samples, with python-redis-lock's total measured alternately in the same run.
 The marks come from wrapping a few internal functions of the waiting process
 (the notifier's read, the subscription's wait, the transport's send and round);
-they are a diagnostic of the current code, not an API.
+they are a diagnostic of the current code, not an API. A handoff in which the
+release handed the lock over sends no acquire request: its two request rows
+count only the handoffs that fell back to an attempt ("-" when none did).
 """
 
 from __future__ import annotations
@@ -138,10 +140,14 @@ def _instrument(marks: dict[str, int]) -> None:
     ns = time.monotonic_ns
     _wrap(notify.ReleaseNotifier, "_drain", before=lambda: marks.setdefault(NOTICE_READ, ns()))
     _wrap(notify.Subscription, "wait", after=lambda: marks.setdefault(WAITER_RUNS, ns()))
+    # Only before acquire() returned: a handed-over lock sends no acquire
+    # request, and the release that follows must not be stamped as one.
     _wrap(sync.SyncTransport, "_send",
-          before=lambda: WAITER_RUNS in marks and marks.setdefault(ACQUIRE_SENT, ns()))
+          before=lambda: WAITER_RUNS in marks and RETURNED not in marks
+          and marks.setdefault(ACQUIRE_SENT, ns()))
     _wrap(sync.SyncTransport, "round",
-          after=lambda: ACQUIRE_SENT in marks and marks.setdefault(REPLY_READ, ns()))
+          after=lambda: ACQUIRE_SENT in marks and RETURNED not in marks
+          and marks.setdefault(REPLY_READ, ns()))
 
 
 def _waiter(lib_id: str, urls: list[str], samples: int, barrier: Any, out: Any) -> None:
