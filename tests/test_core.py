@@ -128,6 +128,19 @@ def test_pack_is_resp2() -> None:
         pack(True)
 
 
+def test_an_evalsha_with_its_head_packed_once_is_the_plain_packing() -> None:
+    from django_redlock.transport.resp import RELEASE
+
+    keys = (b"redlock:a", b"{redlock:a}:fence", b"{redlock:a}:waiters")
+    for args in ((b"tok", 0, b"3600000", b"1"), (b"tok", 7, b"3600000", b"1", b"in|tok"),
+                 ("tök", 12.5, b"x", b"1")):  # str, float: the slow path
+        for _ in range(2):  # the second time from the kept head
+            assert RELEASE.evalsha(keys, args) == pack(b"EVALSHA", RELEASE.sha, 3, *keys, *args)
+    assert RELEASE.evalsha(keys[:1], (b"t",)) == pack(b"EVALSHA", RELEASE.sha, 1, keys[0], b"t")
+    with pytest.raises(TypeError):
+        RELEASE.evalsha(keys, (True,))
+
+
 def test_script_sha_matches_source() -> None:
     import hashlib
 
