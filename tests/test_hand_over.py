@@ -400,3 +400,48 @@ def test_an_async_waiter_that_gives_up_hands_on_a_lock_handed_to_it(
     assert handed_to_it == [True], "the release did not hand the lock to the leaving waiter"
     assert waits[0].seconds_after(left, join=SLOW_RETRY - 1) < 1.0
     assert _queued(one_node, holder, "async-hand-on") == 0
+
+
+def test_a_handover_read_after_its_lease_ran_out_is_not_used(
+        one_node: Any, make_manager: MakeManager) -> None:
+    """The waiter is stalled (a GC pause, SIGSTOP) between the handover and
+    reading it, for longer than the lease: meanwhile the lease runs out and
+    another client takes the lock. The waiter, when it runs again, can prove no
+    lease left from the handover, so it asks the node, finds the lock busy, and
+    waits its turn: it never claims the lock the other client holds."""
+    holder = make_manager(one_node, retry_delay=SLOW_RETRY)
+    stalled = make_manager(one_node, retry_delay=0.2, ttl=0.6, auto_renew=False)
+    other = make_manager(one_node, auto_renew=False)
+    lock = holder.lock("stalled")
+    assert lock.acquire()
+    real_take = stalled.lock("stalled").__class__._take_handover
+    taken: list[Any] = []
+    grabbed: list[Any] = []
+
+    def stall_then_take(self: Any, sub: Any, refusal: Any) -> Any:
+        if sub is not None and sub.handed is not None and not taken:
+            time.sleep(0.9)  # past the 0.6 s lease handed over
+            late = other.lock("stalled", ttl=5.0)
+            assert late.acquire(timeout=0)  # the lease ran out: free for anyone
+            grabbed.append(late)
+            taken.append(real_take(self, sub, refusal))
+            return taken[-1]
+        return real_take(self, sub, refusal)
+
+    mine = stalled.lock("stalled", timeout=10)
+    mine._take_handover = stall_then_take.__get__(mine)  # this lock object only
+    served: list[float] = []
+    t = threading.Thread(target=lambda: mine.acquire() and served.append(time.monotonic()))
+    t.start()
+    assert wait_until(lambda: _queued(one_node, holder, "stalled") == 1)
+    lock.release()
+    assert wait_until(lambda: bool(grabbed), timeout=5.0), "the handover never reached the waiter"
+    assert taken == [None]  # not used: no lease left that it could prove
+    time.sleep(0.5)
+    assert not served and not mine.owned()  # still waiting: the other client holds it
+    stored, _ = _stored(one_node, other, "stalled")
+    assert stored is not None and stored.token == grabbed[0]._token
+    grabbed[0].release()
+    t.join(timeout=SLOW_RETRY)
+    assert served and mine.owned() and mine.fence > grabbed[0].fence
+    mine.release()
