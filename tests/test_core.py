@@ -186,25 +186,32 @@ def test_gate_node_is_stable_per_name_and_skips_a_failing_node() -> None:
     assert busy_at_gate([1, 7], 10.0) is None
 
 
+class _Node:
+    name = "n"
+
+    def backing_off(self, now: float) -> bool:
+        return False
+
+
+class _Ctx3:
+    """Three healthy nodes on a clock the test sets."""
+
+    nodes = [_Node() for _ in range(3)]
+    quorum = 2
+    drift_factor = 0.01
+    now = 0.0
+
+    def clock(self) -> float:
+        return self.now
+
+
 def test_a_woken_waiter_keeps_the_front_of_the_line_at_the_gate_only() -> None:
     """Its place at the front is where the release popped it: the gate. On the
     other nodes it joins at the back, so a release that reaches one of them
     late wakes whoever stands first there, not this waiter (served by then)."""
     from django_redlock.rounds import Ask, acquire_steps, gate_node
 
-    class Node:
-        name = "n"
-
-        def backing_off(self, now: float) -> bool:
-            return False
-
-    class Ctx:
-        nodes = [Node() for _ in range(3)]
-        quorum = 2
-        drift_factor = 0.01
-
-        def clock(self) -> float:
-            return 0.0
+    Ctx = _Ctx3
 
     def modes(ask: Ask) -> list[bytes | None]:
         return [None if call is None else call.args[5] for call in ask.requests]
@@ -223,25 +230,6 @@ def test_a_woken_waiter_keeps_the_front_of_the_line_at_the_gate_only() -> None:
     steps = acquire_steps(Ctx(), key, b"f", b"w", "tok", 1000, "{}", True, 1.0,
                           lock_name="line", waiter=b"inbox|tok", woken=True, ask_all=True)
     assert modes(next(steps)) == [b"2", b"2", b"2"]
-
-
-class _Node:
-    name = "n"
-
-    def backing_off(self, now: float) -> bool:
-        return False
-
-
-class _Ctx3:
-    """Three healthy nodes on a clock the test sets."""
-
-    nodes = [_Node() for _ in range(3)]
-    quorum = 2
-    drift_factor = 0.01
-    now = 0.0
-
-    def clock(self) -> float:
-        return self.now
 
 
 def test_only_the_hand_over_node_gets_the_hand_over_form_of_an_entry() -> None:

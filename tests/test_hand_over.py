@@ -29,7 +29,14 @@ from django_redlock.testing import RedisNodes
 from django_redlock.transport.aio import AsyncTransport
 from django_redlock.transport.resp import ACQUIRE, Call
 from tests.polling import wait_until
-from tests.test_waiters import SLOW_RETRY, WaitingThread, _queued, _queues
+from tests.test_waiters import (
+    SLOW_RETRY,
+    Line,
+    WaitingThread,
+    _queued,
+    _queues,
+    one_waiting,
+)
 
 MakeManager = Callable[..., Any]
 
@@ -106,30 +113,14 @@ def test_waiters_are_handed_the_lock_in_arrival_order(one_node: Any,
     counters = [_count_acquire_requests(mgr) for mgr in managers]
     lock = holder.lock("handed-line")
     assert lock.acquire()
-    order: list[int] = []
-    fences: list[int] = []
-
-    def wait_then_hold(i: int, mgr: Any) -> None:
-        mine = mgr.lock("handed-line", timeout=10, auto_renew=False)
-        if mine.acquire():
-            order.append(i)
-            fences.append(mine.fence)
-            time.sleep(0.05)
-            mine.release()
-
-    threads = []
-    for i, mgr in enumerate(managers):
-        t = threading.Thread(target=wait_then_hold, args=(i, mgr))
-        t.start()
-        threads.append(t)
-        assert wait_until(lambda n=i + 1: _queued(one_node, holder, "handed-line") == n)
+    line = Line(one_node, holder, managers, "handed-line")
     before = [c[0] for c in counters]
     started = time.monotonic()
     lock.release()
-    for t in threads:
-        t.join(timeout=10)
-    assert order == [0, 1, 2]
+    line.join()
+    assert [mgr for mgr, _ in line.served] == managers
     assert time.monotonic() - started < SLOW_RETRY
+    fences = [fence for _, fence in line.served]
     assert fences == sorted(fences) and len(set(fences)) == 3 and fences[0] > lock.fence
     # Each was handed the lock: not one acquire request after it queued.
     assert [c[0] for c in counters] == before
@@ -137,12 +128,7 @@ def test_waiters_are_handed_the_lock_in_arrival_order(one_node: Any,
 
 def test_a_waiter_that_is_gone_is_not_handed_the_lock(one_node: Any,
                                                       make_manager: MakeManager) -> None:
-    holder = make_manager(one_node)
-    waiter = make_manager(one_node, retry_delay=SLOW_RETRY)
-    lock = holder.lock("ghost-hand")
-    assert lock.acquire()
-    live = WaitingThread(waiter, "ghost-hand")
-    assert wait_until(lambda: _queued(one_node, holder, "ghost-hand") == 1)
+    holder, lock, live = one_waiting(one_node, make_manager, "ghost-hand")
     client = redis.Redis.from_url(str(one_node.urls[0]))
     try:  # dead processes' waiters, in the hand-over form, stand first in line
         for i in range(3):
@@ -153,27 +139,31 @@ def test_a_waiter_that_is_gone_is_not_handed_the_lock(one_node: Any,
     released = time.monotonic()
     lock.release()
     assert live.seconds_after(released, join=SLOW_RETRY - 1) < 1.0
-    stored, _ = _stored(one_node, waiter, "ghost-hand")
+    stored, _ = _stored(one_node, holder, "ghost-hand")
     assert stored is not None and stored.token == live._lock._token
     assert _queued(one_node, holder, "ghost-hand") == 0
 
 
+@pytest.mark.parametrize("n", [1, 3], ids=["1node", "3nodes"])
 def test_a_waiter_that_gives_up_hands_on_a_lock_handed_to_it(
-        one_node: Any, make_manager: MakeManager) -> None:
+        n: int, nodes3: RedisNodes, make_manager: MakeManager) -> None:
     """The release lands between the impatient waiter's last attempt and its
-    leaving the line: the lock is handed to it, and its leaving hands it on, at
-    once, instead of leaving it unused for a whole lease."""
-    holder = make_manager(one_node)
-    impatient = make_manager(one_node, retry_delay=SLOW_RETRY, ttl=30.0)
-    patient = make_manager(one_node, retry_delay=SLOW_RETRY)
+    leaving the line: the lock (on several nodes, the gate's copy) is handed
+    to it, and its leaving hands it on, at once, instead of leaving it unused
+    for a whole lease."""
+    nodes = SimpleNamespace(urls=nodes3.urls[:n])
+    holder = make_manager(nodes)
+    impatient = make_manager(nodes, retry_delay=SLOW_RETRY, ttl=30.0)
+    patient = make_manager(nodes, retry_delay=SLOW_RETRY)
     lock = holder.lock("hand-on")
     assert lock.acquire()
+    gate = hand_over_node(holder.key("hand-on").encode(), n)
     real_give_up = impatient._give_up
     handed_to_it: list[bool] = []
 
     def release_first(key: bytes, *args: Any) -> None:
         lock.release()  # the holder's release comes in just before it leaves
-        stored, _ = _stored(one_node, impatient, "hand-on")
+        stored, _ = _stored(nodes, impatient, "hand-on", node=gate)
         handed_to_it.append(stored is not None and stored.owner.get("label") == "impatient")
         real_give_up(key, *args)
 
@@ -181,16 +171,16 @@ def test_a_waiter_that_gives_up_hands_on_a_lock_handed_to_it(
     gives_up = threading.Thread(
         target=lambda: impatient.lock("hand-on", timeout=1.5, label="impatient").acquire())
     gives_up.start()
-    assert wait_until(lambda: _queued(one_node, holder, "hand-on") == 1)
+    assert wait_until(lambda: _queued(nodes, holder, "hand-on") == 1)
     waits = WaitingThread(patient, "hand-on")
-    assert wait_until(lambda: _queued(one_node, holder, "hand-on") == 2)
+    assert wait_until(lambda: _queued(nodes, holder, "hand-on") == 2)
     gives_up.join(timeout=5)
     assert not gives_up.is_alive()
     assert handed_to_it == [True], "the release did not hand the lock to the leaving waiter"
     left = time.monotonic()
     # Handed on by the leaving waiter's script: not after the 30 s lease, nor a timer.
     assert waits.seconds_after(left, join=SLOW_RETRY - 1) < 1.0
-    assert _queued(one_node, holder, "hand-on") == 0
+    assert _queued(nodes, holder, "hand-on") == 0
 
 
 def test_a_waiter_that_times_out_leaves_the_line(one_node: Any,
@@ -210,13 +200,10 @@ def test_a_handover_the_waiter_cannot_time_is_taken_with_an_attempt(
     """With a drift factor this large, the lease a waiter can prove after a 1 s
     wait is below half its TTL: it makes one attempt, which finds the key
     already its own and renews the whole lease."""
-    holder = make_manager(one_node, retry_delay=SLOW_RETRY)
-    waiter = make_manager(one_node, retry_delay=SLOW_RETRY, ttl=1.0, drift_factor=0.4)
+    holder, lock, mine = one_waiting(one_node, make_manager, "slow-clock", ttl=1.0,
+                                     drift_factor=0.4)
+    waiter = mine._lock.manager
     sent = _count_acquire_requests(waiter)
-    lock = holder.lock("slow-clock")
-    assert lock.acquire()
-    mine = WaitingThread(waiter, "slow-clock")
-    assert wait_until(lambda: _queued(one_node, holder, "slow-clock") == 1)
     time.sleep(1.0)
     sent_before = sent[0]
     released = time.monotonic()
@@ -233,12 +220,7 @@ def test_on_several_nodes_only_the_gate_node_queues_the_hand_over_form(
         nodes3: RedisNodes, make_manager: MakeManager) -> None:
     """Every node would hand the lock to whoever stands first *there*, and lines
     that differ would split the vote: so only the gate node may hand over."""
-    holder = make_manager(nodes3)
-    waiter = make_manager(nodes3, retry_delay=SLOW_RETRY)
-    lock = holder.lock("entry-form")
-    assert lock.acquire()
-    mine = WaitingThread(waiter, "entry-form")
-    assert wait_until(lambda: _queued(nodes3, holder, "entry-form") == 1)
+    holder, lock, mine = one_waiting(nodes3, make_manager, "entry-form")
     gate = hand_over_node(holder.key("entry-form").encode(), 3)
     queues = _queues(nodes3, holder, "entry-form")
     assert [len(q) for q in queues] == [1 if i == gate else 0 for i in range(3)]
@@ -250,14 +232,10 @@ def test_on_several_nodes_only_the_gate_node_queues_the_hand_over_form(
 
 def test_on_several_nodes_the_gate_hands_its_lock_over_and_the_waiter_asks_the_others(
         nodes3: RedisNodes, make_manager: MakeManager) -> None:
-    holder = make_manager(nodes3, retry_delay=SLOW_RETRY)
-    waiter = make_manager(nodes3, retry_delay=SLOW_RETRY, ttl=8.0)
+    holder, lock, mine = one_waiting(nodes3, make_manager, "handed-3", ttl=8.0)
+    waiter = mine._lock.manager
     sent = _count_acquire_requests(waiter)
-    lock = holder.lock("handed-3")
-    assert lock.acquire()
     gate = hand_over_node(holder.key("handed-3").encode(), 3)
-    mine = WaitingThread(waiter, "handed-3")
-    assert wait_until(lambda: _queued(nodes3, holder, "handed-3") == 1)
     sent_before = sent[0]
     released = time.monotonic()
     lock.release()
@@ -282,38 +260,6 @@ def test_on_several_nodes_the_gate_hands_its_lock_over_and_the_waiter_asks_the_o
     if sent[0] - sent_before == 2:
         assert gate in holding()  # handed over there
     held.release()
-
-
-def test_on_several_nodes_a_waiter_that_gives_up_hands_on_the_gates_lock(
-        nodes3: RedisNodes, make_manager: MakeManager) -> None:
-    holder = make_manager(nodes3)
-    impatient = make_manager(nodes3, retry_delay=SLOW_RETRY, ttl=30.0)
-    patient = make_manager(nodes3, retry_delay=SLOW_RETRY)
-    lock = holder.lock("hand-on-3")
-    assert lock.acquire()
-    gate = hand_over_node(holder.key("hand-on-3").encode(), 3)
-    real_give_up = impatient._give_up
-    handed_to_it: list[bool] = []
-
-    def release_first(key: bytes, *args: Any) -> None:
-        lock.release()  # the holder's release comes in just before it leaves
-        stored, _ = _stored(nodes3, impatient, "hand-on-3", node=gate)
-        handed_to_it.append(stored is not None and stored.owner.get("label") == "impatient")
-        real_give_up(key, *args)
-
-    impatient._give_up = release_first
-    gives_up = threading.Thread(
-        target=lambda: impatient.lock("hand-on-3", timeout=1.5, label="impatient").acquire())
-    gives_up.start()
-    assert wait_until(lambda: _queued(nodes3, holder, "hand-on-3") == 1)
-    waits = WaitingThread(patient, "hand-on-3")
-    assert wait_until(lambda: _queued(nodes3, holder, "hand-on-3") == 2)
-    gives_up.join(timeout=5)
-    assert not gives_up.is_alive()
-    assert handed_to_it == [True], "the release did not hand the gate's lock to the leaving waiter"
-    left = time.monotonic()
-    assert waits.seconds_after(left, join=SLOW_RETRY - 1) < 1.0
-    assert _queued(nodes3, holder, "hand-on-3") == 0
 
 
 def test_an_async_waiter_is_handed_the_lock(one_node: Any, make_manager: MakeManager,

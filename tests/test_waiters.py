@@ -64,6 +64,21 @@ class WaitingThread:
         return self.served_at - released
 
 
+def one_waiting(nodes: Any, make_manager: MakeManager, name: str,
+                **waiter_options: Any) -> tuple[Any, Any, WaitingThread]:
+    """A holder holds ``name`` and one waiter (its own manager: its own process,
+    retry delay ``SLOW_RETRY`` unless given) stands in line for it. Returns
+    (holder manager, held lock, the waiting thread)."""
+    waiter_options.setdefault("retry_delay", SLOW_RETRY)
+    holder = make_manager(nodes)
+    waiter = make_manager(nodes, **waiter_options)
+    lock = holder.lock(name)
+    assert lock.acquire()
+    waiting = WaitingThread(waiter, name)
+    assert wait_until(lambda: _queued(nodes, holder, name) == 1), "not queued"
+    return holder, lock, waiting
+
+
 def _count_rounds(mgr: Any) -> list[int]:
     """Count the manager's acquire rounds (each is one attempt on the nodes)."""
     calls = [0]
@@ -77,32 +92,46 @@ def _count_rounds(mgr: Any) -> list[int]:
     return calls
 
 
+class Line:
+    """One thread per manager waits for ``name`` (held by ``holder``), each
+    started once the one before it stands in line; each, when served, holds
+    for 50 ms and releases. ``served``: (manager, fence) in the order served."""
+
+    def __init__(self, nodes: Any, holder: Any, managers: list[Any], name: str) -> None:
+        self.name = name
+        self.served: list[tuple[Any, int]] = []
+        self.threads: list[threading.Thread] = []
+        for i, mgr in enumerate(managers):
+            t = threading.Thread(target=self._wait_then_hold, args=(mgr,))
+            t.start()
+            self.threads.append(t)
+            assert wait_until(lambda n=i + 1: _queued(nodes, holder, name) == n), "not queued"
+
+    def _wait_then_hold(self, mgr: Any) -> None:
+        mine = mgr.lock(self.name, timeout=10, auto_renew=False)
+        if mine.acquire():
+            self.served.append((mgr, mine.fence))
+            time.sleep(0.05)
+            mine.release()
+
+    def join(self, timeout: float = 10.0) -> None:
+        """Wait for every thread, at most ``timeout`` s in all."""
+        deadline = time.monotonic() + timeout
+        for t in self.threads:
+            t.join(timeout=max(0.0, deadline - time.monotonic()))
+
+
 def test_waiters_are_served_one_at_a_time_in_arrival_order(
         nodes3: RedisNodes, make_manager: MakeManager) -> None:
     holder = make_manager(nodes3, retry_delay=SLOW_RETRY)
     waiters = [make_manager(nodes3, retry_delay=SLOW_RETRY) for _ in range(3)]
     lock = holder.lock("line")
     assert lock.acquire()
-    order: list[int] = []
-    threads = []
-
-    def wait_then_hold(i: int, mgr: Any) -> None:
-        mine = mgr.lock("line", timeout=10, auto_renew=False)
-        if mine.acquire():
-            order.append(i)
-            time.sleep(0.05)
-            mine.release()
-
-    for i, mgr in enumerate(waiters):
-        t = threading.Thread(target=wait_then_hold, args=(i, mgr))
-        t.start()
-        threads.append(t)
-        assert wait_until(lambda n=i + 1: _queued(nodes3, holder, "line") == n), "not queued"
+    line = Line(nodes3, holder, waiters, "line")
     started = time.monotonic()
     lock.release()
-    for t in threads:
-        t.join(timeout=10)
-    assert order == [0, 1, 2]
+    line.join()
+    assert [mgr for mgr, _ in line.served] == waiters
     # Three handoffs, each by notice: far below one retry delay in all.
     assert time.monotonic() - started < SLOW_RETRY
     assert _queued(nodes3, holder, "line") == 0
@@ -154,12 +183,7 @@ def test_a_waiter_that_gives_up_leaves_the_line(
 
 def test_an_entry_whose_inbox_nobody_listens_to_is_skipped(
         nodes3: RedisNodes, make_manager: MakeManager) -> None:
-    holder = make_manager(nodes3)
-    waiter = make_manager(nodes3, retry_delay=SLOW_RETRY)
-    lock = holder.lock("ghost-line")
-    assert lock.acquire()
-    live = WaitingThread(waiter, "ghost-line")
-    assert wait_until(lambda: _queued(nodes3, holder, "ghost-line") == 1)
+    holder, lock, live = one_waiting(nodes3, make_manager, "ghost-line")
     key = waiters_key(holder.key("ghost-line"))
     for url in nodes3.urls:  # dead processes' waiters stand first in line everywhere
         client = redis.Redis.from_url(str(url))
