@@ -262,11 +262,16 @@ def test_on_several_nodes_the_gate_hands_its_lock_over_and_the_waiter_asks_the_o
     held.release()
 
 
-def test_an_async_waiter_is_handed_the_lock(one_node: Any, make_manager: MakeManager,
+@pytest.mark.parametrize("n", [1, 3], ids=["1node", "3nodes"])
+def test_an_async_waiter_is_handed_the_lock(n: int, nodes3: RedisNodes,
+                                            make_manager: MakeManager,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
-
-    holder = make_manager(one_node)
-    waiter = make_manager(one_node, retry_delay=SLOW_RETRY)
+    """On one node it sends no acquire request after the release; on three it
+    asks the two nodes other than the gate (or, when the holder's release is
+    late there on a loaded machine, 2 + 3: see the thread's test above)."""
+    nodes = SimpleNamespace(urls=nodes3.urls[:n])
+    holder = make_manager(nodes)
+    waiter = make_manager(nodes, retry_delay=SLOW_RETRY)
     real_round = AsyncTransport.round
     sent = [0]
 
@@ -277,10 +282,11 @@ def test_an_async_waiter_is_handed_the_lock(one_node: Any, make_manager: MakeMan
     monkeypatch.setattr(AsyncTransport, "round", counting)
     lock = holder.lock("async-hand")
     assert lock.acquire()
+    gate = hand_over_node(holder.key("async-hand").encode(), n)
     marks: dict[str, Any] = {}
 
     def release_when_queued() -> None:
-        if wait_until(lambda: _queued(one_node, holder, "async-hand") == 1):
+        if wait_until(lambda: _queued(nodes, holder, "async-hand") == 1):
             marks["sent"] = sent[0]
             marks["released"] = time.monotonic()
         lock.release()
@@ -290,8 +296,9 @@ def test_an_async_waiter_is_handed_the_lock(one_node: Any, make_manager: MakeMan
         try:
             assert await mine.acquire()
             marks["served"] = time.monotonic()
+            marks["sent_after"] = sent[0]
             marks["fence"] = mine.fence
-            marks["stored"] = _stored(one_node, waiter, "async-hand")[0]
+            marks["stored"] = _stored(nodes, waiter, "async-hand", node=gate)[0]
             marks["token"] = mine._token
             await mine.release()
         finally:
@@ -303,7 +310,7 @@ def test_an_async_waiter_is_handed_the_lock(one_node: Any, make_manager: MakeMan
     releaser.join(timeout=10)
     assert "released" in marks, "the async waiter never queued"
     assert marks["served"] - marks["released"] < 1.0
-    assert sent[0] == marks["sent"]  # no acquire request after the release
+    assert marks["sent_after"] - marks["sent"] in ((0,) if n == 1 else (2, 5))
     assert marks["fence"] > lock.fence
     assert marks["stored"] is not None and marks["stored"].token == marks["token"]
 
