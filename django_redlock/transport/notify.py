@@ -259,7 +259,9 @@ class ReleaseNotifier:
         self.inbox = b"redlock:inbox:" + new_token().encode()
         self._subs: dict[bytes, set[Subscription]] = {}
         self._named: dict[bytes, Subscription] = {}
-        self._confirmed: dict[bytes, threading.Event] = {}
+        #: Channels whose SUBSCRIBE was queued (and not since unsubscribed):
+        #: the next waiter of one sends none of its own.
+        self._requested: set[bytes] = set()
         self._idle_since: dict[bytes, float] = {}
         self._ops: collections.deque[tuple[str, bytes]] = collections.deque()
         #: Held by the one thread that does the links' socket I/O (the reader).
@@ -306,9 +308,8 @@ class ReleaseNotifier:
             subs.add(sub)
             self._named[sub.waiter] = sub
             self._idle_since.pop(channel, None)
-            confirmed = self._confirmed.get(channel)
-            if confirmed is None:
-                confirmed = self._confirmed[channel] = threading.Event()
+            if channel not in self._requested:
+                self._requested.add(channel)
                 self._ops.append(("subscribe", channel))
                 self._ensure_thread()
                 self._nudge()
@@ -364,17 +365,9 @@ class ReleaseNotifier:
 
     def _is_confirmed(self, channel: bytes) -> bool:
         """Whether every node not known to be down confirmed ``channel`` on the
-        connection in use now (a reconnected link must confirm again).
-
-        ``_confirmed[channel]`` is set the first time this holds: it marks a
-        channel subscribed, so the next waiter sends no SUBSCRIBE of its own."""
+        connection in use now (a reconnected link must confirm again)."""
         with self._lock:
-            if not all(link.is_down() or channel in link.subscribed for link in self._links):
-                return False
-            confirmed = self._confirmed.get(channel)
-        if confirmed is not None:
-            confirmed.set()
-        return True
+            return all(link.is_down() or channel in link.subscribed for link in self._links)
 
     def _resign(self, me: Any) -> bool:
         """Give the read role up and wake a waiting thread to take it over
@@ -430,7 +423,7 @@ class ReleaseNotifier:
                 del self._idle_since[channel]
                 if not self._subs.get(channel):
                     self._subs.pop(channel, None)
-                    self._confirmed.pop(channel, None)
+                    self._requested.discard(channel)
                     self._ops.append(("unsubscribe", channel))
 
     @staticmethod
