@@ -190,11 +190,12 @@ async def _subscribe(manager: LockManager, channel: bytes, confirm: float,
 # -- rounds (the rules live in rounds.py, shared with the sync manager) --------
 async def _run(transport: AsyncTransport, steps: rounds.Steps[T]) -> T:
     """Drive a round's steps (rounds.py) with the asyncio transport, which reads
-    every reply: of each exchange's options it uses ``skip_backoff`` only."""
+    every reply: of each exchange's options it uses ``skip_backoff`` and ``last``."""
     try:
         ask = next(steps)
         while True:
-            ask = steps.send(await transport.round(ask.requests, skip_backoff=ask.skip_backoff))
+            ask = steps.send(await transport.round(ask.requests, skip_backoff=ask.skip_backoff,
+                                                   last=ask.last))
     except StopIteration as done:
         return done.value
 

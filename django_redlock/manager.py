@@ -264,7 +264,8 @@ class LockManager:
             ask = next(steps)
             while True:
                 ask = steps.send(exchange(ask.requests, skip_backoff=ask.skip_backoff,
-                                          settle=ask.settle, tag=ask.tag, final=ask.final))
+                                          settle=ask.settle, tag=ask.tag, final=ask.final,
+                                          last=ask.last))
         except StopIteration as done:
             return done.value
 

@@ -280,6 +280,17 @@ def test_a_gate_handover_asks_only_the_other_nodes_and_keeps_the_earlier_lease()
     assert done.value.value is handed
 
 
+def test_a_release_goes_to_the_hand_over_node_last() -> None:
+    """The gate's release hands the lock to a waiter that then asks the other
+    nodes at once: their releases are sent first, so they are not behind it."""
+    from django_redlock.rounds import gate_node, release_steps
+
+    key = b"redlock:order"
+    ask = next(release_steps(_Ctx3(), key, b"f", b"w", "tok", 7))
+    assert ask.last == gate_node(key, _Ctx3.nodes, 0.0) is not None
+    assert all(r is not None for r in ask.requests)
+
+
 def test_a_lost_round_after_a_gate_handover_hands_the_gates_lock_on() -> None:
     from django_redlock.rounds import AcquireResult, acquire_steps, gate_node
 

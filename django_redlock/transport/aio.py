@@ -224,7 +224,8 @@ class AsyncTransport:
         return state
 
     # -- rounds --------------------------------------------------------------
-    async def round(self, requests: Sequence[Request], *, skip_backoff: bool = True) -> list[Any]:
+    async def round(self, requests: Sequence[Request], *, skip_backoff: bool = True,
+                    last: int | None = None) -> list[Any]:
         """Ask node i ``requests[i]`` (None: do not ask it); return answers or errors.
 
         Each result is the node's reply, a :class:`NodeError` (no answer in time)
@@ -236,6 +237,7 @@ class AsyncTransport:
         reading in order costs nothing and needs no task per node. Only nodes
         without an open connection are connected first, concurrently. A round
         that is cancelled disconnects every connection it had not finished with.
+        ``last``: a node to send to after the others.
         """
         state = await self._conns()
         nodes = self.nodes
@@ -269,6 +271,8 @@ class AsyncTransport:
                     # The connect had its own timeout; the exchange gets the full one.
                     deadlines[i] = self.clock() + nodes[i].timeout
             live = [i for i in asked if results[i] is None]
+            if last in live:
+                live = [i for i in live if i != last] + [last]
             for i in live:
                 results[i] = await self._send(nodes[i], conns[i], requests[i], deadlines[i])
             for i in live:

@@ -358,7 +358,8 @@ class SyncTransport:
         self.clock = clock
 
     def round(self, requests: Sequence[Request], *, skip_backoff: bool = True,
-              settle: Settle | None = None, tag: Any = None, final: bool = False) -> list[Any]:
+              settle: Settle | None = None, tag: Any = None, final: bool = False,
+              last: int | None = None) -> list[Any]:
         """Ask node i ``requests[i]`` (None: do not ask it); return answers or errors.
 
         Each result is the node's reply, a :class:`NodeError` (no answer in time) or
@@ -369,7 +370,7 @@ class SyncTransport:
         ``tag``, the lock token the round is for, keeps that token's requests in
         order on each node (:meth:`NodeClient.checkout`); ``final`` says no
         round of that token follows (a release), so what it leaves owed is
-        nobody's.
+        nobody's. ``last``: a node to send to after the others.
         """
         nodes = self.nodes
         n = len(nodes)
@@ -384,7 +385,10 @@ class SyncTransport:
             # (re)connect is asked after them, so a black-holed node stalling in
             # its connect handshake cannot hold back the healthy nodes' requests.
             fresh: list[int] = []
-            for i in range(n):
+            order: Sequence[int] = range(n)
+            if last is not None:
+                order = [i for i in range(n) if i != last] + [last]
+            for i in order:
                 if requests[i] is None:
                     continue
                 node = nodes[i]
