@@ -362,8 +362,10 @@ def test_a_handover_is_used_only_when_it_is_provably_fresh_and_long_enough() -> 
     # Less than half the lease provable: an attempt renews it instead.
     assert take(b"42|7001", ttl=1.0, drift=0.4) is None
     assert take(b"42|7001", now=110.0) is None
-    # Not a handover notice at all.
+    # Not a handover notice at all; nor what an older version's release
+    # publishes when it pops an entry in the hand-over form (the entry's rest).
     assert take(b"garbage") is None and take(b"42|") is None
+    assert take(b'10000|1|{"host":"web-3","since":1795301668.316}') is None
 
 
 def test_a_hand_over_entry_carries_lease_fencing_and_owner() -> None:
