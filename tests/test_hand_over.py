@@ -134,6 +134,9 @@ def test_a_waiter_that_is_gone_is_not_handed_the_lock(one_node: Any,
         for i in range(3):
             client.lpush(waiters_key(holder.key("ghost-hand")),
                          b"redlock:inbox:gone-%d|dead-token-%d|30000|1|{}" % (i, i))
+        # and a corrupt one (a lease of 0 would fail the script's SET, after
+        # its DEL: the lock free, nobody woken)
+        client.lpush(waiters_key(holder.key("ghost-hand")), b"redlock:inbox:gone|t|0|1|{}")
     finally:
         client.close()
     released = time.monotonic()

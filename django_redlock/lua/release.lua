@@ -39,7 +39,7 @@ if ARGV[4] == '1' then
     local inbox, rest = string.match(entry, '^([^|]*)|(.*)$')
     if inbox then
       local token, lease, fenced, owner = string.match(rest, '^([^|]*)|(%d+)|([01])|(.*)$')
-      if token then
+      if token and tonumber(lease) > 0 then  -- (a lease of 0 would fail the SET)
         local fence, now = '0', nil
         if fenced == '1' then
           fence, now = issue_fence(KEYS[2], ARGV[3])
