@@ -20,7 +20,7 @@ import redis
 
 from django_redlock.testing import RedisNodes
 from tests.polling import wait_until
-from tests.test_waiters import SLOW_RETRY, WaitingThread, _count_rounds, _queued
+from tests.test_waiters import SLOW_RETRY, WaitingThread, _count_rounds, _queued, one_waiting
 
 MakeManager = Callable[..., Any]
 BY_NOTICE = 1.0  # a handoff by notice takes milliseconds; a missed one takes SLOW_RETRY
@@ -186,13 +186,9 @@ def test_a_subscription_is_confirmed_by_every_live_node_before_it_returns(
 
 def test_a_reader_whose_connections_drop_is_woken_and_then_served_by_notice(
         nodes3: RedisNodes, make_manager: MakeManager) -> None:
-    holder = make_manager(nodes3)
-    waiter = make_manager(nodes3, retry_delay=SLOW_RETRY)
-    lock = holder.lock("dropped")
-    assert lock.acquire()
-    rounds = _count_rounds(waiter)
-    waiting = WaitingThread(waiter, "dropped", timeout=15)
-    assert wait_until(lambda: _queued(nodes3, holder, "dropped") == 1)
+    holder, lock, waiting = one_waiting(nodes3, make_manager, "dropped", timeout=15)
+    waiter = waiting._lock.manager
+    rounds = _count_rounds(waiter)  # counted from here: the test reads differences
     assert wait_until(lambda: waiter.notifier._reader is not None)  # the waiter reads
     before = rounds[0]
     for url in nodes3.urls:  # the server closes every pub/sub connection

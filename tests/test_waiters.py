@@ -64,17 +64,17 @@ class WaitingThread:
         return self.served_at - released
 
 
-def one_waiting(nodes: Any, make_manager: MakeManager, name: str,
+def one_waiting(nodes: Any, make_manager: MakeManager, name: str, *, timeout: float = 10.0,
                 **waiter_options: Any) -> tuple[Any, Any, WaitingThread]:
     """A holder holds ``name`` and one waiter (its own manager: its own process,
-    retry delay ``SLOW_RETRY`` unless given) stands in line for it. Returns
-    (holder manager, held lock, the waiting thread)."""
+    retry delay ``SLOW_RETRY`` unless given) stands in line for it, for at most
+    ``timeout`` s. Returns (holder manager, held lock, the waiting thread)."""
     waiter_options.setdefault("retry_delay", SLOW_RETRY)
     holder = make_manager(nodes)
     waiter = make_manager(nodes, **waiter_options)
     lock = holder.lock(name)
     assert lock.acquire()
-    waiting = WaitingThread(waiter, name)
+    waiting = WaitingThread(waiter, name, timeout=timeout)
     assert wait_until(lambda: _queued(nodes, holder, name) == 1), "not queued"
     return holder, lock, waiting
 
