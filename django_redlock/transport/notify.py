@@ -433,6 +433,15 @@ class ReleaseNotifier:
         except OSError:  # buffer full (the other side is awake anyway) or closed
             pass
 
+    @staticmethod
+    def _empty(sock: socket.socket) -> None:
+        """Read a non-blocking wake-up socket (written by ``_poke``) until it is empty."""
+        try:
+            while sock.recv(4096):
+                pass
+        except (BlockingIOError, InterruptedError):
+            pass
+
     def _kick(self) -> None:
         """Interrupt the reader's select(), if someone reads."""
         self._poke(self._kick_w)
@@ -492,11 +501,7 @@ class ReleaseNotifier:
         self._wake_named()
         for key, _ in sel.select(timeout=timeout):
             if key.data is None:
-                try:
-                    while self._kick_r.recv(4096):
-                        pass
-                except (BlockingIOError, InterruptedError):
-                    pass
+                self._empty(self._kick_r)
             else:
                 self._drain(key.data)
 
@@ -556,8 +561,7 @@ class ReleaseNotifier:
 
     def _send(self, link: _Link, *args: Any) -> None:
         try:
-            link.sock.setblocking(True)
-            link.sock.settimeout(link.node.timeout)
+            link.sock.settimeout(link.node.timeout)  # blocking, bounded, for the send
             link.sock.sendall(pack(*args))
             link.sock.setblocking(False)
         except NODE_DOWN_ERRORS:
@@ -678,11 +682,7 @@ class ReleaseNotifier:
         try:
             sel.register(self._wake_r, selectors.EVENT_READ)
             if sel.select(timeout=timeout):
-                try:
-                    while self._wake_r.recv(4096):
-                        pass
-                except (BlockingIOError, InterruptedError):
-                    pass
+                self._empty(self._wake_r)
         finally:
             sel.close()
 
