@@ -51,15 +51,17 @@ logger = logging.getLogger("django_redlock.manager")
 _managers: "weakref.WeakSet[LockManager]" = weakref.WeakSet()
 
 #: How long a process that just woke other processes' waiters by a release lets
-#: them go first before its own next attempt on the same lock. Since a release
-#: hands the lock to the first in line, nobody can take it from that waiter;
-#: what this bounds is how long the others may pass it between themselves
-#: without a wake-up: the last in line, finding nobody behind it, releases
-#: and re-takes the lock at the cost of two round trips, until the ones that
-#: stepped back come back and queue (each time it hands over, it steps back
-#: in turn). Longer: more such cheap turns (throughput), and a process that
-#: re-acquires in a loop waits that much longer for its next turn
-#: (docs/performance.rst has the A/Bs of 2, 4 and 8 ms).
+#: them go first before its own next attempt on the same lock. A release that
+#: only woke a waiter (one queued by an older version) leaves the lock free,
+#: and this keeps the releaser, already awake, from taking it first. One that
+#: handed the lock over (the usual case) leaves nothing to take; there this
+#: bounds how long the others pass the lock between themselves without a
+#: wake-up: the last in line, finding nobody behind it, releases and re-takes
+#: the lock at the cost of two round trips, until the ones that stepped back
+#: queue again (each time it hands over, it steps back in turn). Longer: more
+#: such cheap turns (throughput), and a process that re-acquires in a loop
+#: waits that much longer for its next turn (docs/performance.rst has the A/Bs
+#: of 2, 4 and 8 ms).
 HANDOFF_YIELD = 0.004
 #: Pending step-backs kept before the ones already over are swept (each entry is
 #: removed when this process next acquires the key, which may be never).
