@@ -52,7 +52,7 @@ _managers: "weakref.WeakSet[LockManager]" = weakref.WeakSet()
 
 #: How long a process that just woke other processes' waiters by a release lets
 #: them go first before its own next attempt on the same lock. A release that
-#: only woke a waiter (one queued by an older version) leaves the lock free,
+#: only woke a waiter (say, one queued by an older version) leaves the lock free,
 #: and this keeps the releaser, already awake, from taking it first. One that
 #: handed the lock over (the usual case) leaves nothing to take; there this
 #: bounds how long the others pass the lock between themselves without a
