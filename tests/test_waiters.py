@@ -379,3 +379,71 @@ def test_a_stale_copy_on_the_gate_node_does_not_stall_an_async_waiter(
         return took
 
     assert asyncio.run(scenario()) < 2.0
+
+
+
+def _take_turns(urls: list[str], name: str, start_at: float, seconds: float,
+                out: Any) -> None:
+    """One process of the test below: acquire, GET/SET a counter, release, in a
+    loop from ``start_at`` (CLOCK_MONOTONIC, shared by the processes) for
+    ``seconds``, at most 5,000 turns; puts (turns, error or None) on ``out``."""
+    from django_redlock import LockManager
+
+    mgr = LockManager(urls, retry_delay=0.5, node_timeout=2.0)
+    counter = redis.Redis.from_url(urls[0])
+    turns, error = 0, None
+    try:
+        time.sleep(max(0.0, start_at - time.monotonic()))
+        while time.monotonic() < start_at + seconds and turns < 5000:
+            lock = mgr.lock(name, timeout=5)
+            if not lock.acquire():
+                error = "not acquired within 5 s"
+                break
+            try:
+                counter.set(name + ":n", int(counter.get(name + ":n") or 0) + 1)
+                turns += 1
+            finally:
+                lock.release()
+    except Exception as e:  # noqa: BLE001 - reported to the test
+        error = f"{type(e).__name__}: {e}"
+    finally:
+        counter.close()
+        mgr.close()
+    out.put((turns, error))
+
+
+def test_processes_looping_on_one_lock_all_get_their_turns(nodes3: RedisNodes) -> None:
+    """Three processes acquire, update a plain GET/SET counter and release in a
+    loop. Each gets a fair share: the release hands the lock to the first in
+    line, so the releaser, awake while the waiter it woke is still waking up,
+    cannot take the lock back at once (with a release that only wakes and no
+    step-back, the smallest share measured 0.38-0.41 of the mean; with the
+    handover, 0.95 or more). No two holds overlap: the counter equals the
+    turns taken. Bounded: 2 s and 5,000 turns per process."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    out = ctx.Queue()
+    urls = [str(url) for url in nodes3.urls]
+    start_at = time.monotonic() + 3.0  # spawned children import and connect first
+    procs = [ctx.Process(target=_take_turns, args=(urls, "turns", start_at, 2.0, out),
+                         daemon=True) for _ in range(3)]
+    for p in procs:
+        p.start()
+    try:
+        results = [out.get(timeout=30) for _ in procs]
+    finally:
+        for p in procs:
+            p.join(timeout=10)
+            if p.is_alive():
+                p.terminate()
+    turns = [t for t, _ in results]
+    assert not [e for _, e in results if e], results
+    counter = redis.Redis.from_url(urls[0])
+    try:
+        assert int(counter.get("turns:n") or 0) == sum(turns)
+    finally:
+        counter.close()
+    mean = sum(turns) / len(turns)
+    assert mean > 50, turns
+    assert min(turns) >= 0.6 * mean, f"a process was starved of turns: {turns}"
