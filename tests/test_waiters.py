@@ -381,20 +381,20 @@ def test_a_stale_copy_on_the_gate_node_does_not_stall_an_async_waiter(
     assert asyncio.run(scenario()) < 2.0
 
 
-
-def _take_turns(urls: list[str], name: str, start_at: float, seconds: float,
-                out: Any) -> None:
-    """One process of the test below: acquire, GET/SET a counter, release, in a
-    loop from ``start_at`` (CLOCK_MONOTONIC, shared by the processes) for
-    ``seconds``, at most 5,000 turns; puts (turns, error or None) on ``out``."""
+def _take_turns(urls: list[str], name: str, start: Any, seconds: float, out: Any) -> None:
+    """One process of the test below: once every process is ready (``start``, a
+    barrier), acquire, GET/SET a counter, release, in a loop for ``seconds``, at
+    most 5,000 turns; puts (turns, error or None) on ``out``."""
     from django_redlock import LockManager
 
     mgr = LockManager(urls, retry_delay=0.5, node_timeout=2.0)
     counter = redis.Redis.from_url(urls[0])
     turns, error = 0, None
     try:
-        time.sleep(max(0.0, start_at - time.monotonic()))
-        while time.monotonic() < start_at + seconds and turns < 5000:
+        counter.ping()
+        start.wait(timeout=30)
+        end = time.monotonic() + seconds
+        while time.monotonic() < end and turns < 5000:
             lock = mgr.lock(name, timeout=5)
             if not lock.acquire():
                 error = "not acquired within 5 s"
@@ -414,24 +414,24 @@ def _take_turns(urls: list[str], name: str, start_at: float, seconds: float,
 
 def test_processes_looping_on_one_lock_all_get_their_turns(nodes3: RedisNodes) -> None:
     """Three processes acquire, update a plain GET/SET counter and release in a
-    loop. Each gets a fair share: the release hands the lock to the first in
-    line, so the releaser, awake while the waiter it woke is still waking up,
-    cannot take the lock back at once (with a release that only wakes and no
-    step-back, the smallest share measured 0.38-0.41 of the mean; with the
-    handover, 0.95 or more). No two holds overlap: the counter equals the
-    turns taken. Bounded: 2 s and 5,000 turns per process."""
+    loop. Each gets a fair share: a release hands the lock to the first in
+    line and wakes it, and the releaser steps back (manager.HANDOFF_YIELD). Its
+    smallest share measured 0.90-0.98 of the mean; with releases that wake
+    nobody (waiters left to their retry timers), one process got 1 turn in the
+    2 s while another got over 3,000. No two holds overlap: the counter equals
+    the turns taken. Bounded: 2 s and 5,000 turns per process."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
     out = ctx.Queue()
     urls = [str(url) for url in nodes3.urls]
-    start_at = time.monotonic() + 3.0  # spawned children import and connect first
-    procs = [ctx.Process(target=_take_turns, args=(urls, "turns", start_at, 2.0, out),
+    start = ctx.Barrier(3)  # spawned children import and connect first
+    procs = [ctx.Process(target=_take_turns, args=(urls, "turns", start, 2.0, out),
                          daemon=True) for _ in range(3)]
     for p in procs:
         p.start()
     try:
-        results = [out.get(timeout=30) for _ in procs]
+        results = [out.get(timeout=60) for _ in procs]
     finally:
         for p in procs:
             p.join(timeout=10)
