@@ -238,14 +238,13 @@ class LockManager:
             node.reset_backoff()
 
     def _note_release(self, key: bytes, woken: int) -> None:
-        """After a release that woke a waiter, step back briefly.
+        """After a release that woke a waiter or handed it the lock, step back.
 
-        Without it, a process that releases and re-acquires in a loop wins almost
-        every time (it is awake; the woken waiter is still waking up), and the
-        others starve. Its next acquire of this key then sleeps HANDOFF_YIELD and
-        joins the waiter queue at the back (``Lock.acquire``). Letting it win a
-        few times in a row first (Go's mutex does) measured no faster: every
-        such win costs the woken waiter a failed attempt.
+        This process's next acquire of this key then sleeps what is left of
+        HANDOFF_YIELD (why, and why that long: its comment) and joins the
+        waiter queue at the back (``Lock.acquire``). Letting it win a few times
+        in a row first (Go's mutex does) measured no faster: every such win
+        costs the woken waiter a failed attempt.
         """
         if woken:
             now = self.clock()
