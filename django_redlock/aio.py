@@ -62,13 +62,14 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from django.dispatch import Signal
 
 from . import rounds, signals
+from .core.arguments import check_ttl
 from .exceptions import (
     LockLost,
     LockNotOwned,
     QuorumUnavailable,
     RedlockError,
 )
-from .lock import _HELD, _LOST, _UNLOCKED, Attempt, Lock, LockBase, Subscribe
+from .lock import _HELD, _LOST, _UNLOCKED, Attempt, Lock, LockBase, Pause, Subscribe
 from .rounds import AcquireResult, ExtendResult, ReleaseResult
 
 if TYPE_CHECKING:
@@ -282,6 +283,9 @@ class AsyncLock(LockBase):
         """
         mgr = self.manager
         started, deadline, token, owner, ttl_ms, pause = self._start_acquire(blocking, timeout)
+        stale = self._end_stale_hold()
+        if stale is not None:
+            await self._report_lost(*stale)
         if pause:
             # We just handed the lock over: go straight into the line (Lock.acquire).
             await asyncio.sleep(pause)
@@ -310,8 +314,14 @@ class AsyncLock(LockBase):
                                                            self._fence_key_b,
                                                            self._waiters_key_b, token, 0))
                             raise
-                        if not answer.acquired:
-                            refusal = answer
+                        except QuorumUnavailable as e:
+                            answer = e  # the plan decides: retry or raise
+                        else:
+                            if not answer.acquired:
+                                refusal = answer
+                    elif type(step) is Pause:
+                        await asyncio.sleep(step.seconds)
+                        answer = None
                     elif type(step) is Subscribe:
                         answer = waiter = await _subscribe(
                             mgr, self._key_b, step.confirm, token.encode(),
@@ -452,7 +462,7 @@ class AsyncLock(LockBase):
         :class:`QuorumUnavailable` when too few nodes answered (the lock is still
         held until its current lease ends; the renewal task keeps trying).
         """
-        new_ttl = self.ttl if ttl is ... else float(ttl)
+        new_ttl = self.ttl if ttl is ... else check_ttl(ttl)  # before anything is sent
         async with self._io:
             if self._state != _HELD or self._pid != os.getpid():
                 raise LockNotOwned(f"lock {self.name!r} is not held by this object",
@@ -480,6 +490,8 @@ class AsyncLock(LockBase):
         if result.extended:
             self._valid_until = result.valid_until
             return "ok", ""
+        if result.valid_until:  # some node took a shorter lease (rounds.tally_extend)
+            self._valid_until = min(self._valid_until, result.valid_until)
         if result.lost or self._valid_until <= mgr.clock():
             await self._mark_lost(result.reason)
             return "lost", result.reason

@@ -28,6 +28,7 @@ from types import EllipsisType, TracebackType
 from typing import TYPE_CHECKING, Any, Generator, NamedTuple, Union
 
 from . import rounds, signals
+from .core.arguments import check_timeout, check_ttl
 from .core.keys import fence_key, lock_key, validate_name, waiters_key
 from .core.owner import new_token, owner_json
 from .exceptions import LockLost, LockNotAcquired, LockNotOwned, QuorumUnavailable, RedlockError
@@ -63,7 +64,24 @@ class Wait(NamedTuple):
     seconds: float
 
 
-Step = Union[Attempt, Subscribe, Wait]
+class Pause(NamedTuple):
+    """Sleep ``seconds`` (no notice can help: the last attempt reached no
+    quorum); answer with anything."""
+
+    seconds: float
+
+
+Step = Union[Attempt, Subscribe, Wait, Pause]
+
+#: Attempts in a row that may reach no quorum before ``QuorumUnavailable`` is
+#: raised (each is bounded by the node timeouts; the caller's deadline still
+#: ends the wait first). One slow reply or a connection set-up that lost a race
+#: on a loaded machine is not an outage: such an attempt is retried after a
+#: jittered RETRY_DELAY. An outage is the same nodes failing twice in a row,
+#: and is raised then, so a lasting outage costs two attempts and one delay
+#: (the bound docs/reliability.rst gives); a changing set of failures, at most
+#: this many attempts.
+UNAVAILABLE_ATTEMPTS = 3
 #: Yields steps, receives their answers, returns the winning result or None
 #: when the wait ran out.
 AcquirePlan = Generator[Step, Any, "AcquireResult | None"]
@@ -100,6 +118,9 @@ class LockBase:
         self._acquired_at = 0.0
         self._pid = 0
         self._lost_reason = ""
+        #: What held the key at the last refusal when it was not a lock
+        #: (rounds.obstacle), for the busy error.
+        self._obstacle = ""
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} {self._state} fence={self.fence}>"
@@ -127,10 +148,12 @@ class LockBase:
         long to step back before the first attempt, because this process just woke
         other processes' waiters for this lock (``LockManager._note_release``).
         """
-        if self._state == _HELD and self._pid == os.getpid():
+        wait_for = self.timeout if timeout is ... else check_timeout(timeout)
+        if not isinstance(blocking, bool):
+            raise ValueError(f"blocking must be True or False, not {blocking!r}")
+        if self._state != _UNLOCKED and self._pid == os.getpid() and self.owned():
             raise RedlockError(f"lock {self.name!r} is already held by this object "
                                f"(locks are not reentrant)", lock_name=self.name)
-        wait_for = self.timeout if timeout is ... else timeout
         if not blocking:
             wait_for = 0
         started = self.manager.clock()
@@ -142,6 +165,27 @@ class LockBase:
                 pause = min(pause, deadline - started)
         return (started, deadline, new_token(), owner_json(self.label),
                 max(1, int(self.ttl * 1000)), pause)
+
+    def _end_stale_hold(self) -> tuple[str, float] | None:
+        """Forget a hold whose lease ran out (or that was lost) without ``release()``.
+
+        ``acquire()`` on such an object acquires anew (as redis-py's does)
+        instead of calling it "already held". Returns ``(reason, held)`` when
+        the loss was never reported (a lease that ran out with
+        ``auto_renew=False`` and no release): the caller reports it, as
+        ``release()`` would have; None otherwise. The old key needs no
+        clean-up: its lease is over on the nodes too (validity is conservative).
+        """
+        if self._state == _UNLOCKED or self._pid != os.getpid() or self.owned():
+            return None
+        owed = None
+        if self._state == _HELD:
+            owed = ("the lease ran out without release(); acquiring again",
+                    self.manager.clock() - self._acquired_at)
+        self._state = _UNLOCKED
+        self._token = ""
+        self._valid_until = 0.0
+        return owed
 
     def _acquire_plan(self, deadline: float | None, in_line: bool) -> AcquirePlan:
         """The waiting rules of an acquire, without its I/O: both flavours run
@@ -155,11 +199,31 @@ class LockBase:
         if in_line:
             yield Subscribe(mgr.node_timeout)
         woken = ask_all = False
+        unavailable = 0  # attempts in a row that reached no quorum
+        failed_before: set[str] | None = None  # the nodes that failed the last of them
+        self._obstacle = ""
         while True:
             result = yield Attempt(woken, ask_all)
+            remaining = None if deadline is None else deadline - mgr.clock()
+            if isinstance(result, QuorumUnavailable):
+                # A transient failure (a slow reply, a lost connect race) is
+                # retried within the caller's wait; the same nodes failing
+                # twice in a row are an outage (UNAVAILABLE_ATTEMPTS).
+                unavailable += 1
+                failed = set(result.errors)
+                if unavailable >= UNAVAILABLE_ATTEMPTS or failed == failed_before or \
+                        remaining is not None and remaining <= 0:
+                    raise result
+                failed_before = failed
+                yield Pause(mgr.next_wait(remaining, None))
+                woken = ask_all = False
+                continue
+            unavailable, failed_before = 0, None
             if result.acquired:
                 return result
-            remaining = None if deadline is None else deadline - mgr.clock()
+            if result.obstacle and result.obstacle != self._obstacle:
+                logger.warning("lock %r: %s", self.name, result.obstacle)
+            self._obstacle = result.obstacle
             if remaining is not None and remaining <= 0:
                 self.retry_after = result.holder_ttl if result.holder_ttl is not None \
                     else mgr.retry_delay
@@ -204,7 +268,8 @@ class LockBase:
     def _busy_error(self) -> LockNotAcquired:
         return LockNotAcquired(
             f"lock {self.name!r} is busy: not acquired within "
-            f"{'no' if self.timeout is None else format(self.timeout, 'g')} s",
+            f"{'no' if self.timeout is None else format(self.timeout, 'g')} s"
+            + (f"; {self._obstacle}" if self._obstacle else ""),
             lock_name=self.name, retry_after=self.retry_after)
 
     def __getstate__(self) -> Any:
@@ -238,6 +303,10 @@ class Lock(LockBase):
         """
         mgr = self.manager
         started, deadline, token, owner, ttl_ms, pause = self._start_acquire(blocking, timeout)
+        with self._io:  # the renewal thread reads the state under it
+            stale = self._end_stale_hold()
+        if stale is not None:
+            self._report_lost(*stale)
         if pause:
             # We just handed the lock over: the others are queued, so skip the
             # attempt that would find it busy and go straight into the line.
@@ -251,15 +320,22 @@ class Lock(LockBase):
                 step = next(plan)
                 while True:
                     if type(step) is Attempt:
-                        answer: Any = mgr._acquire_round(
-                            self._key_b, self._fence_key_b, self._waiters_key_b, token, ttl_ms,
-                            owner, self.fencing, self.ttl, lock_name=self.name,
-                            waiter=subscription.entry if subscription else b"",
-                            hand_over=subscription.hand_over_entry if subscription else b"",
-                            woken=step.woken, ask_all=step.ask_all,
-                            handed=self._take_handover(subscription, refusal))
-                        if not answer.acquired:
-                            refusal = answer
+                        try:
+                            answer: Any = mgr._acquire_round(
+                                self._key_b, self._fence_key_b, self._waiters_key_b, token,
+                                ttl_ms, owner, self.fencing, self.ttl, lock_name=self.name,
+                                waiter=subscription.entry if subscription else b"",
+                                hand_over=subscription.hand_over_entry if subscription else b"",
+                                woken=step.woken, ask_all=step.ask_all,
+                                handed=self._take_handover(subscription, refusal))
+                        except QuorumUnavailable as e:
+                            answer = e  # the plan decides: retry or raise
+                        else:
+                            if not answer.acquired:
+                                refusal = answer
+                    elif type(step) is Pause:
+                        time.sleep(step.seconds)
+                        answer = None
                     elif type(step) is Subscribe:
                         answer = subscription = mgr.notifier.subscribe(
                             self._key_b, step.confirm, waiter=token.encode(),
@@ -356,7 +432,7 @@ class Lock(LockBase):
         :class:`QuorumUnavailable` when too few nodes answered (the lock is still
         held until its current lease ends; the renewal thread keeps trying).
         """
-        new_ttl = self.ttl if ttl is ... else float(ttl)
+        new_ttl = self.ttl if ttl is ... else check_ttl(ttl)  # before anything is sent
         with self._io:
             if self._state != _HELD or self._pid != os.getpid():
                 raise LockNotOwned(f"lock {self.name!r} is not held by this object",
@@ -380,6 +456,8 @@ class Lock(LockBase):
         if result.extended:
             self._valid_until = result.valid_until
             return "ok", ""
+        if result.valid_until:  # some node took a shorter lease (rounds.tally_extend)
+            self._valid_until = min(self._valid_until, result.valid_until)
         if result.lost or self._valid_until <= mgr.clock():
             self._mark_lost(result.reason)
             return "lost", result.reason

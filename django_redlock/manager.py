@@ -31,6 +31,7 @@ from django.core.exceptions import ImproperlyConfigured
 
 from . import rounds
 from .core import quorum as q
+from .core.arguments import check_max_hold, check_timeout, check_ttl
 from .core.config import DEFAULTS, NodeSpec, check_options, parse_nodes, resolve_options
 from .core.keys import lock_key, validate_name
 from .core.retry import next_wait
@@ -154,18 +155,22 @@ class LockManager:
              timeout: float | None | EllipsisType = ..., auto_renew: bool | EllipsisType = ...,
              fencing: bool = True, max_hold: float | None | EllipsisType = ...,
              label: str | None = None) -> Lock:
-        """A lock on ``name`` (not yet acquired). Options left out use the manager's."""
-        if ttl is not ... and not (isinstance(ttl, (int, float)) and ttl > 0):
-            raise ValueError(f"ttl must be a positive number of seconds, not {ttl!r}")
-        if timeout is not ... and timeout is not None and not (
-                isinstance(timeout, (int, float)) and timeout >= 0):
-            raise ValueError(f"timeout must be None, 0 or a positive number, not {timeout!r}")
+        """A lock on ``name`` (not yet acquired). Options left out use the manager's.
+
+        Every argument is checked here, before anything is sent
+        (:mod:`django_redlock.core.arguments`): a bad one raises ``ValueError``
+        naming it and its range.
+        """
+        if not isinstance(fencing, bool):
+            raise ValueError(f"fencing must be True or False, not {fencing!r}")
+        if auto_renew is not ... and not isinstance(auto_renew, bool):
+            raise ValueError(f"auto_renew must be True or False, not {auto_renew!r}")
         return Lock(self, name,
-                    ttl=self.ttl if ttl is ... else float(ttl),
-                    timeout=self.timeout if timeout is ... else timeout,
-                    auto_renew=self.auto_renew if auto_renew is ... else bool(auto_renew),
+                    ttl=self.ttl if ttl is ... else check_ttl(ttl),
+                    timeout=self.timeout if timeout is ... else check_timeout(timeout),
+                    auto_renew=self.auto_renew if auto_renew is ... else auto_renew,
                     fencing=fencing,
-                    max_hold=self.max_hold if max_hold is ... else max_hold,
+                    max_hold=self.max_hold if max_hold is ... else check_max_hold(max_hold),
                     label=label)
 
     def alock(self, name: str, *, ttl: float | EllipsisType = ...,

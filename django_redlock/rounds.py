@@ -52,6 +52,9 @@ class AcquireResult:
     #: hands over later is timed from these (:func:`handed_over`). 0: unknown.
     asked_at: float = 0.0
     queued_ms: int = 0
+    #: A refused round that found something no lock wrote at the key, or a
+    #: key with no expiry: what is in the way, for the caller's error.
+    obstacle: str = ""
 
 
 @dataclass
@@ -70,10 +73,17 @@ class AcquireTally:
     queued_at: list[bool] = field(default_factory=list)
     #: The hand-over node's clock (ms) when it queued a waiter (0: it did not).
     queued_ms: int = 0
+    #: Busy nodes whose key has no expiry (a raw SET, a PERSIST): no lock's.
+    no_expiry: int = 0
+    #: Busy nodes whose key holds a value no lock wrote (acquire.lua's flag).
+    foreign: dict[str, int] = field(default_factory=dict)
+    #: Nodes that answered with an error reply (READONLY, OOM...): they are
+    #: up, but cannot take part; counted apart from the silent ones.
+    error_replies: int = 0
 
     @property
     def answered(self) -> int:
-        return self.ok + len(self.busy_ttls)
+        return self.ok + len(self.busy_ttls) + self.no_expiry
 
 
 @dataclass
@@ -91,17 +101,23 @@ class ReleaseResult:
 @dataclass
 class ExtendResult:
     extended: bool
+    #: Extended: the new end of the lease. Not extended: where some node did
+    #: apply the new lease, the latest the lease can now be trusted to last
+    #: (:func:`tally_extend`); 0.0 when no node applied it.
     valid_until: float = 0.0
     lost: bool = False
     reason: str = ""
 
 
 def quorum_error(what: str, n_nodes: int, answered: int, errors: dict[str, str],
-                 lock_name: str | None) -> QuorumUnavailable:
+                 lock_name: str | None, error_replies: int = 0) -> QuorumUnavailable:
+    """``error_replies``: nodes that answered, but with an error (READONLY, OOM...):
+    said apart, since such a node is up and needs a different fix than a dead one."""
     needed = q.quorum(n_nodes)
     detail = "; ".join(f"{node}: {why}" for node, why in errors.items())
+    also = f", {error_replies} more answered with an error" if error_replies else ""
     return QuorumUnavailable(
-        f"{what}: {answered} of {n_nodes} nodes answered, {needed} needed"
+        f"{what}: {answered} of {n_nodes} nodes answered, {needed} needed{also}"
         + (f" ({detail})" if detail else ""),
         lock_name=lock_name, answered=answered, needed=needed, errors=errors)
 
@@ -162,16 +178,69 @@ def tally_acquire(replies: Sequence[Any], node_names: Sequence[str],
                 tally.ok += 1
                 tally.maybe_ours[i] = True
             else:
-                tally.busy_ttls.append(max(0, int(reply[1])) / 1000.0)
+                pttl = int(reply[1])
+                if pttl < 0:
+                    # No expiry: not a lock's key. Counting it as "0 ms left"
+                    # made waiters retry every millisecond, forever.
+                    tally.no_expiry += 1
+                else:
+                    tally.busy_ttls.append(pttl / 1000.0)
                 tally.queued_at[i] = True
+                if len(reply) > 3 and reply[3]:
+                    tally.foreign[node_names[i]] = int(reply[3])
                 if i == clock_node and len(reply) > 2:  # it queued a waiter: its clock then
                     tally.queued_ms = int(reply[2])
         elif isinstance(reply, NodeError):
             tally.errors[reply.node] = reply.reason
             tally.maybe_ours[i] = reply.sent
+        elif isinstance(reply, Exception):
+            # The node is up and said no: READONLY (a replica), OOM (maxmemory
+            # with noeviction), a script error... say what it said.
+            tally.errors[node_names[i]] = error_reply_reason(reply)
+            tally.error_replies += 1
         else:
             tally.errors[node_names[i]] = f"unexpected reply: {reply!r}"[:160]
     return tally
+
+
+#: What an error reply from a node means for a lock, by its first word.
+_ERROR_MEANINGS = {
+    "READONLY": "it is a read-only replica; Redlock nodes must be masters",
+    "OOM": "it is out of memory (maxmemory with noeviction)",
+    "NOPERM": "the connection's ACL user may not run the lock's scripts or keys",
+    "NOAUTH": "it needs a password",
+    "MASTERDOWN": "it is a replica that lost its master",
+    "LOADING": "it is still loading its data set",
+    "BUSY": "a script is running too long on it",
+}
+
+
+def error_reply_reason(reply: BaseException) -> str:
+    """A node's error reply, said as what it means: the node answered, with an error."""
+    text = str(reply).strip()
+    word = text.split(" ", 1)[0]
+    meaning = _ERROR_MEANINGS.get(word)
+    text = text if len(text) <= 120 else text[:117] + "..."
+    return f"answered with an error ({meaning}): {text}" if meaning \
+        else f"answered with an error: {text}"
+
+
+_FOREIGN_KINDS = {1: "a value of another type (not a string)",
+                  2: "a string not written by a lock"}
+
+
+def obstacle(tally: AcquireTally, key: bytes) -> str:
+    """What holds the key, when it is not a lock: for the waiter's error and log."""
+    parts = []
+    for node, kind in tally.foreign.items():
+        parts.append(f"{node} has {_FOREIGN_KINDS.get(kind, 'a foreign value')}")
+    if tally.no_expiry:
+        parts.append(f"{tally.no_expiry} node(s) have it with no expiry")
+    if not parts:
+        return ""
+    return (f"key {key.decode(errors='replace')!r} is held by something other than a lock "
+            f"({'; '.join(parts)}); it will not expire by itself: remove it (manage.py locks "
+            f"show names it)")
 
 
 def gate_node(key: bytes, nodes: Sequence[Any], now: float) -> int | None:
@@ -213,11 +282,18 @@ def waiter_entries(key: bytes, n_nodes: int, entry: bytes, hand_over: bytes) -> 
     return [hand_over if i == h else entry for i in range(n_nodes)]
 
 
-def busy_at_gate(reply: Any, start: float) -> AcquireResult | None:
+def busy_at_gate(reply: Any, start: float, node_name: str = "", key: bytes = b"") -> AcquireResult | None:
     """The refused result when the gate node says the lock is held, else None."""
     if isinstance(reply, list) and len(reply) >= 2 and reply[0] == 0:
-        return AcquireResult(False, holder_ttl=max(0, int(reply[1])) / 1000.0, at_gate=True,
-                             asked_at=start, queued_ms=int(reply[2]) if len(reply) > 2 else 0)
+        pttl = int(reply[1])
+        tally = AcquireTally(ok=0, fence=0, fence_min=0, busy_ttls=[], errors={}, maybe_ours=[],
+                             no_expiry=int(pttl < 0))
+        if len(reply) > 3 and reply[3]:
+            tally.foreign[node_name] = int(reply[3])
+        return AcquireResult(False, holder_ttl=pttl / 1000.0 if pttl >= 0 else None,
+                             at_gate=True, asked_at=start,
+                             queued_ms=int(reply[2]) if len(reply) > 2 else 0,
+                             obstacle=obstacle(tally, key))
     return None
 
 
@@ -253,18 +329,18 @@ def fences_disagree(tally: AcquireTally, ttl: float) -> bool:
 
 
 def refused(tally: AcquireTally, *, n_nodes: int, start: float, elapsed: float, ttl: float,
-            lock_name: str) -> AcquireResult:
+            lock_name: str, key: bytes = b"") -> AcquireResult:
     """After a lost round (and its clean-up release): busy, or QuorumUnavailable."""
     if tally.answered < q.quorum(n_nodes):
         raise quorum_error(f"cannot acquire lock {lock_name!r}", n_nodes, tally.answered,
-                           tally.errors, lock_name)
+                           tally.errors, lock_name, tally.error_replies)
     if tally.ok >= q.quorum(n_nodes):
         logger.info("lock %r: quorum reached but the round took %.3f s of a %.3f s lease; "
                     "retrying", lock_name, elapsed, ttl)
     busy = sorted(tally.busy_ttls)
-    holder_ttl = busy[len(busy) // 2] if busy else None
+    holder_ttl = busy[len(busy) // 2] if busy else None  # None: wait the normal pace
     return AcquireResult(False, holder_ttl=holder_ttl, errors=tally.errors, asked_at=start,
-                         queued_ms=tally.queued_ms)
+                         queued_ms=tally.queued_ms, obstacle=obstacle(tally, key))
 
 
 # -- a lock handed over by a release (the hand-over node) --------------------------
@@ -384,6 +460,22 @@ def extend_call(key: bytes, fkey: bytes, token: str, fence: int, ttl: float) -> 
 
 def tally_extend(replies: Sequence[Any], *, start: float, elapsed: float, ttl: float,
                  drift_factor: float) -> ExtendResult:
+    """Count an extend round.
+
+    A node that applied the new lease no longer keeps the old one: when the
+    new lease is shorter than what was left, the holder's quorum may now end
+    sooner than its old deadline, whether or not the round counts as an
+    extension. So any applied round bounds the lease by ``start + validity``
+    (the caller keeps the earlier of that and its old deadline). Timeline of
+    what this stops (``extend`` with a lease shorter than the round)::
+
+        t0  A holds "x" until t10 by its clock; it extends with a 1 ms lease
+        t0  every node applies PEXPIRE 1 ms: the key is gone at t0 + 1 ms
+        t0  the round is "not extended" (no validity left); A keeps t10
+        t1  B acquires "x": two owners until t10, A's owned() still True
+
+    With the bound, A's lease ends at once and A's lock is reported lost.
+    """
     n = len(replies)
     need = q.quorum(n)
     ok = sum(1 for r in replies if r == 1)
@@ -391,14 +483,19 @@ def tally_extend(replies: Sequence[Any], *, start: float, elapsed: float, ttl: f
     valid = q.validity(ttl, elapsed, drift_factor)
     if ok >= need and valid > 0:
         return ExtendResult(True, valid_until=start + valid)
+    bound = start + valid if ok else 0.0
     if not_ours > n - need:
-        return ExtendResult(False, lost=True, reason=(
+        return ExtendResult(False, valid_until=bound, lost=True, reason=(
             f"{not_ours} of {n} nodes no longer have this holder's key (it expired or was taken)"))
+    if ok >= need:
+        return ExtendResult(False, valid_until=bound, lost=True, reason=(
+            f"the new lease of {ttl:g} s left no validity by the time {ok} of {n} nodes "
+            f"applied it ({elapsed * 1000:.1f} ms)"))
     reason = f"{ok} of {n} nodes extended, {need} needed"
     errors = [str(r) for r in replies if isinstance(r, Exception)]
     if errors:
         reason += " (" + "; ".join(errors) + ")"
-    return ExtendResult(False, reason=reason)
+    return ExtendResult(False, valid_until=bound, reason=reason)
 
 
 # -- locked() ------------------------------------------------------------------
@@ -485,7 +582,7 @@ def acquire_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token
         else:
             first = (yield Ask([calls[i] if i == gate else None for i in range(n)],
                                tag=token))[gate]
-            busy = busy_at_gate(first, start)
+            busy = busy_at_gate(first, start, nodes[gate].name, key)
             if busy is not None:
                 return busy
         need = mgr.quorum - (1 if granted_by(first) else 0)
@@ -522,7 +619,7 @@ def acquire_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token
         yield from release_steps(mgr, key, fkey, wkey, token, 0, only=tally.maybe_ours,
                                  wake_at=gate if handed is not None else None)
     return refused(tally, n_nodes=n, start=start, elapsed=elapsed, ttl=ttl,
-                   lock_name=lock_name)
+                   lock_name=lock_name, key=key)
 
 
 def release_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token: str,

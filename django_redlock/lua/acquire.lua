@@ -10,13 +10,24 @@
 -- release may hand the lock to outright (see release.lua)
 -- Returns {1, fence} when this holder now has the key; {0, pttl} when it is
 -- busy, {0, pttl, now} when busy for a waiter (this node's clock in ms: a lock
--- handed over later is timed from it, see rounds.handed_over).
+-- handed over later is timed from it, see rounds.handed_over); a fourth
+-- element when the key holds something no lock wrote: 1 a value of another
+-- type (a list, a hash...), 2 a string not in the lock's format. Such a key is
+-- busy like any other, and the waiter can say what is in the way.
 --#include fence_issue
 local mine = ARGV[1] .. '|'
 local queue = ARGV[6]
-local current = redis.call('GET', KEYS[1])
+-- pcall: GET on a key of another type is an error, which would hide the
+-- answer "busy" behind a script error (the node answered; it is not down).
+local current = redis.pcall('GET', KEYS[1])
+local foreign = 0
+if type(current) == 'table' then
+  foreign = 1
+elseif current and not string.find(current, '^[^|]+|%d+|') then
+  foreign = 2
+end
 if current then
-  if string.sub(current, 1, #mine) == mine then
+  if foreign == 0 and string.sub(current, 1, #mine) == mine then
     -- Ours already: an earlier attempt of this same acquire whose reply was
     -- lost, or a release handed the lock to this waiter (release.lua) before
     -- the waiter read that release's notice.
@@ -36,7 +47,13 @@ if current then
     local keep = tonumber(ARGV[7])
     if pttl > 0 then keep = keep + pttl end
     redis.call('PEXPIRE', KEYS[3], keep)
+    if foreign ~= 0 then
+      return {0, pttl, server_ms(), foreign}
+    end
     return {0, pttl, server_ms()}
+  end
+  if foreign ~= 0 then
+    return {0, pttl, 0, foreign}
   end
   return {0, pttl}
 end
