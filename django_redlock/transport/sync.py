@@ -108,7 +108,11 @@ class Settle:
 
     ``yes`` and ``no`` classify one reply. The round returns once ``need`` nodes
     said yes, or once so many said no that ``need`` yes answers are out of
-    reach among the nodes asked. Errors never end a round early: whether too
+    reach among the nodes asked *and* at least ``need`` nodes answered: a
+    caller that asked a gate node first, which failed, needs a full quorum of
+    answers from the rest, or it would report the quorum unavailable on one
+    busy answer while the other node, not waited for, was up (and the error
+    named only the failed gate). Errors never end a round early: whether too
     few nodes *answered* is a different outcome (QuorumUnavailable), and only
     all the replies tell it. The reply of node ``also`` (when not None) is
     waited for a little longer (:data:`ALSO_GRACE`) once the rest is decided.
@@ -766,7 +770,7 @@ class SyncTransport:
         while pending:
             now = self.clock()
             limit = min(deadlines[i] for i in by_fd.values())
-            if yes >= settle.need or no >= give_up_at:
+            if yes >= settle.need or (no >= give_up_at and yes + no >= settle.need):
                 if also is None or results[also] is not None:
                     break
                 # Decided; node ``also`` gets a short grace, never a timeout.
