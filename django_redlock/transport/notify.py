@@ -277,7 +277,12 @@ class ReleaseNotifier:
         self._kick_r, self._kick_w = socket.socketpair()
         #: Wakes the housekeeping thread.
         self._wake_r, self._wake_w = socket.socketpair()
-        for sock in (self._kick_r, self._wake_r):
+        # All four non-blocking: a poke into a full buffer is dropped (the
+        # other side has wake-ups enough to read). A blocking write end froze
+        # a burst of asyncio waiters: the housekeeping thread, reading for
+        # them, did not empty its wake-up socket, and the event loop's next
+        # poke blocked in send() for good (issue 25's burst test).
+        for sock in (self._kick_r, self._kick_w, self._wake_r, self._wake_w):
             sock.setblocking(False)
         self._sel: selectors.BaseSelector | None = None
         self._stopping = False
