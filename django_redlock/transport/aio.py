@@ -65,6 +65,8 @@ from .sync import (
     NodeError,
     Request,
     _short,
+    call_deadline,
+    connection_wait,
     nodes_to_skip,
     not_redis_reason,
 )
@@ -195,8 +197,8 @@ class _NodeConns:
             async with _timeout(max(deadline - clock(), 0.0)):
                 got = await waiter
         except asyncio.TimeoutError:  # not the builtin one on Python 3.10
-            return NodeError(node.name, f"no connection within {node.connect_timeout:g} s "
-                             "(connecting)", sent=False)
+            return NodeError(node.name, "no connection yet (connecting, up to "
+                             f"{node.connect_timeout:g} s)", sent=False)
         finally:
             if got is None:
                 if waiter.done() and not waiter.cancelled() and not isinstance(
@@ -364,7 +366,9 @@ class AsyncTransport:
                 if conn is None:
                     cold.append(i)
             if cold:
-                wait_until = [start + _wait_for(nodes[i], start, until) for i in range(n)]
+                if until is None:
+                    until = call_deadline.get()
+                wait_until = [start + connection_wait(nodes[i], start, until) for i in range(n)]
                 got = await asyncio.gather(*(state.nodes[i].wait(nodes[i], wait_until[i],
                                                                   self.clock) for i in cold))
                 for i, conn in zip(cold, got, strict=True):
@@ -468,13 +472,6 @@ def _schedule_close(loop: asyncio.AbstractEventLoop, state: _LoopConns) -> None:
 
 #: Strong references to closing tasks (the loop keeps only weak ones).
 _closing: set[asyncio.Task[None]] = set()
-
-
-def _wait_for(node: NodeClient, start: float, until: float | None) -> float:
-    """How long a round waits for a node's connection (see SyncTransport.round)."""
-    if until is None:
-        return node.connect_timeout
-    return min(node.connect_timeout, max(until - start, node.timeout))
 
 
 async def _stale(conn: Any) -> bool:

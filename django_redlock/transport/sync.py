@@ -36,6 +36,7 @@ import select
 import threading
 import time
 from collections import deque
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Callable, Deque, Sequence, Tuple
 
@@ -300,11 +301,21 @@ class NodeClient:
                         self._start_setup()
                     left = deadline - clock()
                     if left <= 0:
-                        raise NodeError(self.name, "no connection within "
-                                        f"{self.connect_timeout:g} s (connecting)", sent=False)
+                        raise NodeError(self.name, "no connection yet (connecting, up to "
+                                        f"{self.connect_timeout:g} s)", sent=False)
                     self._cond.wait(left)
             finally:
                 self._waiting -= 1
+
+    def want_connection(self) -> None:
+        """Start a set-up now unless one is under way or a connection is idle:
+        a round calls this for every node it will wait for before it waits for
+        any, so that their set-ups run in parallel."""
+        if self._pid != os.getpid():
+            self._after_fork()
+        with self._cond:
+            if not self._idle and not self._setting_up and not self._closed:
+                self._start_setup()
 
     def _start_setup(self) -> None:
         """Under ``_cond``: one more set-up in flight, in a daemon thread (only
@@ -495,6 +506,28 @@ def nodes_to_skip(nodes: Sequence[NodeClient], requests: Sequence[Request], now:
     return skip
 
 
+#: The deadline (the transport's clock; ``inf``: none) of the acquire that the
+#: rounds of this thread or task serve, set by ``LockBase._start_acquire``;
+#: 0.0 (the default, or a past value) means no time to spare beyond the node
+#: timeout. See :func:`connection_wait`.
+call_deadline: ContextVar[float] = ContextVar("redlock_call_deadline", default=0.0)
+
+
+def connection_wait(node: NodeClient, start: float, until: float | None) -> float:
+    """How long a round that starts at ``start`` waits for a connection to
+    ``node``: its node timeout, or up to the caller's deadline ``until`` when
+    that is later, never more than the connect timeout. The set-up itself goes
+    on in the background for its whole connect timeout, so a round that gave
+    up on it (the caller retries while it has time) finds it ready; and a call
+    with no time left is not held past its node timeout by a black-holed
+    connect (issue 17: ``acquire(timeout=T)`` returns by T plus one node
+    timeout)."""
+    wait = node.timeout
+    if until is not None and until - start > wait:
+        wait = until - start
+    return min(wait, max(node.connect_timeout, node.timeout))
+
+
 class _NodeDone(Exception):
     """A node's exchange ended without its reply: the result to report instead."""
 
@@ -527,14 +560,16 @@ class SyncTransport:
 
         A node without an idle connection waits for one
         (:meth:`NodeClient.wait_connection`) after the others were sent
-        theirs, at most its connect timeout, or until ``until`` (the caller's
-        deadline, when it has one) but never less than its node timeout: the
-        nodes' set-ups run in parallel. A connection taken idle that the node
+        theirs (:func:`connection_wait`: its node timeout, or up to ``until``,
+        the caller's deadline, when it has one); the nodes' set-ups run in
+        parallel. A connection taken idle that the node
         closed meanwhile (it restarted) is replaced once, and the request sent
         again: the node never saw it.
         """
         nodes = self.nodes
         n = len(nodes)
+        if until is None:
+            until = call_deadline.get()
         results: list[Any] = [None] * n
         conns: list[Any] = [None] * n
         expects: list[Any] = [None] * n
@@ -570,6 +605,8 @@ class SyncTransport:
                 else:
                     reused[i] = not expects[i]
                     self._send(i, requests[i], conns, expects, results, deadlines)
+            for i in fresh:
+                nodes[i].want_connection()
             for i in fresh:
                 self._connect_and_send(i, requests[i], conns, expects, results, deadlines,
                                        start, until)
@@ -619,11 +656,9 @@ class SyncTransport:
                           results: list[Any], deadlines: list[float], start: float,
                           until: float | None) -> None:
         node = self.nodes[i]
-        wait = node.connect_timeout
-        if until is not None:
-            wait = min(wait, max(until - start, node.timeout))
         try:
-            conns[i] = node.wait_connection(start + wait, self.clock)
+            conns[i] = node.wait_connection(start + connection_wait(node, start, until),
+                                            self.clock)
         except NodeError as e:
             results[i] = e
             return
