@@ -59,6 +59,7 @@ from typing import Any
 import redis.asyncio.connection as aconn
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
+from .resp import RELEASE, Call
 from .sync import (
     NODE_DOWN_ERRORS,
     NodeClient,
@@ -157,7 +158,8 @@ class _NodeConns:
     issue 25). A failed set-up ends every wait at once with its reason.
     """
 
-    __slots__ = ("cls", "idle", "kwargs", "max_idle", "open", "setting_up", "waiters", "tasks")
+    __slots__ = ("cls", "idle", "kwargs", "later", "max_idle", "open", "setting_up", "waiters",
+                 "tasks")
 
     def __init__(self, cls: type, kwargs: dict[str, Any], max_idle: int) -> None:
         self.cls = cls
@@ -168,6 +170,9 @@ class _NodeConns:
         self.setting_up = 0
         self.waiters: deque[asyncio.Future[Any]] = deque()
         self.tasks: set[asyncio.Task[None]] = set()
+        #: Releases to send first on the connection being set up (see
+        #: NodeClient.deliver_later).
+        self.later: list[bytes] = []
 
     def take(self) -> Any:
         """An idle connection, or None (then :meth:`wait`)."""
@@ -227,6 +232,15 @@ class _NodeConns:
                                                     retry_socket_connect=False)
                 else:  # pragma: no cover - redis-py < 6
                     await conn.connect()
+            while self.later:
+                later, self.later = self.later, []
+                async with _timeout(node.timeout):
+                    await conn.send_packed_command(later, check_health=False)
+                    for _ in later:
+                        try:
+                            await conn.read_response()
+                        except ResponseError:
+                            pass
         except asyncio.TimeoutError:  # not the builtin one on Python 3.10
             error = NodeError(node.name, f"no connection within {node.connect_timeout:g} s",
                               sent=False)
@@ -237,6 +251,7 @@ class _NodeConns:
             await _disconnect(conn)
             raise
         self.setting_up -= 1
+        self.later = []
         if error is not None:
             await _disconnect(conn)
             node.mark_failed(time.monotonic())
@@ -374,6 +389,12 @@ class AsyncTransport:
                 for i, conn in zip(cold, got, strict=True):
                     if isinstance(conn, NodeError):
                         results[i] = conn
+                        request = requests[i]
+                        if (isinstance(request, Call) and request.script is RELEASE
+                                and state.nodes[i].setting_up):
+                            # A release is never dropped for want of time: the
+                            # set-up sends it first (NodeClient.deliver_later).
+                            state.nodes[i].later.append(request.packed)
                     else:
                         conns[i] = conn
                         # The set-up had its own bound; the exchange gets the full one.

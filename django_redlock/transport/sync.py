@@ -46,7 +46,7 @@ from redis.exceptions import InvalidResponse, NoScriptError, RedisError, Respons
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..core.config import NodeSpec
-from .resp import PRELOAD, PRELOAD_SCRIPTS, Call, Command
+from .resp import PRELOAD, PRELOAD_SCRIPTS, RELEASE, Call, Command
 
 logger = logging.getLogger("django_redlock.transport")
 
@@ -207,6 +207,8 @@ class NodeClient:
         self._setting_up = 0
         self._setup_failures = 0
         self._setup_error = ""
+        #: Releases to send first on the connection being set up (deliver_later).
+        self._later: list[bytes] = []
 
     # -- pool ---------------------------------------------------------------
     @property
@@ -317,6 +319,24 @@ class NodeClient:
             if not self._idle and not self._setting_up and not self._closed:
                 self._start_setup()
 
+    def deliver_later(self, request: Any) -> bool:
+        """Send release ``request`` on the connection being set up, before
+        anyone else uses it; False when no set-up is under way.
+
+        A clean-up after a lost attempt must reach every node that may have
+        granted it, also one that timed out (its request was sent and may run
+        when it wakes): that node's connection was dropped, and a new one may
+        take longer than the round waits. The set-up thread sends the release
+        and reads its reply before the connection serves anything else, so it
+        runs before the next attempt of the same token on this node, and
+        within the connect timeout (issue 17).
+        """
+        with self._cond:
+            if not self._setting_up:
+                return False
+            self._later.append(request.packed)
+            return True
+
     def _start_setup(self) -> None:
         """Under ``_cond``: one more set-up in flight, in a daemon thread (only
         a cold node pays for it; a round never creates a thread)."""
@@ -330,10 +350,12 @@ class NodeClient:
         try:
             conn = self.new_connection()
             self.connect(conn)
+            self._send_later(conn)
         except NodeError as e:
             error = e.reason
         with self._cond:
             self._setting_up -= 1
+            self._later = []
             if error:
                 self._setup_failures += 1
                 self._setup_error = error
@@ -347,6 +369,25 @@ class NodeClient:
             self._cond.notify()
             if self._waiting > len(self._idle) and not self._setting_up:
                 self._start_setup()  # more rounds wait than there are connections
+
+    def _send_later(self, conn: Any) -> None:
+        """The releases handed to this set-up (:meth:`deliver_later`), each
+        reply read (their outcome changes nothing for anyone)."""
+        while True:
+            with self._cond:
+                later, self._later = self._later, []
+            if not later:
+                return
+            try:
+                conn.send_packed_command(later, check_health=False)
+                for _ in later:
+                    try:
+                        conn.read_response()
+                    except ResponseError:
+                        pass
+            except NODE_DOWN_ERRORS as e:
+                conn.disconnect()
+                raise NodeError(self.name, _short(e)) from e
 
     def connect(self, conn: Any) -> None:
         """Set ``conn`` up within :attr:`connect_timeout`: TCP (and TLS, AUTH,
@@ -660,6 +701,8 @@ class SyncTransport:
             conns[i] = node.wait_connection(start + connection_wait(node, start, until),
                                             self.clock)
         except NodeError as e:
+            if isinstance(request, Call) and request.script is RELEASE:
+                node.deliver_later(request)  # a release is never dropped for want of time
             results[i] = e
             return
         expects[i] = deque()
