@@ -27,6 +27,15 @@ Connections and event loops
     closed without that call leaves its connections to the garbage collector;
     its entry is pruned the next time a loop is added.
 
+    A process that runs each call in a loop of its own (an async view under a
+    WSGI server: Django runs it with ``async_to_sync``, a new loop per request)
+    would open a connection to every node per call (202 for 200 requests,
+    issue 25). So once :data:`PER_CALL_LOOPS` of a transport's loops have shut
+    down, the rounds of every new loop go through the sync transport and its
+    process-wide connections: one blocking round trip in a loop that serves
+    one call costs nothing to anyone else. A long-lived loop (an ASGI server)
+    never shuts down and keeps its asyncio connections.
+
     The pool is a plain list of idle ``redis.asyncio`` connections per node (not a
     ``redis.asyncio.ConnectionPool``): taking and returning a connection is
     synchronous, so a cancellation can never land between "read the reply" and
@@ -65,6 +74,7 @@ from .sync import (
     NodeClient,
     NodeError,
     Request,
+    SyncTransport,
     _short,
     call_deadline,
     connection_wait,
@@ -273,6 +283,8 @@ class _LoopConns:
         self.nodes = [_NodeConns(*p) for p in params]
         self.closed = False
         self.guard: Any = None
+        #: This loop's rounds go through the sync transport (PER_CALL_LOOPS).
+        self.sync = False
 
     async def aclose(self) -> None:
         self.closed = True
@@ -284,12 +296,18 @@ class _LoopConns:
         await asyncio.gather(*(_disconnect(c) for c in conns), return_exceptions=True)
 
 
-async def _loop_guard(conns: _LoopConns) -> AsyncIterator[None]:
+async def _loop_guard(conns: _LoopConns, on_end: Callable[[], None]) -> AsyncIterator[None]:
     """Closes a loop's connections when the loop shuts down (see the module docstring)."""
     try:
         yield
     finally:
+        on_end()
         await conns.aclose()
+
+
+#: After this many of its event loops shut down, a transport sends the rounds
+#: of every new loop through the sync transport (see the module docstring).
+PER_CALL_LOOPS = 2
 
 
 async def _disconnect(conn: Any) -> None:
@@ -309,6 +327,11 @@ class AsyncTransport:
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopConns] = \
             weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
+        self._ended_loops = 0
+        self._sync: SyncTransport | None = None
+
+    def _loop_ended(self) -> None:
+        self._ended_loops += 1
 
     # -- per-loop state ------------------------------------------------------
     async def _conns(self) -> _LoopConns:
@@ -324,13 +347,16 @@ class AsyncTransport:
             state = self._loops.get(loop)
             if state is None:
                 state = self._loops[loop] = _LoopConns(self._params)
+                state.sync = self._ended_loops >= PER_CALL_LOOPS
+                if state.sync and self._sync is None:
+                    self._sync = SyncTransport(self.nodes, clock=self.clock)
                 created = True
             else:
                 created = False
         if created:
             # The first iteration registers the generator with this loop's
             # async-generator hooks; loop.shutdown_asyncgens() then closes it.
-            state.guard = _loop_guard(state)
+            state.guard = _loop_guard(state, self._loop_ended)
             await state.guard.__anext__()
         return state
 
@@ -352,6 +378,10 @@ class AsyncTransport:
         ``last``: a node to send to after the others.
         """
         state = await self._conns()
+        if state.sync and self._sync is not None:
+            # A loop per call (an async view under WSGI): the process-wide
+            # connections, one blocking round trip in a loop that serves one call.
+            return self._sync.round(requests, skip_backoff=skip_backoff, last=last, until=until)
         nodes = self.nodes
         n = len(nodes)
         results: list[Any] = [None] * n
