@@ -17,7 +17,7 @@ from typing import Any, Callable, Iterator
 
 import pytest
 
-from django_redlock.testing import RedisNodes
+from django_redlock.testing import FaultProxy, RedisNodes
 from django_redlock.transport.resp import Command
 
 MakeManager = Callable[..., Any]
@@ -132,3 +132,45 @@ def test_new_connections_to_several_nodes_are_opened_in_parallel(
     finally:
         nodes[0].resume()
         nodes[1].resume()
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+@pytest.mark.parametrize("fault", ["paused", "black-holed"])
+def test_acquire_returns_by_its_timeout_plus_one_node_timeout(
+        flavour: str, fault: str, redis_nodes_factory: Callable[..., RedisNodes],
+        fault_proxy_factory: Callable[..., FaultProxy], make_manager: MakeManager) -> None:
+    """Issue 17: with a majority of nodes paused (TCP still connects) or
+    black-holed (nothing answers, connects included) on a cold manager,
+    ``acquire(timeout=T)`` raises QuorumUnavailable by T plus one node
+    timeout, however long a connection set-up may take (CONNECT_TIMEOUT 5 s)."""
+    from django_redlock import QuorumUnavailable
+
+    nodes = redis_nodes_factory(3)
+    proxies = [fault_proxy_factory(nodes[i]) for i in (0, 1)]
+    mgr = make_manager([proxies[0].url, proxies[1].url, nodes.urls[2]], node_timeout=0.2,
+                       connect_timeout=5.0)
+    T = 0.6
+    for i in (0, 1):
+        if fault == "paused":
+            nodes[i].pause()
+        else:
+            proxies[i].cut()
+
+    async def attempt_async() -> None:
+        await mgr.alock("bounded", timeout=T).acquire()
+
+    try:
+        started = time.monotonic()
+        with pytest.raises(QuorumUnavailable):
+            if flavour == "sync":
+                mgr.lock("bounded", timeout=T).acquire()
+            else:
+                asyncio.run(attempt_async())
+        took = time.monotonic() - started
+        assert took < T + 0.2 + 0.3, took  # slack: the shared machine
+    finally:
+        for i in (0, 1):
+            if fault == "paused":
+                nodes[i].resume()
+            else:
+                proxies[i].heal()
