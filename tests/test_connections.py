@@ -174,3 +174,23 @@ def test_acquire_returns_by_its_timeout_plus_one_node_timeout(
                 nodes[i].resume()
             else:
                 proxies[i].heal()
+
+
+def test_a_node_that_speaks_http_does_not_stop_the_release_listener(
+        http_url: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """A waiter subscribes to release notices on every node: the HTTP node's
+    pub/sub connect failing with a protocol error used to end the listener
+    thread ("release listener stopped"); it is a node down like any other."""
+    mgr = make_manager([http_url, nodes3.urls[1], nodes3.urls[2]])
+    holder = mgr.lock("not-redis-wait", auto_renew=False)
+    assert holder.acquire(timeout=0)
+    releaser = threading.Timer(0.3, holder.release)
+    releaser.start()
+    try:
+        waiter = mgr.lock("not-redis-wait", auto_renew=False)
+        assert waiter.acquire(timeout=5)
+        waiter.release()
+    finally:
+        releaser.join(timeout=5)
+    time.sleep(0.2)  # the listener's next connect attempt to the HTTP node
+    assert mgr.notifier._thread is not None and mgr.notifier._thread.is_alive()

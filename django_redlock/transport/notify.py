@@ -45,6 +45,8 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
+from redis.exceptions import RedisError
+
 from ..core.owner import new_token
 from .resp import pack
 from .sync import NODE_DOWN_ERRORS, NodeClient
@@ -703,7 +705,7 @@ class ReleaseNotifier:
 
     def _connect_due(self) -> None:
         """Connect the links that are down and due, outside the read role (a
-        connect may block up to the node timeout); the reader puts them in use."""
+        connect may block up to the connect timeout); the reader puts them in use."""
         now = time.monotonic()
         for link in self._links:
             if link.sock is not None or link.pending is not None or now < link.next_connect:
@@ -714,7 +716,9 @@ class ReleaseNotifier:
             try:
                 conn = link.node.new_connection()
                 conn.connect()  # TCP/TLS, AUTH, SELECT: redis-py's handshake
-            except NODE_DOWN_ERRORS as e:
+            except (*NODE_DOWN_ERRORS, RedisError) as e:
+                # RedisError: a protocol error (not Redis there, issue 26) or
+                # NOAUTH is this node down, never the listener's end.
                 link.failures += 1
                 link.next_connect = now + min(RECONNECT_MAX, RECONNECT_FIRST * 2 ** link.failures)
                 logger.debug("pub/sub connect to %s failed: %s", link.node.name, e)
