@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from . import machine, report
+from .coldburst import ColdBurst
 from .libs import quiet_loggers
 from .nodes import running_nodes, server_version
 from .procs import Contended, Handoff, Workers
@@ -28,7 +29,7 @@ from .uncontended import Uncontended
 from .view import ViewOverhead
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-SECTIONS = ("uncontended", "slownode", "view", "contended", "handoff")
+SECTIONS = ("uncontended", "slownode", "view", "contended", "handoff", "coldburst")
 
 #: (rounds, uncontended ops per batch, view requests per variant, contended seconds,
 #: handoff sample scale). A full run takes about 4 minutes on 2 shared cores.
@@ -81,10 +82,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         con = Contended(workers, duration=duration) if workers and "contended" in sections \
             else None
         hand = Handoff(workers, scale=scale) if workers and "handoff" in sections else None
+        cold = ColdBurst(urls5) if "coldburst" in sections else None
         try:
             for r in range(rounds):
                 t = time.monotonic()
-                for part in (unc, slow, view, con, hand):
+                for part in (unc, slow, view, con, hand, cold):
                     if part is not None:
                         part.run_round(rng)
                 print(f"bench: round {r + 1}/{rounds} done in {time.monotonic() - t:.1f} s",
@@ -114,6 +116,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         results["handoff"] = hand.summary()
     if view is not None:
         results["view"] = view.summary()
+    if cold is not None:
+        results["cold_burst"] = cold.summary()
     results["goals"] = report.evaluate(results)
     return results
 

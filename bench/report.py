@@ -187,6 +187,15 @@ def tables(results: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]
             rows.append([f"skipped: {view['skipped']}", "-", "-", "-", "n/a"])
         out.append(("Decorated view through the Django test client, 1 node",
                     ["view", "p50 µs", "p99 µs", "overhead µs", "goal"], rows))
+
+    cold = results.get("cold_burst")
+    if cold:
+        rows = [[driver, str(r["nodes"]), str(r["burst"]), _num(r["median_ms"], 1),
+                 _num(r["worst_ms"], 1), str(r["failed"])]
+                for driver, r in cold.items()]
+        out.append(("Cold burst: concurrent first acquisitions on a new manager",
+                    ["driver", "nodes", "acquisitions", "median ms", "worst ms", "failed"],
+                    rows))
     return out
 
 

@@ -21,6 +21,7 @@ about a loss is silent.
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 import time
@@ -32,6 +33,7 @@ from .core.arguments import check_timeout, check_ttl
 from .core.keys import fence_key, lock_key, validate_name, waiters_key
 from .core.owner import new_token, owner_json
 from .exceptions import LockLost, LockNotAcquired, LockNotOwned, QuorumUnavailable, RedlockError
+from .transport.sync import call_deadline
 
 if TYPE_CHECKING:
     from .manager import LockManager
@@ -158,6 +160,9 @@ class LockBase:
             wait_for = 0
         started = self.manager.clock()
         deadline = None if wait_for is None else started + float(wait_for)
+        # The transport may wait this long for a connection set-up (not one
+        # node timeout): a cold burst then queues instead of failing.
+        call_deadline.set(math.inf if deadline is None else deadline)
         pause = 0.0
         if deadline is None or deadline > started:
             pause = self.manager._handoff_pause(self._key_b)

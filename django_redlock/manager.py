@@ -134,7 +134,8 @@ class LockManager:
         self.rng = rng or random.Random()
         factory = pool_factory or _default_pool_factory
         self.nodes = [NodeClient(spec, node_timeout=self.node_timeout,
-                                 pool_factory=factory if spec.kind == "cache" else pool_factory)
+                                 pool_factory=factory if spec.kind == "cache" else pool_factory,
+                                 connect_timeout=float(conf["CONNECT_TIMEOUT"]))
                       for spec in specs]
         self.quorum = q.quorum(len(self.nodes))
         self.transport = SyncTransport(self.nodes, clock=clock)

@@ -446,3 +446,26 @@ def test_cache_node_gets_an_asyncio_twin_of_the_cache_pool(
         assert holders(nodes3, held.key) == 0
 
     run(scenario())
+
+
+def test_a_loop_per_call_reuses_connections(nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """Issue 25: an async view under a WSGI server runs in a new event loop per
+    request, and each request opened a connection to every node (202 new
+    connections for 200 requests). The rounds of such loops now go through the
+    process's shared (sync) connections."""
+    mgr = make_manager(nodes3)
+
+    def received() -> int:
+        return sum(int(node.execute("INFO", "stats").split(b"total_connections_received:")[1]
+                       .split(b"\r\n")[0]) for node in nodes3)
+
+    async def request(k: int) -> None:
+        async with mgr.alock(f"per-call:{k % 5}", timeout=5):
+            pass
+
+    before = received()
+    for k in range(50):
+        asyncio.run(request(k))  # a loop per request, shut down as asgiref does
+    opened = received() - before
+    # The first loops' connections, then the shared ones (3 nodes).
+    assert opened <= 3 * (3 + 3), opened

@@ -223,3 +223,44 @@ def test_holder_paused_past_its_lease(three: RedisNodes, make_manager: MakeManag
     # grants that made its quorum (the round settles without the slowest node).
     assert newer.fence in fences and newer.fence >= sorted(fences)[-mgr.quorum]
     newer.release()
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_a_grant_that_arrives_after_the_timeout_is_cleaned_up(
+        flavour: str, three: RedisNodes, make_manager: MakeManager) -> None:
+    """Issue 17: two nodes paused while an attempt is on its way time out; the
+    attempt fails (QuorumUnavailable). When they wake they run the request that
+    was sent, and grant a lock nobody holds. The clean-up release must reach
+    them (it waits for their connections' set-up, which the round could not)
+    instead of leaving the key there for its whole TTL (30 s here)."""
+    import asyncio
+
+    from tests.polling import wait_until
+
+    mgr = make_manager(three, node_timeout=NODE_TIMEOUT)
+
+    async def attempt_async() -> None:
+        async with mgr.alock("late-grant", ttl=30, timeout=0):
+            pass
+
+    def attempt() -> None:
+        if flavour == "sync":
+            mgr.lock("late-grant", ttl=30, timeout=0).acquire()
+        else:
+            asyncio.run(attempt_async())
+
+    warm = mgr.lock("warm", auto_renew=False)
+    assert warm.acquire(timeout=0)
+    warm.release()
+    three[0].pause()
+    three[1].pause()
+    try:
+        with pytest.raises(QuorumUnavailable):
+            attempt()
+    finally:
+        time.sleep(0.1)
+        three[0].resume()
+        three[1].resume()
+    key = mgr.key("late-grant")
+    assert wait_until(lambda: not any(node.execute("EXISTS", key) for node in three),
+                      timeout=3.0), [node.execute("PTTL", key) for node in three]

@@ -225,3 +225,29 @@ def test_a_release_that_met_a_flushed_script_cache_is_sent_again(
         pass
     assert wait_until(lambda: direct.exists(key) == 0, timeout=3.0), \
         f"the release never ran on node 0 (pttl {direct.pttl(key)} ms)"
+
+
+def test_a_failed_gate_does_not_turn_one_busy_answer_into_an_outage(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """Issue 25: the gate node (asked first by a waiter) failing left the rest
+    of the round two nodes needing two grants, so the first busy answer
+    "settled" it: "1 of 3 answered", QuorumUnavailable naming only the gate,
+    while the third node was up and busy. Now a round that ends on refusals
+    waits for as many answers as it needed grants: the lock is busy."""
+    from django_redlock.core.keys import waiters_key
+    from django_redlock.rounds import hand_over_node
+
+    mgr = make_manager(nodes3)
+    holder = mgr.lock("gate-fails", auto_renew=False, ttl=30)
+    assert holder.acquire(timeout=0)
+    gate = hand_over_node(holder._key_b, 3)
+    # The gate's acquire script fails (a wrong type where it keeps waiters):
+    # it answers, but with an error, as a node that cannot grant.
+    nodes3[gate].execute("DEL", waiters_key(mgr.key("gate-fails")))
+    nodes3[gate].execute("SET", waiters_key(mgr.key("gate-fails")), "not a list")
+    try:
+        for _ in range(5):
+            assert mgr.lock("gate-fails", timeout=0.3).acquire() is False
+    finally:
+        nodes3[gate].execute("DEL", waiters_key(mgr.key("gate-fails")))
+        holder.release()

@@ -58,6 +58,7 @@ DEFAULTS: dict[str, Any] = {
     "DRIFT_FACTOR": 0.01,
     "BUSY_STATUS": 423,
     "NODE_TIMEOUT": 0.1,
+    "CONNECT_TIMEOUT": 1.0,
     "MAX_HOLD": None,
 }
 
@@ -81,6 +82,8 @@ _RULES: dict[str, tuple[str, Callable[[Any], bool], Callable[[Any], bool], str]]
                     lambda v: 400 <= v <= 599, "an HTTP error status between 400 and 599"),
     "NODE_TIMEOUT": ("a number of seconds", _number, lambda v: 0.001 <= v <= 30,
                      "between 0.001 and 30 seconds"),
+    "CONNECT_TIMEOUT": ("a number of seconds", _number, lambda v: 0.001 <= v <= 60,
+                        "between 0.001 and 60 seconds"),
     "MAX_HOLD": ("None or a number of seconds", lambda v: v is None or _number(v),
                  lambda v: v is None or v > 0, "None (no cap) or > 0"),
 }

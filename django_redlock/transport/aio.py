@@ -27,6 +27,15 @@ Connections and event loops
     closed without that call leaves its connections to the garbage collector;
     its entry is pruned the next time a loop is added.
 
+    A process that runs each call in a loop of its own (an async view under a
+    WSGI server: Django runs it with ``async_to_sync``, a new loop per request)
+    would open a connection to every node per call (202 for 200 requests,
+    issue 25). So once :data:`PER_CALL_LOOPS` of a transport's loops have shut
+    down, the rounds of every new loop go through the sync transport and its
+    process-wide connections: one blocking round trip in a loop that serves
+    one call costs nothing to anyone else. A long-lived loop (an ASGI server)
+    never shuts down and keeps its asyncio connections.
+
     The pool is a plain list of idle ``redis.asyncio`` connections per node (not a
     ``redis.asyncio.ConnectionPool``): taking and returning a connection is
     synchronous, so a cancellation can never land between "read the reply" and
@@ -50,14 +59,28 @@ import inspect
 import logging
 import sys
 import threading
+import time
 import weakref
+from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import redis.asyncio.connection as aconn
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
-from .sync import NODE_DOWN_ERRORS, NodeClient, NodeError, Request, _short, nodes_to_skip
+from .resp import RELEASE, Call
+from .sync import (
+    NODE_DOWN_ERRORS,
+    NodeClient,
+    NodeError,
+    Request,
+    SyncTransport,
+    _short,
+    call_deadline,
+    connection_wait,
+    nodes_to_skip,
+    not_redis_reason,
+)
 
 if sys.version_info >= (3, 11, 3):
     from asyncio import timeout as _timeout
@@ -119,11 +142,13 @@ def connection_params(node: NodeClient) -> tuple[type, dict[str, Any], int]:
         options = dict(node.spec.options)
         max_idle = int(options.pop("max_connections", 0) or DEFAULT_MAX_IDLE)
         kwargs = dict(options)
-        kwargs["socket_connect_timeout"] = node._connect_timeout
+        kwargs["socket_connect_timeout"] = node.connect_timeout
         kwargs.setdefault("client_name", "django-redlock")
         kwargs.update(aconn.parse_url(node.spec.url))  # URL query options win, as in redis-py
         cls = kwargs.pop("connection_class", aconn.Connection)
     kwargs["decode_responses"] = False  # the engine parses bytes
+    # The lock's connect bound wins over a longer one from the URL or a cache.
+    kwargs["socket_connect_timeout"] = node.connect_timeout
     # Every exchange is bounded by the round's own per-node deadline; a socket
     # timeout on top would only make redis-py wrap each send in one more task.
     kwargs["socket_timeout"] = None
@@ -131,9 +156,20 @@ def connection_params(node: NodeClient) -> tuple[type, dict[str, Any], int]:
 
 
 class _NodeConns:
-    """The idle connections of one node in one event loop."""
+    """The idle connections of one node in one event loop, and its set-ups.
 
-    __slots__ = ("cls", "idle", "kwargs", "max_idle", "open")
+    Connection set-up is shared, as in the sync transport
+    (:meth:`NodeClient.wait_connection`): a round that finds no idle
+    connection waits for the first to come free, one set up for it or for
+    another round, or one given back; a node has one set-up in flight at a
+    time (a task, bounded by the node's connect timeout). A burst of rounds on
+    a cold loop thus opens a few connections in turn instead of one per round
+    and node at once (50 concurrent acquisitions opened 250 and timed out,
+    issue 25). A failed set-up ends every wait at once with its reason.
+    """
+
+    __slots__ = ("cls", "idle", "kwargs", "later", "max_idle", "open", "setting_up", "waiters",
+                 "tasks")
 
     def __init__(self, cls: type, kwargs: dict[str, Any], max_idle: int) -> None:
         self.cls = cls
@@ -141,20 +177,103 @@ class _NodeConns:
         self.max_idle = max_idle
         self.idle: list[Any] = []
         self.open: weakref.WeakSet[Any] = weakref.WeakSet()
+        self.setting_up = 0
+        self.waiters: deque[asyncio.Future[Any]] = deque()
+        self.tasks: set[asyncio.Task[None]] = set()
+        #: Releases to send first on the connection being set up (see
+        #: NodeClient.deliver_later).
+        self.later: list[bytes] = []
 
     def take(self) -> Any:
-        if self.idle:
-            return self.idle.pop()
-        conn = self.cls(**self.kwargs)
-        self.open.add(conn)
-        return conn
+        """An idle connection, or None (then :meth:`wait`)."""
+        return self.idle.pop() if self.idle else None
 
     def give(self, conn: Any) -> bool:
-        """Keep ``conn`` for the next round; False when it must be closed instead."""
+        """Keep ``conn`` for the next round (a waiting one first); False when it
+        must be closed instead."""
+        while self.waiters:
+            waiter = self.waiters.popleft()
+            if not waiter.done():
+                waiter.set_result(conn)
+                return True
         if len(self.idle) >= self.max_idle:
             return False
         self.idle.append(conn)
         return True
+
+    async def wait(self, node: NodeClient, deadline: float, clock: Callable[[], float]) -> Any:
+        """A connected connection by ``deadline``, or a :class:`NodeError` (returned)."""
+        waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.waiters.append(waiter)
+        if not self.setting_up:
+            self._start_setup(node)
+        got = None
+        try:
+            async with _timeout(max(deadline - clock(), 0.0)):
+                got = await waiter
+        except asyncio.TimeoutError:  # not the builtin one on Python 3.10
+            return NodeError(node.name, "no connection yet (connecting, up to "
+                             f"{node.connect_timeout:g} s)", sent=False)
+        finally:
+            if got is None:
+                if waiter.done() and not waiter.cancelled() and not isinstance(
+                        waiter.result(), NodeError):
+                    # Handed to us as the wait ended: pass it on.
+                    if not self.give(waiter.result()):
+                        await _disconnect(waiter.result())
+                else:
+                    waiter.cancel()
+        return got
+
+    def _start_setup(self, node: NodeClient) -> None:
+        self.setting_up += 1
+        task = asyncio.get_running_loop().create_task(self._setup(node))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    async def _setup(self, node: NodeClient) -> None:
+        conn = self.cls(**self.kwargs)
+        self.open.add(conn)
+        error: NodeError | None = None
+        try:
+            async with _timeout(node.connect_timeout):
+                if hasattr(conn, "connect_check_health"):  # no retries: one bound
+                    await conn.connect_check_health(check_health=False,
+                                                    retry_socket_connect=False)
+                else:  # pragma: no cover - redis-py < 6
+                    await conn.connect()
+            while self.later:
+                later, self.later = self.later, []
+                async with _timeout(node.timeout):
+                    await conn.send_packed_command(later, check_health=False)
+                    for _ in later:
+                        try:
+                            await conn.read_response()
+                        except ResponseError:
+                            pass
+        except asyncio.TimeoutError:  # not the builtin one on Python 3.10
+            error = NodeError(node.name, f"no connection within {node.connect_timeout:g} s",
+                              sent=False)
+        except (*NODE_DOWN_ERRORS, RedisError) as e:
+            error = NodeError(node.name, not_redis_reason(e), sent=False)
+        except BaseException:  # cancelled: the loop is closing
+            self.setting_up -= 1
+            await _disconnect(conn)
+            raise
+        self.setting_up -= 1
+        self.later = []
+        if error is not None:
+            await _disconnect(conn)
+            node.mark_failed(time.monotonic())
+            waiters, self.waiters = self.waiters, deque()
+            for waiter in waiters:
+                if not waiter.done():
+                    waiter.set_result(error)
+            return
+        if not self.give(conn):  # pragma: no cover - only with max_connections reached
+            await _disconnect(conn)
+        if any(not w.done() for w in self.waiters) and not self.setting_up:
+            self._start_setup(node)  # more rounds wait than there are connections
 
 
 class _LoopConns:
@@ -164,21 +283,31 @@ class _LoopConns:
         self.nodes = [_NodeConns(*p) for p in params]
         self.closed = False
         self.guard: Any = None
+        #: This loop's rounds go through the sync transport (PER_CALL_LOOPS).
+        self.sync = False
 
     async def aclose(self) -> None:
         self.closed = True
         conns = [c for node in self.nodes for c in list(node.open)]
         for node in self.nodes:
             node.idle.clear()
+            for task in list(node.tasks):
+                task.cancel()
         await asyncio.gather(*(_disconnect(c) for c in conns), return_exceptions=True)
 
 
-async def _loop_guard(conns: _LoopConns) -> AsyncIterator[None]:
+async def _loop_guard(conns: _LoopConns, on_end: Callable[[], None]) -> AsyncIterator[None]:
     """Closes a loop's connections when the loop shuts down (see the module docstring)."""
     try:
         yield
     finally:
+        on_end()
         await conns.aclose()
+
+
+#: After this many of its event loops shut down, a transport sends the rounds
+#: of every new loop through the sync transport (see the module docstring).
+PER_CALL_LOOPS = 2
 
 
 async def _disconnect(conn: Any) -> None:
@@ -198,6 +327,11 @@ class AsyncTransport:
         self._loops: weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, _LoopConns] = \
             weakref.WeakKeyDictionary()
         self._lock = threading.Lock()
+        self._ended_loops = 0
+        self._sync: SyncTransport | None = None
+
+    def _loop_ended(self) -> None:
+        self._ended_loops += 1
 
     # -- per-loop state ------------------------------------------------------
     async def _conns(self) -> _LoopConns:
@@ -213,19 +347,22 @@ class AsyncTransport:
             state = self._loops.get(loop)
             if state is None:
                 state = self._loops[loop] = _LoopConns(self._params)
+                state.sync = self._ended_loops >= PER_CALL_LOOPS
+                if state.sync and self._sync is None:
+                    self._sync = SyncTransport(self.nodes, clock=self.clock)
                 created = True
             else:
                 created = False
         if created:
             # The first iteration registers the generator with this loop's
             # async-generator hooks; loop.shutdown_asyncgens() then closes it.
-            state.guard = _loop_guard(state)
+            state.guard = _loop_guard(state, self._loop_ended)
             await state.guard.__anext__()
         return state
 
     # -- rounds --------------------------------------------------------------
     async def round(self, requests: Sequence[Request], *, skip_backoff: bool = True,
-                    last: int | None = None) -> list[Any]:
+                    last: int | None = None, until: float | None = None) -> list[Any]:
         """Ask node i ``requests[i]`` (None: do not ask it); return answers or errors.
 
         Each result is the node's reply, a :class:`NodeError` (no answer in time)
@@ -234,12 +371,17 @@ class AsyncTransport:
         Like the sync transport, a round sends to every node first and only then
         reads the replies, in node order, each within its own deadline: the
         replies of the other nodes are buffered by their streams meanwhile, so
-        reading in order costs nothing and needs no task per node. Only nodes
-        without an open connection are connected first, concurrently. A round
+        reading in order costs nothing and needs no task per node. Nodes
+        without an idle connection wait for one first, concurrently (see
+        :class:`_NodeConns`; ``until`` as in the sync transport). A round
         that is cancelled disconnects every connection it had not finished with.
         ``last``: a node to send to after the others.
         """
         state = await self._conns()
+        if state.sync and self._sync is not None:
+            # A loop per call (an async view under WSGI): the process-wide
+            # connections, one blocking round trip in a loop that serves one call.
+            return self._sync.round(requests, skip_backoff=skip_backoff, last=last, until=until)
         nodes = self.nodes
         n = len(nodes)
         results: list[Any] = [None] * n
@@ -261,15 +403,32 @@ class AsyncTransport:
         try:
             cold: list[int] = []
             for i in asked:
-                conn = conns[i] = state.nodes[i].take()
-                if not conn.is_connected or await _stale(conn):
+                conn = state.nodes[i].take()
+                if conn is not None and (not conn.is_connected or await _stale(conn)):
+                    await _disconnect(conn)  # the node closed it (a restart): a new one
+                    conn = None
+                conns[i] = conn
+                if conn is None:
                     cold.append(i)
             if cold:
-                errors = await asyncio.gather(*(self._connect(nodes[i], conns[i]) for i in cold))
-                for i, error in zip(cold, errors, strict=True):
-                    results[i] = error
-                    # The connect had its own timeout; the exchange gets the full one.
-                    deadlines[i] = self.clock() + nodes[i].timeout
+                if until is None:
+                    until = call_deadline.get()
+                wait_until = [start + connection_wait(nodes[i], start, until) for i in range(n)]
+                got = await asyncio.gather(*(state.nodes[i].wait(nodes[i], wait_until[i],
+                                                                  self.clock) for i in cold))
+                for i, conn in zip(cold, got, strict=True):
+                    if isinstance(conn, NodeError):
+                        results[i] = conn
+                        request = requests[i]
+                        if (isinstance(request, Call) and request.script is RELEASE
+                                and state.nodes[i].setting_up):
+                            # A release is never dropped for want of time: the
+                            # set-up sends it first (NodeClient.deliver_later).
+                            state.nodes[i].later.append(request.packed)
+                    else:
+                        conns[i] = conn
+                        # The set-up had its own bound; the exchange gets the full one.
+                        deadlines[i] = self.clock() + nodes[i].timeout
             live = [i for i in asked if results[i] is None]
             if last in live:
                 live = [i for i in live if i != last] + [last]
@@ -289,20 +448,6 @@ class AsyncTransport:
                 if not (keep[i] and not state.closed and state.nodes[i].give(conn)):
                     await _disconnect(conn)
         return results
-
-    async def _connect(self, node: NodeClient, conn: Any) -> NodeError | None:
-        await _disconnect(conn)  # a stale one
-        try:
-            async with _timeout(node._connect_timeout):
-                await conn.connect()
-        except asyncio.TimeoutError:  # not the builtin one on Python 3.10
-            node.mark_failed(self.clock())
-            return NodeError(node.name, f"no connection within {node._connect_timeout:g} s",
-                             sent=False)
-        except (*NODE_DOWN_ERRORS, RedisError) as e:
-            node.mark_failed(self.clock())
-            return NodeError(node.name, _short(e), sent=False)
-        return None
 
     async def _send(self, node: NodeClient, conn: Any, request: Request,
                     deadline: float) -> NodeError | None:
@@ -338,7 +483,7 @@ class AsyncTransport:
             return e, True
         except (*NODE_DOWN_ERRORS, RedisError) as e:
             node.mark_failed(self.clock())
-            return NodeError(node.name, _short(e)), False
+            return NodeError(node.name, not_redis_reason(e)), False
         node.mark_ok()
         return reply, True
 

@@ -45,6 +45,8 @@ import threading
 import time
 from typing import Any, Callable, Sequence
 
+from redis.exceptions import RedisError
+
 from ..core.owner import new_token
 from .resp import pack
 from .sync import NODE_DOWN_ERRORS, NodeClient
@@ -277,7 +279,12 @@ class ReleaseNotifier:
         self._kick_r, self._kick_w = socket.socketpair()
         #: Wakes the housekeeping thread.
         self._wake_r, self._wake_w = socket.socketpair()
-        for sock in (self._kick_r, self._wake_r):
+        # All four non-blocking: a poke into a full buffer is dropped (the
+        # other side has wake-ups enough to read). A blocking write end froze
+        # a burst of asyncio waiters: the housekeeping thread, reading for
+        # them, did not empty its wake-up socket, and the event loop's next
+        # poke blocked in send() for good (issue 25's burst test).
+        for sock in (self._kick_r, self._kick_w, self._wake_r, self._wake_w):
             sock.setblocking(False)
         self._sel: selectors.BaseSelector | None = None
         self._stopping = False
@@ -698,7 +705,7 @@ class ReleaseNotifier:
 
     def _connect_due(self) -> None:
         """Connect the links that are down and due, outside the read role (a
-        connect may block up to the node timeout); the reader puts them in use."""
+        connect may block up to the connect timeout); the reader puts them in use."""
         now = time.monotonic()
         for link in self._links:
             if link.sock is not None or link.pending is not None or now < link.next_connect:
@@ -709,7 +716,9 @@ class ReleaseNotifier:
             try:
                 conn = link.node.new_connection()
                 conn.connect()  # TCP/TLS, AUTH, SELECT: redis-py's handshake
-            except NODE_DOWN_ERRORS as e:
+            except (*NODE_DOWN_ERRORS, RedisError) as e:
+                # RedisError: a protocol error (not Redis there, issue 26) or
+                # NOAUTH is this node down, never the listener's end.
                 link.failures += 1
                 link.next_connect = now + min(RECONNECT_MAX, RECONNECT_FIRST * 2 ** link.failures)
                 logger.debug("pub/sub connect to %s failed: %s", link.node.name, e)

@@ -36,16 +36,17 @@ import select
 import threading
 import time
 from collections import deque
+from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Callable, Deque, Sequence, Tuple
 
 import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
-from redis.exceptions import NoScriptError, ResponseError
+from redis.exceptions import InvalidResponse, NoScriptError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..core.config import NodeSpec
-from .resp import PRELOAD, PRELOAD_SCRIPTS, Call, Command
+from .resp import PRELOAD, PRELOAD_SCRIPTS, RELEASE, Call, Command
 
 logger = logging.getLogger("django_redlock.transport")
 
@@ -56,6 +57,10 @@ NODE_DOWN_ERRORS = (RedisConnectionError, RedisTimeoutError, OSError)
 #: Set on a connection once it carried resp.PRELOAD; one about to reconnect
 #: (no socket) carries it again.
 _LOADED = "_redlock_scripts_loaded"
+
+#: REDLOCK["CONNECT_TIMEOUT"]'s default (core/config.py), for a NodeClient made
+#: without a manager.
+DEFAULT_CONNECT_TIMEOUT = 1.0
 
 BACKOFF_FIRST = 0.05
 BACKOFF_MAX = 1.0
@@ -71,10 +76,13 @@ _GET_NEEDS_NAME = (
 class NodeError(Exception):
     """One node's failure in a round: unreachable, timed out, or skipped (back-off)."""
 
-    def __init__(self, node: str, reason: str, *, sent: bool = True) -> None:
+    def __init__(self, node: str, reason: str, *, sent: bool = True,
+                 closed: bool = False) -> None:
         super().__init__(f"{node}: {reason}")
         self.node = node
         self.reason = reason
+        #: The node had closed the connection (a restart): worth one new one.
+        self.closed = closed
         #: False when the request never left (the node was skipped or the connect
         #: failed): the node certainly did not execute it.
         self.sent = sent
@@ -101,7 +109,11 @@ class Settle:
 
     ``yes`` and ``no`` classify one reply. The round returns once ``need`` nodes
     said yes, or once so many said no that ``need`` yes answers are out of
-    reach among the nodes asked. Errors never end a round early: whether too
+    reach among the nodes asked *and* at least ``need`` nodes answered: a
+    caller that asked a gate node first, which failed, needs a full quorum of
+    answers from the rest, or it would report the quorum unavailable on one
+    busy answer while the other node, not waited for, was up (and the error
+    named only the failed gate). Errors never end a round early: whether too
     few nodes *answered* is a different outcome (QuorumUnavailable), and only
     all the replies tell it. The reply of node ``also`` (when not None) is
     waited for a little longer (:data:`ALSO_GRACE`) once the rest is decided.
@@ -143,6 +155,15 @@ def _short(exc: BaseException) -> str:
     return text if len(text) < 160 else text[:157] + "..."
 
 
+def not_redis_reason(exc: BaseException) -> str:
+    """What to say about a node that answered something other than Redis (an
+    HTTP server, PostgreSQL) or refused our handshake (NOAUTH...): it counts as
+    a node down, and the message says what answered there (issue 26)."""
+    if isinstance(exc, InvalidResponse):
+        return "not a Redis server? it answered: " + _short(exc)
+    return _short(exc)
+
+
 class NodeClient:
     """One node: a connection pool, a timeout and a failure back-off.
 
@@ -152,12 +173,22 @@ class NodeClient:
     """
 
     def __init__(self, spec: NodeSpec, *, node_timeout: float,
-                 pool_factory: Callable[[NodeSpec], Any] | None = None) -> None:
+                 pool_factory: Callable[[NodeSpec], Any] | None = None,
+                 connect_timeout: float | None = None) -> None:
         self.spec = spec
         self.name = spec.display
         options = dict(spec.options)
-        self.timeout: float = float(options.get("socket_timeout", node_timeout))
-        self._connect_timeout = float(options.get("socket_connect_timeout", self.timeout))
+        # The lock's own bounds win over longer socket timeouts given in the
+        # node's OPTIONS, its URL or a borrowed cache pool (applied to every
+        # connection we make: see new_connection); shorter ones are kept.
+        self.timeout: float = min(float(options.get("socket_timeout") or node_timeout),
+                                  float(node_timeout))
+        bound = float(connect_timeout if connect_timeout is not None else DEFAULT_CONNECT_TIMEOUT)
+        #: How long one connection set-up (TCP, TLS, AUTH, the scripts) may
+        #: take; REDLOCK["CONNECT_TIMEOUT"]. See wait_connection.
+        self.connect_timeout: float = min(
+            float(options.get("socket_connect_timeout") or bound), bound)
+        self._connect_timeout = self.connect_timeout  # the name notify/aio used
         self._pool_factory = pool_factory
         self._pool: Any = None
         self._pool_lock = threading.Lock()
@@ -170,6 +201,14 @@ class NodeClient:
         self._owed_lock = threading.Lock()
         self._pid = os.getpid()
         self._closed = False
+        # Shared connection set-up (see wait_connection).
+        self._cond = threading.Condition(threading.Lock())
+        self._waiting = 0
+        self._setting_up = 0
+        self._setup_failures = 0
+        self._setup_error = ""
+        #: Releases to send first on the connection being set up (deliver_later).
+        self._later: list[bytes] = []
 
     # -- pool ---------------------------------------------------------------
     @property
@@ -191,34 +230,193 @@ class NodeClient:
         return redis.ConnectionPool.from_url(self.spec.url, **kwargs)
 
     def get(self) -> Any:
-        """A connection for one request/reply exchange; give it back with :meth:`put`.
+        """An idle connection for one request/reply exchange, or None when there
+        is none (then :meth:`wait_connection`); give it back with :meth:`put`.
 
-        Our own nodes keep a LIFO free list instead of going through redis-py's
+        Every node keeps a LIFO free list instead of going through redis-py's
         pool: the pool's checkout polls the socket and takes a lock on every
         call, which is a measurable share of a ~100 us acquire. It is safe here
         because a connection only comes back after its reply was read in full
         (a timed-out one is disconnected first), and we speak RESP2, so the
         server never pushes unasked data. A forked child starts with an empty
-        list: it must never share its parent's sockets.
+        list: it must never share its parent's sockets. A ``cache:`` node's
+        connections are made with the cache pool's settings (host, password,
+        TLS...), but the lock's own timeouts (:meth:`new_connection`): its pool
+        would connect with the cache's timeouts, seconds where a lock round has
+        a tenth of one.
         """
-        if self._borrowed:
-            return self.pool.get_connection("_") if _GET_NEEDS_NAME else self.pool.get_connection()
         if self._pid != os.getpid():
-            self._idle = []
-            self._owed = []
-            self._pid = os.getpid()
+            self._after_fork()
         try:
             return self._idle.pop()
         except IndexError:
-            return self.new_connection()
+            return None
+
+    def _after_fork(self) -> None:
+        self._idle = []
+        self._owed = []
+        self._cond = threading.Condition(threading.Lock())
+        self._waiting = self._setting_up = 0
+        self._pid = os.getpid()
 
     def put(self, conn: Any) -> None:
-        if self._borrowed:
-            self.pool.release(conn)
-        elif self._pid == os.getpid() and not self._closed:
+        if self._pid == os.getpid() and not self._closed and conn._sock is not None:
             self._idle.append(conn)
+            if self._waiting:
+                # Lock-free above (the hot path); a waiter counts itself in
+                # before it looks at the list, so it sees this one or is told.
+                with self._cond:
+                    self._cond.notify()
         else:
             conn.disconnect()
+
+    def wait_connection(self, deadline: float, clock: Callable[[], float] = time.monotonic) -> Any:
+        """A connected connection by ``deadline``, or :class:`NodeError` (``sent=False``).
+
+        Connection set-up is shared: a node has at most one set-up in flight
+        (in a thread of its own, bounded by :attr:`connect_timeout`, apart
+        from the node timeout), and every round that needs a connection waits
+        for the first one to come free: a connection set up for it or for
+        another round, or one given back. A burst of rounds on a cold process
+        thus opens a few connections one after the other instead of one per
+        round and node at once (250 concurrent handshakes timed out under load,
+        issue 25). A set-up that fails ends every wait at once with its reason
+        (a node that refuses costs nobody a timeout); one that outlives the
+        wait goes on in the background, so the next round finds it ready.
+        """
+        if self._pid != os.getpid():
+            self._after_fork()
+        with self._cond:
+            self._waiting += 1
+            try:
+                failures = self._setup_failures
+                while True:
+                    try:
+                        return self._idle.pop()
+                    except IndexError:
+                        pass
+                    if self._setup_failures != failures:
+                        raise NodeError(self.name, self._setup_error, sent=False)
+                    if self._closed:
+                        raise NodeError(self.name, "closed", sent=False)
+                    if not self._setting_up:
+                        self._start_setup()
+                    left = deadline - clock()
+                    if left <= 0:
+                        raise NodeError(self.name, "no connection yet (connecting, up to "
+                                        f"{self.connect_timeout:g} s)", sent=False)
+                    self._cond.wait(left)
+            finally:
+                self._waiting -= 1
+
+    def want_connection(self) -> None:
+        """Start a set-up now unless one is under way or a connection is idle:
+        a round calls this for every node it will wait for before it waits for
+        any, so that their set-ups run in parallel."""
+        if self._pid != os.getpid():
+            self._after_fork()
+        with self._cond:
+            if not self._idle and not self._setting_up and not self._closed:
+                self._start_setup()
+
+    def deliver_later(self, request: Any) -> bool:
+        """Send release ``request`` on the connection being set up, before
+        anyone else uses it; False when no set-up is under way.
+
+        A clean-up after a lost attempt must reach every node that may have
+        granted it, also one that timed out (its request was sent and may run
+        when it wakes): that node's connection was dropped, and a new one may
+        take longer than the round waits. The set-up thread sends the release
+        and reads its reply before the connection serves anything else, so it
+        runs before the next attempt of the same token on this node, and
+        within the connect timeout (issue 17).
+        """
+        with self._cond:
+            if not self._setting_up:
+                return False
+            self._later.append(request.packed)
+            return True
+
+    def _start_setup(self) -> None:
+        """Under ``_cond``: one more set-up in flight, in a daemon thread (only
+        a cold node pays for it; a round never creates a thread)."""
+        self._setting_up += 1
+        threading.Thread(target=self._setup, name=f"redlock-connect {self.name}",
+                         daemon=True).start()
+
+    def _setup(self) -> None:
+        conn: Any = None
+        error = ""
+        try:
+            conn = self.new_connection()
+            self.connect(conn)
+            self._send_later(conn)
+        except NodeError as e:
+            error = e.reason
+        with self._cond:
+            self._setting_up -= 1
+            self._later = []
+            if error:
+                self._setup_failures += 1
+                self._setup_error = error
+                self.mark_failed(time.monotonic())
+                self._cond.notify_all()
+                return
+            if self._closed or self._pid != os.getpid():
+                conn.disconnect()
+                return
+            self._idle.append(conn)
+            self._cond.notify()
+            if self._waiting > len(self._idle) and not self._setting_up:
+                self._start_setup()  # more rounds wait than there are connections
+
+    def _send_later(self, conn: Any) -> None:
+        """The releases handed to this set-up (:meth:`deliver_later`), each
+        reply read (their outcome changes nothing for anyone)."""
+        while True:
+            with self._cond:
+                later, self._later = self._later, []
+            if not later:
+                return
+            try:
+                conn.send_packed_command(later, check_health=False)
+                for _ in later:
+                    try:
+                        conn.read_response()
+                    except ResponseError:
+                        pass
+            except NODE_DOWN_ERRORS as e:
+                conn.disconnect()
+                raise NodeError(self.name, _short(e)) from e
+
+    def connect(self, conn: Any) -> None:
+        """Set ``conn`` up within :attr:`connect_timeout`: TCP (and TLS, AUTH,
+        SELECT, CLIENT SETNAME: redis-py's handshake), then the scripts
+        (resp.PRELOAD). Raises :class:`NodeError` (``sent=False``)."""
+        conn.socket_connect_timeout = self.connect_timeout
+        conn.socket_timeout = self.connect_timeout  # the handshake's replies
+        try:
+            try:
+                if hasattr(conn, "connect_check_health"):  # no retries: one bound
+                    conn.connect_check_health(check_health=False, retry_socket_connect=False)
+                else:  # pragma: no cover - redis-py < 6
+                    conn.connect()
+                conn.send_packed_command((PRELOAD,), check_health=False)
+                for _ in PRELOAD_SCRIPTS:
+                    try:
+                        conn.read_response()
+                    except ResponseError:  # SCRIPT denied by an ACL: EVAL after NOSCRIPT
+                        pass
+            finally:
+                conn.socket_timeout = self.timeout
+            conn._sock.settimeout(self.timeout)
+        except NODE_DOWN_ERRORS as e:
+            conn.disconnect()
+            raise NodeError(self.name, _short(e), sent=False) from e
+        except RedisError as e:  # a protocol error, NOAUTH...: not a Redis we can use
+            conn.disconnect()
+            raise NodeError(self.name, not_redis_reason(e), sent=False) from e
+        setattr(conn, _LOADED, True)
 
     def checkout(self, now: float, tag: Any = None) -> tuple[Any, Deque[Expected]]:
         """A connection for a round, with the replies it still owes.
@@ -243,7 +441,7 @@ class NodeClient:
                 self._drop(owed.conn)
                 self.mark_failed(now)
                 raise NodeError(self.name, f"no answer within {self.timeout:g} s", sent=False)
-        return self.get(), deque()
+        return self.get(), deque()  # None: no idle one (SyncTransport.round waits for one)
 
     def _take_owed(self, now: float, tag: Any) -> _Owed | None:
         owed = self._owed
@@ -280,26 +478,34 @@ class NodeClient:
         except NODE_DOWN_ERRORS:
             return False
 
-    def _drop(self, conn: Any) -> None:
+    @staticmethod
+    def _drop(conn: Any) -> None:
         conn.disconnect()
-        if self._borrowed and self._pool is not None:
-            self._pool.release(conn)
 
     def new_connection(self) -> Any:
-        """A connection outside the pool's accounting (also for the pub/sub listener)."""
+        """A connection outside the pool's accounting (also for the pub/sub
+        listener), with the lock's bounds: a longer socket timeout from the URL
+        or a cache's pool never applies (issue 17: a ``cache:`` node took 5 s
+        with a node timeout of 0.2 s)."""
         pool = self.pool
-        return pool.connection_class(**pool.connection_kwargs)
+        kwargs = dict(pool.connection_kwargs)
+        kwargs["socket_timeout"] = self.timeout
+        kwargs["socket_connect_timeout"] = self.connect_timeout
+        return pool.connection_class(**kwargs)
 
     def close(self) -> None:
         owed, self._owed = self._owed, []
         for entry in owed:
             self._drop(entry.conn)
-        if self._pool is not None and not self._borrowed:
+        if self._pool is not None:
             self._closed = True
             idle, self._idle = self._idle, []
             for conn in idle:
                 conn.disconnect()
-            self._pool.disconnect()
+            if not self._borrowed:  # a cache's own pool stays the cache's
+                self._pool.disconnect()
+            with self._cond:
+                self._cond.notify_all()
         self._pool = None
 
     # -- health -------------------------------------------------------------
@@ -342,6 +548,28 @@ def nodes_to_skip(nodes: Sequence[NodeClient], requests: Sequence[Request], now:
     return skip
 
 
+#: The deadline (the transport's clock; ``inf``: none) of the acquire that the
+#: rounds of this thread or task serve, set by ``LockBase._start_acquire``;
+#: 0.0 (the default, or a past value) means no time to spare beyond the node
+#: timeout. See :func:`connection_wait`.
+call_deadline: ContextVar[float] = ContextVar("redlock_call_deadline", default=0.0)
+
+
+def connection_wait(node: NodeClient, start: float, until: float | None) -> float:
+    """How long a round that starts at ``start`` waits for a connection to
+    ``node``: its node timeout, or up to the caller's deadline ``until`` when
+    that is later, never more than the connect timeout. The set-up itself goes
+    on in the background for its whole connect timeout, so a round that gave
+    up on it (the caller retries while it has time) finds it ready; and a call
+    with no time left is not held past its node timeout by a black-holed
+    connect (issue 17: ``acquire(timeout=T)`` returns by T plus one node
+    timeout)."""
+    wait = node.timeout
+    if until is not None and until - start > wait:
+        wait = until - start
+    return min(wait, max(node.connect_timeout, node.timeout))
+
+
 class _NodeDone(Exception):
     """A node's exchange ended without its reply: the result to report instead."""
 
@@ -359,7 +587,7 @@ class SyncTransport:
 
     def round(self, requests: Sequence[Request], *, skip_backoff: bool = True,
               settle: Settle | None = None, tag: Any = None, final: bool = False,
-              last: int | None = None) -> list[Any]:
+              last: int | None = None, until: float | None = None) -> list[Any]:
         """Ask node i ``requests[i]`` (None: do not ask it); return answers or errors.
 
         Each result is the node's reply, a :class:`NodeError` (no answer in time) or
@@ -371,9 +599,19 @@ class SyncTransport:
         order on each node (:meth:`NodeClient.checkout`); ``final`` says no
         round of that token follows (a release), so what it leaves owed is
         nobody's. ``last``: a node to send to after the others.
+
+        A node without an idle connection waits for one
+        (:meth:`NodeClient.wait_connection`) after the others were sent
+        theirs (:func:`connection_wait`: its node timeout, or up to ``until``,
+        the caller's deadline, when it has one); the nodes' set-ups run in
+        parallel. A connection taken idle that the node
+        closed meanwhile (it restarted) is replaced once, and the request sent
+        again: the node never saw it.
         """
         nodes = self.nodes
         n = len(nodes)
+        if until is None:
+            until = call_deadline.get()
         results: list[Any] = [None] * n
         conns: list[Any] = [None] * n
         expects: list[Any] = [None] * n
@@ -382,9 +620,10 @@ class SyncTransport:
         skip = nodes_to_skip(nodes, requests, start, skip_backoff)
         try:
             # Nodes with an open connection are asked first; a node that needs a
-            # (re)connect is asked after them, so a black-holed node stalling in
-            # its connect handshake cannot hold back the healthy nodes' requests.
+            # connection waits for one after them, so a black-holed node stalling
+            # in its connect handshake cannot hold back the healthy nodes' requests.
             fresh: list[int] = []
+            reused = [False] * n
             order: Sequence[int] = range(n)
             if last is not None:
                 order = [i for i in range(n) if i != last] + [last]
@@ -396,20 +635,23 @@ class SyncTransport:
                     results[i] = NodeError(node.name, "skipped: failed recently", sent=False)
                     continue
                 try:
-                    conns[i], expects[i] = node.checkout(start, tag)  # may connect
+                    conns[i], expects[i] = node.checkout(start, tag)
                 except NodeError as e:
                     results[i] = e
                     continue
-                except NODE_DOWN_ERRORS as e:
-                    node.mark_failed(self.clock())
-                    results[i] = NodeError(node.name, _short(e), sent=False)
-                    continue
-                if getattr(conns[i], "_sock", None) is None:
+                if conns[i] is None or conns[i]._sock is None:
+                    if conns[i] is not None:  # pragma: no cover - an owed one closed under us
+                        node._drop(conns[i])
+                        conns[i] = None
                     fresh.append(i)
                 else:
+                    reused[i] = not expects[i]
                     self._send(i, requests[i], conns, expects, results, deadlines)
             for i in fresh:
-                self._send(i, requests[i], conns, expects, results, deadlines)
+                nodes[i].want_connection()
+            for i in fresh:
+                self._connect_and_send(i, requests[i], conns, expects, results, deadlines,
+                                       start, until)
             # Each node's deadline counts from its own send: one slow connect
             # costs the others nothing.
             live = [i for i in range(n) if conns[i] is not None and results[i] is None]
@@ -421,6 +663,21 @@ class SyncTransport:
             else:
                 for i in live:
                     results[i] = self._read_up_to_mine(i, conns[i], expects[i], deadlines[i])
+            for i in range(n):
+                result = results[i]
+                if reused[i] and isinstance(result, NodeError) and result.closed:
+                    # The node closed this idle connection (a restart): once more
+                    # on a new one, or the restarted node sits out this round.
+                    results[i] = None
+                    expects[i] = deque()
+                    if conns[i] is not None:
+                        conns[i].disconnect()
+                        conns[i] = None
+                    self._connect_and_send(i, requests[i], conns, expects, results, deadlines,
+                                           self.clock(), until)
+                    if results[i] is None:
+                        results[i] = self._read_up_to_mine(i, conns[i], expects[i],
+                                                           deadlines[i])
         finally:
             for i in range(n):
                 conn = conns[i]
@@ -437,6 +694,21 @@ class SyncTransport:
                     nodes[i].put(conn)
         return results
 
+    def _connect_and_send(self, i: int, request: Request, conns: list[Any], expects: list[Any],
+                          results: list[Any], deadlines: list[float], start: float,
+                          until: float | None) -> None:
+        node = self.nodes[i]
+        try:
+            conns[i] = node.wait_connection(start + connection_wait(node, start, until),
+                                            self.clock)
+        except NodeError as e:
+            if isinstance(request, Call) and request.script is RELEASE:
+                node.deliver_later(request)  # a release is never dropped for want of time
+            results[i] = e
+            return
+        expects[i] = deque()
+        self._send(i, request, conns, expects, results, deadlines)
+
     def _send(self, i: int, request: Request, conns: list[Any], expects: list[Any],
               results: list[Any], deadlines: list[float]) -> None:
         node, conn, expect = self.nodes[i], conns[i], expects[i]
@@ -452,7 +724,8 @@ class SyncTransport:
         except NODE_DOWN_ERRORS as e:
             node.mark_failed(self.clock())
             # Owed requests may have run; this one did not.
-            results[i] = NodeError(node.name, _short(e), sent=False)
+            results[i] = NodeError(node.name, _short(e), sent=False,
+                                   closed=isinstance(e, (RedisConnectionError, OSError)))
             conns[i] = None
             conn.disconnect()
             node.put(conn)
@@ -533,7 +806,12 @@ class SyncTransport:
             raise _NodeDone(self._fail(node, conn, expect,
                                        f"no answer within {node.timeout:g} s")) from e
         except NODE_DOWN_ERRORS as e:
-            raise _NodeDone(self._fail(node, conn, expect, _short(e))) from e
+            done = self._fail(node, conn, expect, _short(e))
+            # Closed by the node before it read anything of ours: a restart.
+            done.closed = mine and isinstance(e, RedisConnectionError)
+            raise _NodeDone(done) from e
+        except InvalidResponse as e:  # not Redis speaking there (issue 26)
+            raise _NodeDone(self._fail(node, conn, expect, not_redis_reason(e))) from e
         except BaseException:
             # Interrupted (KeyboardInterrupt, a timeout signal): the reply may
             # still arrive, so this connection must never be reused.
@@ -571,7 +849,7 @@ class SyncTransport:
         while pending:
             now = self.clock()
             limit = min(deadlines[i] for i in by_fd.values())
-            if yes >= settle.need or no >= give_up_at:
+            if yes >= settle.need or (no >= give_up_at and yes + no >= settle.need):
                 if also is None or results[also] is not None:
                     break
                 # Decided; node ``also`` gets a short grace, never a timeout.

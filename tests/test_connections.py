@@ -1,0 +1,196 @@
+"""Connections: set-up bounds, a node that restarted, a node that is not Redis.
+
+Issue 17 item 4 and issue 26 item 5, on real servers: the lock's own bounds win
+over longer socket timeouts given with a node; the first request on a pooled
+connection the node closed (a restart) reconnects once instead of counting the
+node as down; a port where something else than Redis answers is a node down,
+with a message that says so, and the other nodes' quorum carries on.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.server
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from django_redlock.testing import FaultProxy, RedisNodes
+from django_redlock.transport.resp import Command
+
+MakeManager = Callable[..., Any]
+
+
+@pytest.fixture
+def http_url() -> Iterator[str]:
+    """A tiny HTTP server on a loopback port, as a node URL."""
+
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args: Any) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                              daemon=True)
+    thread.start()
+    try:
+        yield f"redis://127.0.0.1:{server.server_address[1]}/0"
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+
+
+def test_a_node_that_speaks_http_is_a_node_down(http_url: str, nodes3: RedisNodes,
+                                                 make_manager: MakeManager) -> None:
+    mgr = make_manager([http_url, nodes3.urls[1], nodes3.urls[2]])
+    for _ in range(3):
+        lock = mgr.lock("not-redis", timeout=0)
+        assert lock.acquire()
+        lock.release()
+    # What answered there is in the node's error (a round asks it directly).
+    results = mgr.transport.round([Command(b"PING"), None, None], skip_backoff=False)
+    assert "not a Redis server" in results[0].reason, results[0]
+
+
+def test_a_node_that_speaks_http_is_a_node_down_asyncio(http_url: str, nodes3: RedisNodes,
+                                                         make_manager: MakeManager) -> None:
+    mgr = make_manager([http_url, nodes3.urls[1], nodes3.urls[2]])
+
+    async def scenario() -> None:
+        for _ in range(3):
+            lock = mgr.alock("not-redis", timeout=0)
+            assert await lock.acquire()
+            await lock.release()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_a_restarted_node_takes_part_in_the_next_lock(
+        flavour: str, redis_nodes_factory: Callable[..., RedisNodes],
+        make_manager: MakeManager) -> None:
+    nodes = redis_nodes_factory(3)
+    mgr = make_manager(nodes)
+
+    async def take_async(name: str) -> None:
+        lock = mgr.alock(name, timeout=0, auto_renew=False)
+        assert await lock.acquire()
+
+    def take(name: str) -> None:
+        if flavour == "sync":
+            assert mgr.lock(name, timeout=0, auto_renew=False).acquire()
+        else:
+            asyncio.run(take_async(name))
+
+    take("warm")  # every node has an idle connection now
+    nodes[0].restart(empty=True)
+    take("after-restart")
+    # The restarted node granted it too: it was not counted as down.
+    assert nodes[0].execute("EXISTS", mgr.key("after-restart")) == 1
+
+
+def test_a_long_socket_timeout_in_the_node_url_does_not_bound_a_round(
+        redis_nodes_factory: Callable[..., RedisNodes], make_manager: MakeManager) -> None:
+    """A paused node whose URL says ``socket_timeout=5``: the first round
+    used to wait 5 s for its connection handshake; the lock's own bounds win
+    (node timeout 0.2 s: a call with no time left waits no longer for a
+    connection; the set-up goes on in the background)."""
+    nodes = redis_nodes_factory(3)
+    slow = nodes.urls[0] + "?socket_timeout=5&socket_connect_timeout=5"
+    mgr = make_manager([slow, nodes.urls[1], nodes.urls[2]], node_timeout=0.2)
+    assert mgr.nodes[0].timeout == 0.2
+    nodes[0].pause()
+    try:
+        started = time.monotonic()
+        lock = mgr.lock("bounded", timeout=0, auto_renew=False)
+        assert lock.acquire()
+        assert time.monotonic() - started < 0.2 + 0.2 + 0.3  # one wait, one exchange, slack
+        lock.release()
+    finally:
+        nodes[0].resume()
+
+
+def test_new_connections_to_several_nodes_are_opened_in_parallel(
+        redis_nodes_factory: Callable[..., RedisNodes], make_manager: MakeManager) -> None:
+    """Two paused nodes of five on a cold manager: their set-ups run at the
+    same time, so the round costs one node timeout, not one per node."""
+    nodes = redis_nodes_factory(5)
+    mgr = make_manager(nodes, node_timeout=0.4)
+    nodes[0].pause()
+    nodes[1].pause()
+    try:
+        started = time.monotonic()
+        lock = mgr.lock("parallel", timeout=0, auto_renew=False)
+        assert lock.acquire()
+        took = time.monotonic() - started
+        assert took < 0.7, took  # one after the other: >= 0.8
+        lock.release()
+    finally:
+        nodes[0].resume()
+        nodes[1].resume()
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+@pytest.mark.parametrize("fault", ["paused", "black-holed"])
+def test_acquire_returns_by_its_timeout_plus_one_node_timeout(
+        flavour: str, fault: str, redis_nodes_factory: Callable[..., RedisNodes],
+        fault_proxy_factory: Callable[..., FaultProxy], make_manager: MakeManager) -> None:
+    """Issue 17: with a majority of nodes paused (TCP still connects) or
+    black-holed (nothing answers, connects included) on a cold manager,
+    ``acquire(timeout=T)`` raises QuorumUnavailable by T plus one node
+    timeout, however long a connection set-up may take (CONNECT_TIMEOUT 5 s)."""
+    from django_redlock import QuorumUnavailable
+
+    nodes = redis_nodes_factory(3)
+    proxies = [fault_proxy_factory(nodes[i]) for i in (0, 1)]
+    mgr = make_manager([proxies[0].url, proxies[1].url, nodes.urls[2]], node_timeout=0.2,
+                       connect_timeout=5.0)
+    T = 0.6
+    for i in (0, 1):
+        if fault == "paused":
+            nodes[i].pause()
+        else:
+            proxies[i].cut()
+
+    async def attempt_async() -> None:
+        await mgr.alock("bounded", timeout=T).acquire()
+
+    try:
+        started = time.monotonic()
+        with pytest.raises(QuorumUnavailable):
+            if flavour == "sync":
+                mgr.lock("bounded", timeout=T).acquire()
+            else:
+                asyncio.run(attempt_async())
+        took = time.monotonic() - started
+        assert took < T + 0.2 + 0.3, took  # slack: the shared machine
+    finally:
+        for i in (0, 1):
+            if fault == "paused":
+                nodes[i].resume()
+            else:
+                proxies[i].heal()
+
+
+def test_a_node_that_speaks_http_does_not_stop_the_release_listener(
+        http_url: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """A waiter subscribes to release notices on every node: the HTTP node's
+    pub/sub connect failing with a protocol error used to end the listener
+    thread ("release listener stopped"); it is a node down like any other."""
+    mgr = make_manager([http_url, nodes3.urls[1], nodes3.urls[2]])
+    holder = mgr.lock("not-redis-wait", auto_renew=False)
+    assert holder.acquire(timeout=0)
+    releaser = threading.Timer(0.3, holder.release)
+    releaser.start()
+    try:
+        waiter = mgr.lock("not-redis-wait", auto_renew=False)
+        assert waiter.acquire(timeout=5)
+        waiter.release()
+    finally:
+        releaser.join(timeout=5)
+    time.sleep(0.2)  # the listener's next connect attempt to the HTTP node
+    assert mgr.notifier._thread is not None and mgr.notifier._thread.is_alive()
