@@ -13,16 +13,18 @@ id       meaning
 E001     ``REDLOCK_NODES`` is missing or empty
 E002     ``REDLOCK_NODES`` is not a list or tuple
 E003     a node entry has the wrong type or shape
-E004     a node URL is malformed (scheme, host, port or database)
+E004     a node URL is malformed (scheme, host, port, database or an
+         unencoded character of its password)
 E005     the same node is listed twice
 E006     a ``cache:<alias>`` node names an unknown or non-Redis cache
 E007     ``REDLOCK`` is not a dict
 E008     ``REDLOCK`` has an unknown key
 E009     a ``REDLOCK`` value has the wrong type
 E010     a ``REDLOCK`` value is out of range
-E011     a node's ``OPTIONS`` has an unknown key or a bad value
+E011     a node's ``OPTIONS`` or URL query has an unknown key or a bad value
 W001     an even number of nodes (no more fault tolerance than one fewer)
 W002     TTL is not comfortably larger than the node timeout
+W003     a node's socket timeouts are longer than ``NODE_TIMEOUT``
 ======== ==================================================================
 """
 
