@@ -140,7 +140,10 @@ def test_accepted_means_built_refused_means_the_same_error(case: tuple[str, str]
 
 
 @FAST
-@given(text=st.text(max_size=40))
+@given(text=st.one_of(st.text(max_size=40),
+                      st.text(st.characters(exclude_categories=()), max_size=40),
+                      st.builds(lambda p, t: p + t, st.sampled_from(["redis://", "unix:///"]),
+                                st.text(max_size=30))))
 def test_any_text_is_refused_or_built(text: str) -> None:
     specs, problems = parse_nodes([text])
     if not any(p.is_error for p in problems):

@@ -340,6 +340,10 @@ def _parse_url(url: str) -> _URL | _Refused:
     text = url.strip()
     if any(c < " " or c == "\x7f" for c in text):
         return _Refused("contains a control character (a line break or a tab?)")
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _Refused("is not valid text (a lone surrogate)")
     scheme_match = _SCHEME.match(text)
     if scheme_match is None or scheme_match.group(1).lower() not in _URL_SCHEMES:
         loose = _LOOSE_SCHEME.match(text)
