@@ -84,7 +84,8 @@ def urls(draw: st.DrawFn) -> tuple[str, str]:
         pairs.append((part("key"), "1"))
     if "value" in broken and pairs:
         pairs[0] = (pairs[0][0], part("value"))
-    query = "&".join(f"{k}={v}" for k, v in pairs)
+    spelled = {"password": draw(st.sampled_from(["password", "pass%77ord", "PASSWORD"]))}
+    query = "&".join(f"{spelled.get(k, k)}={v}" for k, v in pairs)
     url = (part("lead") + prefix + userinfo + host + port + path
            + (f"?{query}" if query else "") + part("tail"))
     return url, password

@@ -37,7 +37,7 @@ import posixpath
 import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping, NamedTuple
-from urllib.parse import parse_qsl, quote, unquote, urlsplit
+from urllib.parse import parse_qsl, quote, unquote, unquote_plus, urlsplit
 
 from .keys import InvalidLockName, validate_prefix
 
@@ -453,7 +453,8 @@ def mask_url(url: Any) -> str:
     A URL that :func:`parse_nodes` accepts is shown as written, password masked.
     Any other text (a mistyped scheme, an unencoded ``/``, ``?`` or ``#`` in the
     password, no scheme at all) may hold a password anywhere before its last
-    ``@``: all of that is masked, and so is everything after ``password=`` and
+    ``@``: all of that is masked, and so is the query string when it names a
+    password (everything after ``password=`` when there is no ``?``), and
     after a ``:`` that does not start a port.
     """
     if not isinstance(url, str):
@@ -466,8 +467,8 @@ def mask_url(url: Any) -> str:
             userinfo, _, hostpart = netloc.rpartition("@")
             user = userinfo.split(":", 1)[0]
             netloc = f"{user}:***@{hostpart}" if ":" in userinfo else f"***@{hostpart}"
-        query = "&".join("password=***" if q.startswith("password=") else q
-                         for q in parts.query.split("&")) if parts.query else ""
+        query = "&".join(_mask_query_item(q) for q in parts.query.split("&")) \
+            if parts.query else ""
         return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
     prefix_match = _LOOSE_SCHEME.match(text)
     prefix = prefix_match.group() if prefix_match else ""
@@ -480,10 +481,19 @@ def mask_url(url: Any) -> str:
         colon = authority.find(":")
         if colon >= 0 and not _DIGITS.fullmatch(authority[authority.rfind(":") + 1:]):
             rest = authority[:colon + 1] + "***"
-    lowered = rest.lower()
-    if "password=" in lowered:
-        rest = rest[:lowered.index("password=") + len("password=")] + "***"
+    if "password" in unquote_plus(rest).lower():  # also an encoded "pass%77ord="
+        question = rest.find("?")
+        lowered = rest.lower()
+        if question >= 0:
+            rest = rest[:question + 1] + "***"
+        elif "password=" in lowered:
+            rest = rest[:lowered.index("password=") + len("password=")] + "***"
     return prefix + rest
+
+
+def _mask_query_item(item: str) -> str:
+    key, sep, _ = item.partition("=")
+    return f"{key}=***" if sep and unquote_plus(key) == "password" else item
 
 
 def _check_node_options(options: Any, where: str, scheme: str) -> list[Problem]:
