@@ -12,7 +12,7 @@ from typing import Any
 from django.conf import settings
 from django.core import checks
 
-from .core.config import Problem, check_cache_aliases, check_options, parse_nodes
+from .core.config import Problem, check_cache_aliases, check_node_timeouts, check_options, parse_nodes
 
 
 def _message(problem: Problem) -> checks.CheckMessage:
@@ -21,8 +21,11 @@ def _message(problem: Problem) -> checks.CheckMessage:
 
 
 def check_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.CheckMessage]:
-    problems = check_options(getattr(settings, "REDLOCK", None))
+    options = getattr(settings, "REDLOCK", None)
+    caches = getattr(settings, "CACHES", {}) or {}
+    problems = check_options(options)
     specs, node_problems = parse_nodes(getattr(settings, "REDLOCK_NODES", None))
     problems += node_problems
-    problems += check_cache_aliases(specs, getattr(settings, "CACHES", {}) or {})
+    problems += check_cache_aliases(specs, caches)
+    problems += check_node_timeouts(specs, options, caches)
     return [_message(p) for p in problems]

@@ -17,7 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from .core.config import resolve_options
+from .core.config import check_options, parse_nodes, resolve_options
 
 _lock = threading.Lock()
 _manager: Any = None
@@ -30,11 +30,24 @@ def get_options() -> dict[str, Any]:
     return resolve_options(getattr(settings, "REDLOCK", None) or {})
 
 
+def _settings_errors() -> str:
+    """The ``redlock.E0xx`` errors in the settings, as one message ("" when none).
+
+    A helper of its own so that the raw ``REDLOCK_NODES`` (passwords and all)
+    is not a local variable of the frame that raises: Django's debug page and
+    error e-mails show every frame's locals.
+    """
+    options = getattr(settings, "REDLOCK", None)
+    problems = check_options(options)
+    problems += parse_nodes(getattr(settings, "REDLOCK_NODES", None))[1]
+    return "; ".join(f"redlock.{p.id}: {p.msg}" for p in problems if p.is_error)
+
+
 def get_manager() -> Any:
     """The :class:`LockManager` built from settings; built on first call.
 
-    Raises ``ImproperlyConfigured`` (with the ``redlock.E0xx`` ids that
-    ``manage.py check`` reports) when the settings are invalid.
+    Raises ``ImproperlyConfigured`` (with the ``redlock.E0xx`` ids and wording
+    that ``manage.py check`` reports) when the settings are invalid.
     """
     global _manager
     manager = _manager
@@ -44,15 +57,12 @@ def get_manager() -> Any:
         if _manager is None:
             from .manager import LockManager
 
-            nodes = getattr(settings, "REDLOCK_NODES", None)
-            if nodes is None:
-                raise ImproperlyConfigured(
-                    "redlock.E001: REDLOCK_NODES is not set; django-redlock needs at least one "
-                    "Redis node.")
+            errors = _settings_errors()
+            if errors:
+                raise ImproperlyConfigured(errors)
             options = getattr(settings, "REDLOCK", None) or {}
-            if not isinstance(options, dict):
-                raise ImproperlyConfigured("redlock.E007: REDLOCK must be a dict.")
-            _manager = LockManager(nodes, **{k.lower(): v for k, v in options.items()})
+            _manager = LockManager(settings.REDLOCK_NODES,
+                                   **{k.lower(): v for k, v in options.items()})
         return _manager
 
 

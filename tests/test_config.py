@@ -41,6 +41,11 @@ def test_valid_settings_have_no_problems(settings: Any) -> None:
     ([{"URL": "redis://127.0.0.1:6379/0", "OPTIONS": {"sokcet_timeout": 1}}], "redlock.E011"),
     ([{"URL": "redis://127.0.0.1:6379/0", "OPTIONS": {"socket_timeout": -1}}], "redlock.E011"),
     (["redis://127.0.0.1:6379/0", "redis://127.0.0.1:6380/0"], "redlock.W001"),
+    (["redis://localhost:6379/0", "redis://127.0.0.1:6379"], "redlock.E005"),
+    (["redis://127.0.0.1:6379/0?socket_timeout=abc"], "redlock.E011"),
+    (["unix:///tmp/redis.sock?db=x"], "redlock.E004"),
+    (["unix:///tmp/\ud800.sock"], "redlock.E004"),
+    (["redis://127.0.0.1:6379/0?socket_timeout=5"], "redlock.W003"),
 ])
 def test_node_problems(settings: Any, nodes: Any, expected: str) -> None:
     if nodes is None:

@@ -13,26 +13,31 @@ id       meaning
 E001     ``REDLOCK_NODES`` is missing or empty
 E002     ``REDLOCK_NODES`` is not a list or tuple
 E003     a node entry has the wrong type or shape
-E004     a node URL is malformed (scheme, host, port or database)
+E004     a node URL is malformed (scheme, host, port, database or an
+         unencoded character of its password)
 E005     the same node is listed twice
 E006     a ``cache:<alias>`` node names an unknown or non-Redis cache
 E007     ``REDLOCK`` is not a dict
 E008     ``REDLOCK`` has an unknown key
 E009     a ``REDLOCK`` value has the wrong type
 E010     a ``REDLOCK`` value is out of range
-E011     a node's ``OPTIONS`` has an unknown key or a bad value
+E011     a node's ``OPTIONS`` or URL query has an unknown key or a bad value
 W001     an even number of nodes (no more fault tolerance than one fewer)
 W002     TTL is not comfortably larger than the node timeout
+W003     a node's socket timeouts are longer than ``NODE_TIMEOUT``
 ======== ==================================================================
 """
 
 from __future__ import annotations
 
 import difflib
+import ipaddress
 import math
+import posixpath
+import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping
-from urllib.parse import unquote, urlsplit
+from typing import Any, Callable, Mapping, NamedTuple
+from urllib.parse import parse_qsl, quote, unquote, unquote_plus, urlsplit
 
 from .keys import InvalidLockName, validate_prefix
 
@@ -129,95 +134,417 @@ def check_options(options: Any) -> list[Problem]:
 # ---------------------------------------------------------------- nodes
 
 _URL_SCHEMES = ("redis", "rediss", "unix")
+
+
+def _text_ok(v: Any) -> bool:
+    return isinstance(v, str)
+
+
+def _client_name_ok(v: Any) -> bool:
+    # Redis refuses CLIENT SETNAME with spaces, newlines or other special
+    # characters ("Client names cannot contain spaces..."); every connection
+    # would then fail at connect time, so it is an error here.
+    return isinstance(v, str) and all("!" <= c <= "~" for c in v)
+
+
 #: Node OPTIONS we pass to the redis-py connection pool, with their type test.
+#: The same rules apply to the same keys in a URL's query string.
 NODE_OPTIONS: dict[str, Callable[[Any], bool]] = {
     "socket_timeout": lambda v: _number(v) and v > 0,
     "socket_connect_timeout": lambda v: _number(v) and v > 0,
-    "password": lambda v: isinstance(v, str),
-    "username": lambda v: isinstance(v, str),
-    "ssl_cert_reqs": lambda v: isinstance(v, str) or v is None,
+    "password": _text_ok,
+    "username": _text_ok,
+    "ssl_cert_reqs": lambda v: v is None or v in ("none", "optional", "required"),
     "ssl_ca_certs": lambda v: isinstance(v, str) or v is None,
     "ssl_certfile": lambda v: isinstance(v, str) or v is None,
     "ssl_keyfile": lambda v: isinstance(v, str) or v is None,
     "ssl_check_hostname": lambda v: isinstance(v, bool),
     "max_connections": lambda v: isinstance(v, int) and not isinstance(v, bool) and v > 0,
-    "client_name": lambda v: isinstance(v, str),
+    "client_name": _client_name_ok,
     "health_check_interval": lambda v: _number(v) and v >= 0,
 }
 
+#: What a bad value must be, for the messages.
+_NODE_OPTION_RULES = {
+    "socket_timeout": "a number of seconds > 0",
+    "socket_connect_timeout": "a number of seconds > 0",
+    "password": "a str",
+    "username": "a str",
+    "ssl_cert_reqs": "'none', 'optional', 'required' or None",
+    "ssl_ca_certs": "a path (str) or None",
+    "ssl_certfile": "a path (str) or None",
+    "ssl_keyfile": "a path (str) or None",
+    "ssl_check_hostname": "a bool",
+    "max_connections": "an int > 0",
+    "client_name": "a str of printable ASCII without spaces",
+    "health_check_interval": "a number of seconds >= 0",
+}
 
-@dataclass(frozen=True)
+#: Options only redis-py's TLS connection takes: with redis:// or unix:// the
+#: first connection would fail with a TypeError.
+_TLS_ONLY = frozenset(k for k in NODE_OPTIONS if k.startswith("ssl_"))
+
+_BOOLS = {"true": True, "yes": True, "on": True, "1": True,
+          "false": False, "no": False, "off": False, "0": False}
+_DIGITS = re.compile(r"[0-9]{1,10}")
+
+
+def _from_query(key: str, text: str) -> Any:
+    """A URL query value as the Python value the same key takes in ``OPTIONS``.
+
+    Returns ``_BAD`` when the text cannot be read as that type at all (the
+    range is then checked by :data:`NODE_OPTIONS`, as for a dict node).
+    """
+    if key in ("socket_timeout", "socket_connect_timeout", "health_check_interval"):
+        try:
+            return float(text)
+        except ValueError:
+            return _BAD
+    if key == "max_connections":
+        return int(text) if _DIGITS.fullmatch(text) else _BAD
+    if key == "ssl_check_hostname":
+        return _BOOLS.get(text.lower(), _BAD)
+    return text
+
+
+_BAD: Any = object()
+
+
+class Secret(str):
+    """A password: a ``str`` wherever it is used, ``'***'`` wherever it is shown.
+
+    ``repr()`` is what debug pages, ``pprint``, logging of containers and
+    traceback locals show, so a password kept as a ``Secret`` in a node's
+    options (and in the pool kwargs copied from them) never appears there.
+    """
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "'***'"
+
+
+def _masked_options(options: Mapping[str, Any]) -> dict[str, Any]:
+    return {k: ("***" if k == "password" and v is not None else v) for k, v in options.items()}
+
+
+@dataclass(frozen=True, repr=False)
 class NodeSpec:
-    """One configured node: a URL with options, or a django-redis cache alias."""
+    """One configured node: a URL with options, or a django-redis cache alias.
+
+    ``url`` is exactly what the connection pool is built from: :func:`parse_nodes`
+    writes it in one canonical form (lower-case scheme, explicit port and
+    database, no user, password or query), and moves the user, the password
+    and the query's options into ``options``, already converted and validated.
+    So what ``manage.py check`` accepted is what connects, and the URL itself
+    never carries a secret. ``name`` is how the node is shown (the configured
+    URL with its password masked).
+    """
 
     kind: str  # "url" or "cache"
     url: str = ""
     alias: str = ""
     options: Mapping[str, Any] = field(default_factory=dict)
+    name: str = field(default="", compare=False)
+
+    def __post_init__(self) -> None:
+        password = self.options.get("password")
+        if isinstance(password, str) and not isinstance(password, Secret):
+            object.__setattr__(self, "options", {**self.options, "password": Secret(password)})
+
+    def __repr__(self) -> str:
+        if self.kind == "cache":
+            return f"NodeSpec(cache:{self.alias})"
+        return f"NodeSpec({self.display!r}, options={_masked_options(self.options)!r})"
+
+    __str__ = __repr__
 
     @property
     def display(self) -> str:
         """A name safe to print: the password is masked."""
-        return f"cache:{self.alias}" if self.kind == "cache" else mask_url(self.url)
+        if self.kind == "cache":
+            return f"cache:{self.alias}"
+        return self.name or mask_url(self.url)
 
     @property
     def identity(self) -> tuple[Any, ...]:
-        """What makes two entries the same server (for the duplicate check)."""
+        """What makes two entries the same server (for the duplicate check).
+
+        ``localhost``, ``127.0.0.1`` and ``::1`` are one server (``localhost``
+        may resolve to either address, and Redis listens on both by default);
+        IP addresses compare by value (``::0:1`` is ``::1``); host names ignore
+        case and a trailing dot; a missing port is 6379 and a missing database 0.
+        """
         if self.kind == "cache":
             return ("cache", self.alias)
-        parts = urlsplit(self.url)
-        if parts.scheme == "unix":
-            return ("unix", parts.path)
-        db = (parts.path or "/0").strip("/") or "0"
-        return ("tcp", (parts.hostname or "").lower(), parts.port or 6379, db)
+        parsed = _parse_url(self.url)
+        if isinstance(parsed, _Refused):  # built by hand, not by parse_nodes
+            return ("raw", self.url)
+        return parsed.identity
 
 
-def mask_url(url: str) -> str:
-    """``url`` with any password replaced by ``***`` (also in query strings)."""
+_LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
+_HOST_NAME = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
+                        r"(?:\.[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?)*\.?")
+_HOST_PORT = re.compile(r"(\[[^\]]*\]|[^:\[\]]*)(?::([^:]*))?")
+_TCP_PATH = re.compile(r"/?([0-9]*)/?")
+_SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
+_ENCODE_HINT = ("Percent-encode special characters in a password: / as %2F, ? as %3F, "
+                "# as %23, @ as %40 (urllib.parse.quote(password, safe='')).")
+
+
+@dataclass(frozen=True)
+class _URL:
+    """A node URL taken apart: what it connects to, and the options it carries."""
+
+    scheme: str
+    host: str  # as written in the canonical URL ([...] for IPv6); "" for unix
+    port: int
+    db: int
+    path: str  # unix socket path
+    options: dict[str, Any]  # username, password (a Secret) and query options
+
+    @property
+    def canonical(self) -> str:
+        if self.scheme == "unix":
+            return f"unix://{quote(self.path, safe='/')}" + (f"?db={self.db}" if self.db else "")
+        return f"{self.scheme}://{self.host}:{self.port}/{self.db}"
+
+    @property
+    def identity(self) -> tuple[Any, ...]:
+        if self.scheme == "unix":
+            return ("unix", posixpath.normpath(self.path), self.db)
+        host = self.host.strip("[]").rstrip(".")
+        try:
+            host = ipaddress.ip_address(host).compressed
+        except ValueError:
+            pass
+        if host in _LOOPBACK:
+            host = "loopback"
+        return ("tcp", host, self.port, self.db)
+
+
+class _Refused(NamedTuple):
+    """Why a URL cannot be used: a message part and a hint, both without secrets."""
+
+    reason: str
+    hint: str | None = None
+    id: str = "E004"  # E011 for an option in the query string
+
+
+def _parse_url(url: str) -> _URL | _Refused:
+    """``url`` taken apart, or why it cannot be used (without secrets).
+
+    Everything redis-py would choke on later (``ValueError``, ``TypeError`` when
+    the first connection is made, a ``CLIENT SETNAME`` refused) is refused here:
+    the check and the runtime read a URL the same way because the runtime only
+    ever sees the canonical URL and options built here.
+    """
+    text = url.strip()
+    if any(c < " " or c == "\x7f" for c in text):
+        return _Refused("contains a control character (a line break or a tab?)")
     try:
-        parts = urlsplit(url)
-    except ValueError:
-        return "<malformed url>"
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return _Refused("is not valid text (a lone surrogate)")
+    scheme_match = _SCHEME.match(text)
+    if scheme_match is None or scheme_match.group(1).lower() not in _URL_SCHEMES:
+        loose = _LOOSE_SCHEME.match(text)
+        typo = loose.group().rstrip(":/").lower() if loose else ""
+        return _Refused("must start with redis://, rediss:// or unix://",
+                        f"Did you mean {typo}://? " if typo in _URL_SCHEMES else None)
+    scheme = scheme_match.group(1).lower()
+    try:
+        parts = urlsplit(text)
+    except ValueError:  # e.g. an unbalanced [ in the host; its text may hold a password
+        return _Refused("is malformed (an unbalanced '[' or ']' in the host?)")
     netloc = parts.netloc
+    if parts.fragment or "#" in text:
+        return _Refused("contains '#'", _ENCODE_HINT)
+    if "@" in text[len(scheme) + 3 + len(netloc):]:
+        return _Refused("has an '@' after the host", _ENCODE_HINT)
+    options: dict[str, Any] = {}
+    hostport = netloc
     if "@" in netloc:
-        userinfo, _, hostpart = netloc.rpartition("@")
-        user = userinfo.split(":", 1)[0]
-        netloc = f"{user}:***@{hostpart}" if ":" in userinfo else f"***@{hostpart}"
-    query = parts.query
-    if "password=" in query:
-        query = "&".join("password=***" if q.startswith("password=") else q
-                         for q in query.split("&"))
-    rebuilt = f"{parts.scheme}://{netloc}{parts.path}"
-    return rebuilt + (f"?{query}" if query else "")
-
-
-def _check_url(url: str, where: str) -> list[Problem]:
+        userinfo, _, hostport = netloc.rpartition("@")
+        user, has_pw, password = userinfo.partition(":")
+        if user:
+            options["username"] = unquote(user)
+        if has_pw and password:
+            options["password"] = Secret(unquote(password))
     try:
-        parts = urlsplit(url)
-        port = parts.port  # raises ValueError on a bad port
-    except ValueError as e:
-        return [Problem("E004", f"{where}: malformed URL {mask_url(url)!r} ({e}).")]
-    if parts.scheme not in _URL_SCHEMES:
-        return [Problem("E004", f"{where}: URL {mask_url(url)!r} must start with redis://, "
-                                f"rediss:// or unix://.")]
-    if parts.scheme == "unix":
-        return [] if parts.path else [Problem("E004", f"{where}: unix URL has no socket path.")]
-    if not parts.hostname:
-        return [Problem("E004", f"{where}: URL {mask_url(url)!r} has no host.")]
-    if port is not None and not 0 < port < 65536:
-        return [Problem("E004", f"{where}: URL {mask_url(url)!r} has port {port}.")]
-    db = (parts.path or "/").strip("/")
-    if db and not db.isdigit():
-        return [Problem("E004", f"{where}: URL {mask_url(url)!r} has database {unquote(db)!r}; "
-                                f"it must be a number.")]
-    return []
+        query = parse_qsl(parts.query, keep_blank_values=True, strict_parsing=True) \
+            if parts.query else []
+    except ValueError:
+        return _Refused("has a malformed query string (expected ?key=value&key=value)")
+    db_text: str | None = None
+    seen: set[str] = set()
+    for key, value in query:
+        if key in seen:
+            return _Refused(f"gives {key!r} twice in its query string",
+                            id="E004" if key == "db" else "E011")
+        seen.add(key)
+        if key == "db":
+            db_text = value
+            continue
+        if key not in NODE_OPTIONS:
+            close = difflib.get_close_matches(key, [*NODE_OPTIONS, "db"], n=1)
+            return _Refused(f"has an unknown option {key!r} in its query string",
+                            (f"Did you mean {close[0]!r}? " if close else "")
+                            + "Known: db, " + ", ".join(sorted(NODE_OPTIONS)) + ".", "E011")
+        converted = _from_query(key, value)
+        if converted is _BAD or not NODE_OPTIONS[key](converted):
+            shown = "***" if key == "password" else repr(value)
+            return _Refused(f"has a bad value {shown} for {key!r} in its query string; "
+                            f"it must be {_NODE_OPTION_RULES[key]}", id="E011")
+        options[key] = Secret(converted) if key == "password" else converted
+    if scheme == "unix":
+        if hostport:
+            return _Refused("is a unix URL with a host", "Write unix:///path/to/redis.sock.")
+        path = unquote(parts.path)
+        if not path:
+            return _Refused("is a unix URL without a socket path")
+        if "\x00" in path:
+            return _Refused("has a NUL character in its socket path")
+        if db_text is not None and not _DIGITS.fullmatch(db_text):
+            return _Refused(f"has database {db_text!r}; it must be a number")
+        db = int(db_text or 0)
+        host, port = "", 0
+    else:
+        hp = _HOST_PORT.fullmatch(hostport)
+        if hp is None:
+            return _Refused("has a malformed host or port")
+        host_text, port_text = hp.group(1), hp.group(2)
+        if host_text.startswith("["):
+            try:
+                ipaddress.IPv6Address(host_text[1:-1])
+            except ValueError:
+                return _Refused("has a malformed IPv6 address")
+            host = host_text.lower()
+        else:
+            host = unquote(host_text).lower()
+            if not host:
+                return _Refused("has no host")
+            if not _HOST_NAME.fullmatch(host) or len(host) > 253:
+                return _Refused(f"has an invalid host name {host!r}")
+        if port_text:
+            if not _DIGITS.fullmatch(port_text) or not 0 < int(port_text) < 65536:
+                return _Refused(f"has port {port_text!r}; it must be a number from 1 to 65535")
+        port = int(port_text) if port_text else 6379
+        path_match = _TCP_PATH.fullmatch(unquote(parts.path))
+        if path_match is None or (path_match.group(1) and not _DIGITS.fullmatch(
+                path_match.group(1))):
+            return _Refused(f"has database {unquote(parts.path).strip('/')!r}; it must be a number")
+        if db_text is not None:
+            if not _DIGITS.fullmatch(db_text):
+                return _Refused(f"has database {db_text!r}; it must be a number")
+            if path_match.group(1) and int(path_match.group(1)) != int(db_text):
+                return _Refused("gives the database twice (in the path and as ?db=)")
+        db = int(db_text if db_text is not None else (path_match.group(1) or 0))
+        path = ""
+    if db > 2 ** 31 - 1:
+        return _Refused(f"has database {db}; it must be below 2**31")
+    return _URL(scheme, host, port, db, path, options)
+
+
+_LOOSE_SCHEME = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*(?::/*|/+)")
+
+
+def mask_url(url: Any) -> str:
+    """``url`` with any password replaced by ``***`` (also in query strings).
+
+    A URL that :func:`parse_nodes` accepts is shown as written, password masked.
+    Any other text (a mistyped scheme, an unencoded ``/``, ``?`` or ``#`` in the
+    password, no scheme at all) may hold a password anywhere before its last
+    ``@``: all of that is masked, and so is the query string when it names a
+    password (everything after ``password=`` when there is no ``?``), and
+    after a ``:`` that does not start a port.
+    """
+    if not isinstance(url, str):
+        return f"<{type(url).__name__}>"
+    text = url.strip()
+    if isinstance(_parse_url(text), _URL):
+        parts = urlsplit(text)
+        netloc = parts.netloc
+        if "@" in netloc:
+            userinfo, _, hostpart = netloc.rpartition("@")
+            user = userinfo.split(":", 1)[0]
+            netloc = f"{user}:***@{hostpart}" if ":" in userinfo else f"***@{hostpart}"
+        query = "&".join(_mask_query_item(q) for q in parts.query.split("&")) \
+            if parts.query else ""
+        return f"{parts.scheme}://{netloc}{parts.path}" + (f"?{query}" if query else "")
+    prefix_match = _LOOSE_SCHEME.match(text)
+    prefix = prefix_match.group() if prefix_match else ""
+    rest = text[len(prefix):]
+    at = rest.rfind("@")
+    if at >= 0:
+        rest = "***" + rest[at:]
+    else:
+        authority = re.split(r"[/?#]", rest, maxsplit=1)[0]
+        colon = authority.find(":")
+        if colon >= 0 and not _DIGITS.fullmatch(authority[authority.rfind(":") + 1:]):
+            rest = authority[:colon + 1] + "***"
+    if "password" in unquote_plus(rest).lower():  # also an encoded "pass%77ord="
+        question = rest.find("?")
+        lowered = rest.lower()
+        if question >= 0:
+            rest = rest[:question + 1] + "***"
+        elif "password=" in lowered:
+            rest = rest[:lowered.index("password=") + len("password=")] + "***"
+    return prefix + rest
+
+
+def _mask_query_item(item: str) -> str:
+    key, sep, _ = item.partition("=")
+    return f"{key}=***" if sep and unquote_plus(key) == "password" else item
+
+
+def _check_node_options(options: Any, where: str, scheme: str) -> list[Problem]:
+    """E011 for each unknown key or bad value in a node's ``OPTIONS``."""
+    if not isinstance(options, Mapping):
+        return [Problem("E011", f"{where}: 'OPTIONS' must be a dict.")]
+    found: list[Problem] = []
+    for k, v in options.items():
+        test = NODE_OPTIONS.get(k)
+        if test is None:
+            close = difflib.get_close_matches(str(k), list(NODE_OPTIONS), n=1)
+            found.append(Problem(
+                "E011", f"{where}: unknown option {k!r}.",
+                hint=(f"Did you mean {close[0]!r}? " if close else "")
+                + "Known options: " + ", ".join(sorted(NODE_OPTIONS)) + "."))
+        elif not test(v):
+            shown = "***" if k == "password" else repr(v)
+            found.append(Problem("E011", f"{where}: option {k!r} has a bad value {shown}; "
+                                         f"it must be {_NODE_OPTION_RULES[k]}."))
+        elif k in _TLS_ONLY and scheme != "rediss" and v is not None:
+            found.append(Problem("E011", f"{where}: option {k!r} needs a rediss:// URL."))
+    return found
+
+
+def _url_node(url: str, options: Mapping[str, Any], where: str) -> tuple[NodeSpec | None,
+                                                                         list[Problem]]:
+    parsed = _parse_url(url)
+    if isinstance(parsed, _Refused):
+        return None, [Problem(parsed.id, f"{where}: URL {mask_url(url)!r} {parsed.reason}.",
+                              hint=parsed.hint)]
+    problems = _check_node_options(options, where, parsed.scheme)
+    for k in parsed.options:
+        if k in _TLS_ONLY and parsed.scheme != "rediss":
+            problems.append(Problem("E011", f"{where}: option {k!r} in the URL needs a "
+                                            f"rediss:// URL."))
+    if problems:
+        return None, problems
+    # The URL wins over OPTIONS, as in redis-py's from_url (query, then user:password).
+    merged = {**options, **parsed.options}
+    return NodeSpec(kind="url", url=parsed.canonical, options=merged, name=mask_url(url)), []
 
 
 def parse_nodes(nodes: Any) -> tuple[list[NodeSpec], list[Problem]]:
     """Node specs from a ``REDLOCK_NODES`` value, and the problems found.
 
-    ``cache:<alias>`` entries are not resolved here (that needs Django's CACHES);
-    see :func:`check_cache_aliases`.
+    Each spec's ``url`` and ``options`` are what the connection pool is built
+    from (see :class:`NodeSpec`). ``cache:<alias>`` entries are not resolved here
+    (that needs Django's CACHES); see :func:`check_cache_aliases`.
     """
     if nodes is None:
         return [], [Problem("E001", "REDLOCK_NODES is not set.",
@@ -230,21 +557,21 @@ def parse_nodes(nodes: Any) -> tuple[list[NodeSpec], list[Problem]]:
         return [], [Problem("E001", "REDLOCK_NODES is empty.",
                             hint="List at least one Redis master; 3 or 5 for Redlock.")]
     specs: list[NodeSpec] = []
+    positions: list[int] = []
     problems: list[Problem] = []
     for i, entry in enumerate(nodes):
         where = f"REDLOCK_NODES[{i}]"
+        spec: NodeSpec | None = None
         if isinstance(entry, str):
             if entry.startswith("cache:"):
                 alias = entry[len("cache:"):]
                 if not alias:
                     problems.append(Problem("E003", f"{where}: 'cache:' needs a cache alias."))
                     continue
-                specs.append(NodeSpec(kind="cache", alias=alias))
-                continue
-            found = _check_url(entry, where)
-            problems += found
-            if not found:
-                specs.append(NodeSpec(kind="url", url=entry))
+                spec = NodeSpec(kind="cache", alias=alias)
+            else:
+                spec, found = _url_node(entry, {}, where)
+                problems += found
         elif isinstance(entry, Mapping):
             unknown = set(entry) - {"URL", "OPTIONS"}
             if unknown or "URL" not in entry:
@@ -257,34 +584,16 @@ def parse_nodes(nodes: Any) -> tuple[list[NodeSpec], list[Problem]]:
             if not isinstance(url, str):
                 problems.append(Problem("E003", f"{where}: 'URL' must be a string."))
                 continue
-            found = _check_url(url, where)
-            if not isinstance(options, Mapping):
-                found.append(Problem("E011", f"{where}: 'OPTIONS' must be a dict."))
-            else:
-                for k, v in options.items():
-                    test = NODE_OPTIONS.get(k)
-                    if test is None:
-                        found.append(Problem(
-                            "E011", f"{where}: unknown option {k!r}.",
-                            hint="Known options: " + ", ".join(sorted(NODE_OPTIONS)) + "."))
-                    elif not test(v):
-                        shown = "***" if k == "password" else repr(v)
-                        found.append(Problem("E011", f"{where}: option {k!r} has a bad value {shown}."))
+            spec, found = _url_node(url, options, where)
             problems += found
-            if not found:
-                specs.append(NodeSpec(kind="url", url=url, options=dict(options)))
         else:
             problems.append(Problem(
                 "E003", f"{where}: must be a URL string, 'cache:<alias>' or a dict with 'URL', "
                         f"not {type(entry).__name__}."))
-    seen: dict[tuple[Any, ...], int] = {}
-    for i, spec in enumerate(specs):
-        if spec.identity in seen:
-            problems.append(Problem(
-                "E005", f"REDLOCK_NODES lists {spec.display} twice.",
-                hint="Redlock needs independent nodes; a node listed twice counts twice "
-                     "towards the quorum."))
-        seen.setdefault(spec.identity, i)
+        if spec is not None:
+            specs.append(spec)
+            positions.append(i)
+    problems += _duplicates(specs, positions)
     if specs and not problems and len(specs) % 2 == 0:
         problems.append(Problem(
             "W001", f"REDLOCK_NODES has {len(specs)} nodes, an even number.",
@@ -294,9 +603,40 @@ def parse_nodes(nodes: Any) -> tuple[list[NodeSpec], list[Problem]]:
     return specs, problems
 
 
-def check_cache_aliases(specs: list[NodeSpec], caches: Mapping[str, Any]) -> list[Problem]:
-    """E006 for each ``cache:<alias>`` node whose alias is not a Redis cache."""
+def _duplicates(specs: list[NodeSpec], positions: list[int]) -> list[Problem]:
     problems = []
+    seen: dict[tuple[Any, ...], int] = {}
+    for spec, i in zip(specs, positions):
+        first = seen.setdefault(spec.identity, i)
+        if first == i:
+            continue
+        other = specs[positions.index(first)]
+        shown = (f"{spec.display} twice" if other.display == spec.display
+                 else f"one server twice: [{first}] {other.display} and [{i}] {spec.display}")
+        problems.append(Problem(
+            "E005", f"REDLOCK_NODES lists {shown}.",
+            hint="Redlock needs independent nodes; a node listed twice counts twice "
+                 "towards the quorum."))
+    return problems
+
+
+def _cache_location(conf: Mapping[str, Any]) -> str | None:
+    """The URL of the server a django-redis cache writes to (its first LOCATION)."""
+    location = conf.get("LOCATION")
+    if isinstance(location, str):
+        location = location.split(",")
+    if isinstance(location, (list, tuple)) and location and isinstance(location[0], str):
+        return location[0].strip()
+    return None
+
+
+def check_cache_aliases(specs: list[NodeSpec], caches: Mapping[str, Any]) -> list[Problem]:
+    """E006 for each ``cache:<alias>`` node whose alias is not a Redis cache.
+
+    Also E005 when a cache writes to a server that another node already is.
+    """
+    problems = []
+    seen = {spec.identity: spec.display for spec in specs if spec.kind == "url"}
     for spec in specs:
         if spec.kind != "cache":
             continue
@@ -310,6 +650,86 @@ def check_cache_aliases(specs: list[NodeSpec], caches: Mapping[str, Any]) -> lis
                 "E006", f"Cache {spec.alias!r} uses {conf.get('BACKEND')!r}, not django-redis.",
                 hint="Only django-redis caches (django_redis.cache.RedisCache) can lend "
                      "their connection pool."))
+        else:
+            location = _cache_location(conf)
+            parsed = _parse_url(location) if location else None
+            if isinstance(parsed, _URL):
+                if parsed.identity in seen:
+                    problems.append(Problem(
+                        "E005", f"REDLOCK_NODES lists one server twice: {seen[parsed.identity]} "
+                                f"and cache:{spec.alias} ({mask_url(location)}).",
+                        hint="Redlock needs independent nodes; a node listed twice counts "
+                             "twice towards the quorum."))
+                seen.setdefault(parsed.identity, spec.display)
+    return problems
+
+
+def _cache_timeouts(conf: Mapping[str, Any]) -> dict[str, Any]:
+    """The socket timeouts a django-redis cache's pool gets, by redis-py name.
+
+    django-redis builds the pool with ``from_url(LOCATION, socket_timeout=
+    OPTIONS["SOCKET_TIMEOUT"], ..., **OPTIONS["CONNECTION_POOL_KWARGS"])``, and
+    the URL's query wins in ``from_url``: later sources here override earlier ones.
+    """
+    opts = conf.get("OPTIONS") or {}
+    if not isinstance(opts, Mapping):
+        return {}
+    found: dict[str, Any] = {}
+    for key in ("socket_timeout", "socket_connect_timeout"):
+        if opts.get(key.upper()) is not None:
+            found[key] = opts[key.upper()]
+    pool_kwargs = opts.get("CONNECTION_POOL_KWARGS") or {}
+    if isinstance(pool_kwargs, Mapping):
+        found.update({k: pool_kwargs[k] for k in ("socket_timeout", "socket_connect_timeout")
+                      if pool_kwargs.get(k) is not None})
+    location = _cache_location(conf)
+    if location:
+        try:
+            query = dict(parse_qsl(urlsplit(location).query))
+        except ValueError:
+            query = {}
+        for key in ("socket_timeout", "socket_connect_timeout"):
+            if key in query:
+                try:
+                    found[key] = float(query[key])
+                except ValueError:
+                    pass
+    return found
+
+
+def check_node_timeouts(specs: list[NodeSpec], options: Any,
+                        caches: Mapping[str, Any]) -> list[Problem]:
+    """W003 for each node whose socket timeouts exceed ``NODE_TIMEOUT``.
+
+    ``NODE_TIMEOUT`` is how long a round waits for one node; a node whose own
+    connection may wait longer (its URL's ``?socket_timeout=``, its
+    ``OPTIONS``, or the socket timeouts of the cache whose pool it borrows)
+    stretches every round it is slow in.
+    """
+    merged = resolve_options(options if isinstance(options, Mapping) else None)
+    node_timeout = merged.get("NODE_TIMEOUT")
+    if not _number(node_timeout) or node_timeout <= 0:
+        return []
+    problems = []
+    for spec in specs:
+        if spec.kind == "cache":
+            conf = caches.get(spec.alias)
+            timeouts = _cache_timeouts(conf) if isinstance(conf, Mapping) else {}
+            hint = (f"Lower the cache's SOCKET_TIMEOUT / SOCKET_CONNECT_TIMEOUT to "
+                    f"{node_timeout} s or less, give the locks their own URL node, or raise "
+                    f"NODE_TIMEOUT.")
+        else:
+            timeouts = {k: spec.options[k] for k in ("socket_timeout", "socket_connect_timeout")
+                        if k in spec.options}
+            hint = ("Lower it, or remove it so that NODE_TIMEOUT applies; silence "
+                    "redlock.W003 if this node is meant to be slower.")
+        over = {k: v for k, v in timeouts.items() if _number(v) and v > node_timeout}
+        if over:
+            shown = ", ".join(f"{k} {v} s" for k, v in over.items())
+            problems.append(Problem(
+                "W003", f"REDLOCK_NODES: {spec.display} waits up to {shown}, longer than "
+                        f"NODE_TIMEOUT ({node_timeout} s).",
+                hint=hint))
     return problems
 
 
