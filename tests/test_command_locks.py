@@ -320,8 +320,9 @@ def test_waiters_are_counted_until_they_are_served(nodes: RedisNodes) -> None:
 
 
 def test_scan_lists_neither_waiter_queues_nor_fence_counters(nodes: RedisNodes) -> None:
-    """The queue and counter keys of a name with its own hash tag match the scan's
-    pattern (those of other names start with ``{`` and do not); none is a lock."""
+    """Internal keys start with ``{`` and never match the scan's pattern, also for a
+    name with its own hash tag; the keys where the previous layout kept that name's
+    counter and queue are named as such, not listed as locks."""
     holder = LockManager(nodes.urls, node_timeout=0.5)
     try:
         locks = [holder.lock(name, ttl=30, auto_renew=False) for name in ("plain", "{t}:job")]
@@ -337,10 +338,10 @@ def test_scan_lists_neither_waiter_queues_nor_fence_counters(nodes: RedisNodes) 
         nodes[0].client().rpush(waiters_key(holder.key("{t}:job")), entry + b"c")
 
         stored = sorted(k.decode() for k in nodes[1].client().scan_iter(match="redlock:*"))
-        assert stored == ["redlock:plain", "redlock:{t}:job", "redlock:{t}:job:fence",
-                          "redlock:{t}:job:waiters"]
+        assert stored == ["redlock:plain", "redlock:{t}:job"]
         assert waiters_key(holder.key("plain")) == "{redlock:plain}:waiters"
         assert fence_key(holder.key("plain")) == "{redlock:plain}:fence"
+        assert fence_key(holder.key("{t}:job")) == "{t}:fence:redlock:{t}:job"
 
         data = json.loads(run("list", "--json")[0])
         assert [(d["name"], d["waiters"]) for d in data] == [("plain", 2), ("{t}:job", 3)]
@@ -352,6 +353,19 @@ def test_scan_lists_neither_waiter_queues_nor_fence_counters(nodes: RedisNodes) 
             run("show", "{t}:job:waiters")
         with pytest.raises(CommandError, match="no lock"):
             run("show", "{t}:job:fence")
+
+        # A process of an older version keeps the old layout's keys for a while.
+        for i in range(3):
+            nodes[i].client().set("redlock:{t}:job:fence", b"1795542295932", px=60_000)
+            nodes[i].client().rpush("redlock:{t}:job:waiters", entry + b"d")
+        out = run("list")[0]
+        assert "2 locks" in out
+        assert ("fencing counter of lock '{t}:job' in the previous key layout" in out), out
+        assert "waiter queue of lock '{t}:job' in the previous key layout" in out
+        data = json.loads(run("list", "--json")[0])
+        legacy = {d["name"]: d["legacy_of"] for d in data if d["state"] == "foreign"}
+        assert legacy == {"{t}:job:fence": {"name": "{t}:job", "role": "fence"},
+                          "{t}:job:waiters": {"name": "{t}:job", "role": "waiters"}}
         for lock in locks:
             lock.release()
     finally:
@@ -399,12 +413,44 @@ def test_node_down_then_majority_down(redis_nodes_factory: Any, holders: Any, ma
     assert "NO QUORUM" in result.stdout and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert PASSWORD not in result.stdout + result.stderr
-    result = manage(nodes.urls, "list", "--json")  # one node read: shown, but uncertain
-    assert result.returncode == 0
+    # One node read, fewer than a quorum: the lock is shown (uncertain), the nodes
+    # not read are named, and the exit status says the list may be incomplete.
+    result = manage(nodes.urls, "list", "--json")
+    assert result.returncode == 1
     (item,) = json.loads(result.stdout)
     assert (item["nodes"], item["quorum"], item["state"]) == (1, False, "uncertain")
     assert PASSWORD not in result.stdout + result.stderr
+    assert "only 1 of 3 nodes read (2 needed" in result.stderr
+    assert "Traceback" not in result.stderr
+    holder_gone = nodes.urls[1].replace(PASSWORD, "***")
+    assert dead in result.stderr and holder_gone in result.stderr
     assert proc.poll() is None
+
+
+def test_list_without_a_quorum_read_is_not_no_locks_held(redis_nodes_factory: Any,
+                                                          settings: Any) -> None:
+    """Two of three nodes down: the one node read holds nothing, but that does not
+    mean no lock is held. Say which nodes were not read, exit non-zero."""
+    nodes = redis_nodes_factory(3, password=PASSWORD)
+    settings.REDLOCK_NODES = list(nodes.urls)
+    out, _ = run("list")
+    assert "No locks held under prefix 'redlock'." in out  # all read: a true answer
+    nodes[2].kill()
+    out, err = run("list")  # a quorum read: a lock held on a quorum would show
+    assert "No locks found under prefix 'redlock' on the nodes read" in out
+    assert "2 of 3 nodes read" in out and nodes.urls[2].replace(PASSWORD, "***") in out
+    nodes[1].kill()
+    stdout = io.StringIO()
+    with pytest.raises(CommandError) as raised:
+        call_command("locks", "list", stdout=stdout, stderr=io.StringIO())
+    assert raised.value.returncode == 1
+    assert "No locks held" not in stdout.getvalue()
+    assert "No locks found" in stdout.getvalue()
+    message = str(raised.value)
+    assert "only 1 of 3 nodes read (2 needed" in message
+    for url in nodes.urls[1:]:
+        assert url.replace(PASSWORD, "***") in message
+    assert PASSWORD not in message + stdout.getvalue()
 
 
 def test_paused_node_costs_at_most_its_timeout(redis_nodes_factory: Any, settings: Any) -> None:
