@@ -173,7 +173,7 @@ def _describe_answer(data: bytes) -> str:
     first = data.split(b"\r\n", 1)[0].split(b"\n", 1)[0]
     text = first.decode("latin-1")
     shown = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)[:60]
-    if data.startswith(b"HTTP/"):
+    if data.startswith(b"HTTP/") or data.lstrip()[:14].lower() in (b"<!doctype html", b"<html>"):
         return f"an HTTP server answered {shown!r}"
     if data[:1] in (b"E", b"N", b"R") and len(data) >= 5 and data[1:2] == b"\x00":
         return f"a PostgreSQL-like service answered {shown!r}"

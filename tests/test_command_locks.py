@@ -555,3 +555,138 @@ def test_bad_input_from_the_command_line(nodes: RedisNodes, manage: Any) -> None
         assert result.returncode != 0
         assert "Traceback" not in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+# ------------------------------------------------ what is at a lock key
+
+def test_foreign_and_non_expiring_values_are_named(nodes: RedisNodes) -> None:
+    """A raw SET, a PERSIST, a key of another type: each blocks the lock (the acquire
+    script's SET NX sees a key there), so list and show name it instead of skipping it."""
+    for node in nodes:
+        client = node.client()
+        client.set("redlock:raw", b"hello")  # a raw SET, no expiry
+        client.hset("redlock:hashy", "a", "1")
+        client.expire("redlock:hashy", 600)
+    forever = f"{new_token()}|11|{owner_json('persisted')}"
+    for i in range(2):
+        nodes[i].client().set("redlock:forever", forever)  # no expiry, as after a PERSIST
+    out, _ = run("list")
+    assert "1 lock under prefix 'redlock'" in out
+    assert ("Key redlock:raw (lock 'raw') holds no django-redlock lock but string 'hello', "
+            "no expiry on 3 of 3 node(s)") in out
+    assert "Key redlock:hashy (lock 'hashy') holds no django-redlock lock but hash" in out
+    assert "Lock 'forever' has no expiry" in out and "never frees itself" in out
+    assert cell(out, "forever", "TTL") == "no expiry"
+    data = {d["name"]: d for d in json.loads(run("list", "--json")[0])}
+    assert data["raw"]["state"] == "foreign" and data["raw"]["nodes"] == 3
+    assert {v["type"] for v in data["hashy"]["foreign"]} == {"hash"}
+    assert data["raw"]["foreign"][0] == {"node": nodes.urls[0].replace(PASSWORD, "***"),
+                                         "type": "string", "ttl_ms": -1, "preview": "hello"}
+    assert data["forever"]["ttl_ms"] == -1 and data["forever"]["state"] == "quorum"
+
+    text = run("show", "raw")[0]
+    assert "holds no django-redlock lock but string 'hello', no expiry" in text
+    text = run("show", "hashy")[0]
+    assert "but hash" in text
+    shown = json.loads(run("show", "hashy", "--json")[0])
+    assert shown["state"] == "foreign" and len(shown["foreign"]) == 3
+    text = run("show", "forever")[0]
+    assert "no expiry" in text and "never frees itself" in text
+    # A lock on some nodes, something else on another: the node is 'foreign'.
+    nodes[2].client().set("redlock:forever", b"\x00binary")
+    shown = json.loads(run("show", "forever", "--json")[0])
+    assert [v["state"] for v in shown["per_node"]] == ["held", "held", "foreign"]
+    assert shown["per_node"][2]["foreign"]["type"] == "string"
+    assert "not a lock value: string" in run("show", "forever")[0]
+
+
+def test_control_characters_are_escaped(nodes: RedisNodes) -> None:
+    """Names found by SCAN and owner labels are whatever somebody wrote: no raw ESC
+    (or other control character) reaches the terminal."""
+    evil_label = "\x1b[2J\x1b]0;pwned\x07label"
+    value = f"{new_token()}|9|{owner_json(evil_label)}"
+    assert parse_value(value) is not None and "\x1b" in parse_value(value).owner["label"]
+    for node in nodes:
+        node.client().set("redlock:ok-name", value, px=60_000)
+        node.client().set("redlock:evil\x1b[31mred\u202e", value, px=60_000)
+        node.client().set("redlock:junk", b"\x1b[2Jfake output\r\n", px=60_000)
+    for args in (["list"], ["show", "ok-name"], ["show", "junk"], ["watch", "--count", "1"]):
+        out, err = run(*args, stdout=TTY()) if args[0] == "list" else run(*args)
+        text = out + err
+        assert "\x1b[2J" not in text and "\x1b]0" not in text and "\x07" not in text, args
+        assert "\x1b[31mred" not in text and "\u202e" not in text and "\r" not in text, args
+    out = run("list")[0]
+    assert "\x1b" not in out
+    assert "evil\\x1b[31mred\\u202e" in out and "\\x1b[2J\\x1b]0;pwned\\x07label" in out
+    assert "'\\x1b[2Jfake output\\r\\n'" in out
+
+
+# ------------------------------------------------ Django's conventions
+
+def test_django_common_options_in_every_position(nodes: RedisNodes, manage: Any,
+                                                 tmp_path: Path) -> None:
+    put_minority_lock(nodes, "opts")
+    for args in (
+        ["list", "--settings=locks_settings", "-v", "2", "--traceback"],
+        ["--settings=locks_settings", "list", "-v2"],
+        ["list", "--json", "--verbosity=3", "--no-color", f"--pythonpath={tmp_path}"],
+        ["show", "opts", "--settings", "locks_settings", "--traceback"],
+        ["show", "--traceback", "opts", "-v", "0"],
+        ["health", "--force-color", "-v", "1", "--settings=locks_settings"],
+        ["watch", "--count", "1", "--interval", "0.1", "--traceback"],
+        ["release", "opts", "--force", "--settings=locks_settings", "-v", "2"],
+    ):
+        result = manage(nodes.urls, *args)
+        assert result.returncode == 0, (args, result.stderr)
+        assert "unrecognized arguments" not in result.stderr
+    # --traceback after the subcommand is honoured, not just accepted.
+    result = manage(nodes.urls, "show", "nothere", "--traceback")
+    assert result.returncode == 1 and "Traceback (most recent call last)" in result.stderr
+    result = manage(nodes.urls, "show", "nothere")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    # A --settings after the subcommand is the one used.
+    result = manage(nodes.urls, "list", "--settings=no_such_settings_module")
+    assert result.returncode != 0 and "no_such_settings_module" in result.stderr
+    # The subcommand's help shows them too.
+    result = manage(nodes.urls, "list", "--help")
+    assert "--settings" in result.stdout and "--traceback" in result.stdout
+
+
+# --------------------------------------------- a port that is not Redis
+
+@pytest.fixture
+def http_port() -> Iterator[int]:
+    """A tiny HTTP server on a loopback port, in a thread."""
+    import http.server
+
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                              daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+    thread.join(5)
+
+
+def test_a_node_that_is_not_redis_is_a_node_down(nodes: RedisNodes, http_port: int,
+                                                 settings: Any, manage: Any) -> None:
+    urls = [*nodes.urls[:2], f"redis://:{PASSWORD}@127.0.0.1:{http_port}/0"]
+    settings.REDLOCK_NODES = urls
+    shown = f"redis://:***@127.0.0.1:{http_port}/0"
+    health = json.loads(run("health", "--json")[0])
+    assert [h["ok"] for h in health] == [True, True, False]
+    assert health[2]["node"] == shown and health[2]["status"] == "down"
+    assert "not a Redis server: an HTTP server answered" in health[2]["error"]
+    text = run("health")[0]
+    assert "2 of 3 nodes healthy, quorum 2: OK" in text and "an HTTP server answered" in text
+    out, _ = run("list")
+    assert f"node {shown} not read: not a Redis server: an HTTP server" in out
+    result = manage(urls, "health")
+    assert result.returncode == 0 and "Traceback" not in result.stderr
+    assert "an HTTP server answered" in result.stdout and PASSWORD not in result.stdout
