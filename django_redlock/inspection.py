@@ -6,11 +6,12 @@ through :meth:`LockManager.force_release`), and it never uses ``KEYS``:
 * locks are found with ``SCAN MATCH "<prefix>:<glob>" COUNT 500`` on every node,
   then read with one pipeline of ``GET`` + ``PTTL`` + ``LLEN <waiter queue>``
   per batch of keys. A lock key's value is ``token|fence|owner-json``
-  (:mod:`django_redlock.core.owner`), so the owner costs nothing extra. Keys
-  whose value is not a lock value (the fencing counter or the waiter queue of a
-  name with its own hash tag, somebody else's data) are skipped. Fencing
-  counters and waiter queues of ordinary names, ``{<prefix>:<name>}:fence`` and
-  ``{<prefix>:<name>}:waiters``, start with ``{`` and do not even match.
+  (:mod:`django_redlock.core.owner`), so the owner costs nothing extra. Fencing
+  counters and waiter queues start with ``{`` (:mod:`django_redlock.core.keys`)
+  and never match. A matching key whose value is not a lock value (a raw
+  ``SET``, a key of another type, the counter or queue of the layout before
+  0.1.0) still blocks the lock, so it is reported (:class:`ForeignKey`), never
+  listed as a lock nor skipped in silence.
 * the waiters of a lock are the length of its waiter queue. A waiter joins the
   queue of each node that refuses it: usually the lock's gate node alone (a
   waiter's retry asks that node first and stops there when it is busy), every
