@@ -244,7 +244,13 @@ def _each_node(nodes: Sequence[NodeClient], job: Callable[[NodeClient], T],
         try:
             outcomes[i].value = job(node)
         except NODE_DOWN_ERRORS as e:
-            outcomes[i].error = short_reason(node, e)
+            reason = short_reason(node, e)
+            if "closed by server" in reason:
+                # What a PostgreSQL server does with a Redis command: reads it as
+                # a bad startup packet and hangs up without a word.
+                reason += (" (the service there closes connections without a Redis reply: "
+                           "not a Redis server?)")
+            outcomes[i].error = reason
         except ResponseError as e:
             outcomes[i].error = short_reason(node, e)
         except InvalidResponse:

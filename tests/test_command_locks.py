@@ -690,3 +690,44 @@ def test_a_node_that_is_not_redis_is_a_node_down(nodes: RedisNodes, http_port: i
     result = manage(urls, "health")
     assert result.returncode == 0 and "Traceback" not in result.stderr
     assert "an HTTP server answered" in result.stdout and PASSWORD not in result.stdout
+
+
+@pytest.fixture
+def hang_up_port() -> Iterator[int]:
+    """A service that reads a request and closes the connection without a reply
+    (what PostgreSQL does with a Redis command: a bad startup packet)."""
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.settimeout(0.05)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(1.0)
+                try:
+                    conn.recv(1024)
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join(5)
+    server.close()
+
+
+def test_a_service_that_hangs_up_is_a_node_down(nodes: RedisNodes, hang_up_port: int,
+                                                settings: Any) -> None:
+    settings.REDLOCK_NODES = [*nodes.urls[:2], f"redis://127.0.0.1:{hang_up_port}/0"]
+    health = json.loads(run("health", "--json")[0])
+    assert [h["status"] for h in health] == ["ok", "ok", "down"]
+    assert "closes connections without a Redis reply: not a Redis server?" in health[2]["error"]
