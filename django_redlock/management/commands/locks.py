@@ -295,7 +295,7 @@ class Command(BaseCommand):
                 ])
             lines += table(["NAME", "NODES", "STATE", "TTL", "FENCE", "AGE", "WAITERS", "OWNER"],
                            rows, st.MIGRATE_HEADING)
-        where = f"under prefix {prefix!r}" + ("" if pattern == "*" else f" matching {clean(pattern)!r}")
+        where = f"under prefix {prefix!r}" + ("" if pattern == "*" else f" matching '{clean(pattern)}'")
         below = sum(1 for lock in inventory.locks if not lock.quorum)
         count = len(inventory.locks)
         if count:
@@ -312,7 +312,7 @@ class Command(BaseCommand):
         for lock in inventory.locks:
             if lock.ttl_ms < 0:
                 lines.append(st.WARNING(
-                    f"Lock {clean(lock.name)!r} has no expiry (a raw SET or a PERSIST): it "
+                    f"Lock '{clean(lock.name)}' has no expiry (a raw SET or a PERSIST): it "
                     f"never frees itself; see 'locks show {clean(lock.name)}'."))
         for foreign in inventory.foreign:
             lines.append(st.WARNING(self.foreign_line(foreign)))
@@ -326,7 +326,7 @@ class Command(BaseCommand):
 
     @staticmethod
     def foreign_line(foreign: ForeignKey) -> str:
-        return (f"Key {clean(foreign.key)} (lock {clean(foreign.name)!r}) holds no "
+        return (f"Key {clean(foreign.key)} (lock '{clean(foreign.name)}') holds no "
                 f"django-redlock lock but {clean(foreign.describe())}; it blocks that "
                 f"lock until it is removed.")
 
@@ -387,7 +387,7 @@ class Command(BaseCommand):
         if lock.others:
             state += f"; {lock.others} other node(s) hold it for another holder"
         lines = [
-            st.MIGRATE_HEADING(f"Lock {clean(lock.name)!r}") + f"  (key {clean(lock.key)})",
+            st.MIGRATE_HEADING(f"Lock '{clean(lock.name)}'") + f"  (key {clean(lock.key)})",
             f"  state   {state_style(state)}",
             f"  ttl     {format_ms(lock.ttl_ms)}" + (st.WARNING(
                 "  (a raw SET or a PERSIST: it never frees itself; 'locks release NAME "
