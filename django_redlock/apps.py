@@ -10,6 +10,7 @@ class RedlockConfig(AppConfig):
         from django.core import checks
 
         from . import conf  # noqa: F401  (connects the setting_changed receiver)
-        from .checks import check_settings
+        from .checks import check_node_settings, check_settings
 
         checks.register(check_settings, "redlock")
+        checks.register(check_node_settings, "redlock", deploy=True)

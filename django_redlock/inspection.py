@@ -6,11 +6,12 @@ through :meth:`LockManager.force_release`), and it never uses ``KEYS``:
 * locks are found with ``SCAN MATCH "<prefix>:<glob>" COUNT 500`` on every node,
   then read with one pipeline of ``GET`` + ``PTTL`` + ``LLEN <waiter queue>``
   per batch of keys. A lock key's value is ``token|fence|owner-json``
-  (:mod:`django_redlock.core.owner`), so the owner costs nothing extra. Keys
-  whose value is not a lock value (the fencing counter or the waiter queue of a
-  name with its own hash tag, somebody else's data) are skipped. Fencing
-  counters and waiter queues of ordinary names, ``{<prefix>:<name>}:fence`` and
-  ``{<prefix>:<name>}:waiters``, start with ``{`` and do not even match.
+  (:mod:`django_redlock.core.owner`), so the owner costs nothing extra. Fencing
+  counters and waiter queues start with ``{`` (:mod:`django_redlock.core.keys`)
+  and never match. A matching key whose value is not a lock value (a raw
+  ``SET``, a key of another type, the counter or queue of the layout before
+  0.1.0) still blocks the lock, so it is reported (:class:`ForeignKey`), never
+  listed as a lock nor skipped in silence.
 * the waiters of a lock are the length of its waiter queue. A waiter joins the
   queue of each node that refuses it: usually the lock's gate node alone (a
   waiter's retry asks that node first and stops there when it is busy), every
@@ -36,6 +37,7 @@ password is scrubbed from error texts).
 from __future__ import annotations
 
 import re
+import socket
 import statistics
 import threading
 import time
@@ -45,9 +47,16 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from urllib.parse import unquote, urlsplit
 
 import redis
-from redis.exceptions import ResponseError
+from redis.exceptions import InvalidResponse, ResponseError
 
-from .core.keys import MAX_NAME_LENGTH, fence_key, lock_key, name_from_key, waiters_key
+from .core.keys import (
+    MAX_NAME_LENGTH,
+    fence_key,
+    legacy_internal_role,
+    lock_key,
+    name_from_key,
+    waiters_key,
+)
 from .core.owner import parse_value
 from .transport.sync import NODE_DOWN_ERRORS
 
@@ -154,6 +163,64 @@ def _client(node: NodeClient) -> redis.Redis:
     return redis.Redis(connection_pool=node.pool)
 
 
+#: Bytes read from a service that answered something other than Redis' protocol.
+_PEEK_BYTES = 64
+
+
+def _describe_answer(data: bytes) -> str:
+    """What a service's first bytes say it is, for an operator."""
+    if not data:
+        return "the service there closed the connection without a reply"
+    first = data.split(b"\r\n", 1)[0].split(b"\n", 1)[0]
+    text = first.decode("latin-1")
+    shown = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)[:60]
+    if data.startswith(b"HTTP/") or data.lstrip()[:14].lower() in (b"<!doctype html", b"<html>"):
+        return f"an HTTP server answered {shown!r}"
+    if data[:1] in (b"E", b"N", b"R") and len(data) >= 5 and data[1:2] == b"\x00":
+        return f"a PostgreSQL-like service answered {shown!r}"
+    return f"something answered {shown!r}"
+
+
+def what_answered(node: NodeClient) -> str:
+    """Ask the node's address with a bare ``PING`` and describe the raw reply.
+
+    Used when redis-py could not parse a reply (``InvalidResponse``): its own
+    message says nothing about *what* answered. Plain TCP and Unix sockets only
+    (under TLS the bytes are not readable without a handshake we would have to
+    repeat); bounded by the node timeout.
+    """
+    kwargs = node.pool.connection_kwargs
+    timeout = float(kwargs.get("socket_timeout") or node.timeout or 1.0)
+    if issubclass(node.pool.connection_class, redis.SSLConnection):
+        return "not a Redis reply (over TLS)"
+    try:
+        if kwargs.get("path"):
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(timeout)
+            sock.connect(kwargs["path"])
+        else:
+            sock = socket.create_connection((kwargs.get("host", "localhost"),
+                                             int(kwargs.get("port", 6379))), timeout=timeout)
+    except OSError as e:
+        return f"not a Redis reply, and no second look ({e})"
+    data = b""
+    try:
+        sock.sendall(b"PING\r\n")
+        while len(data) < _PEEK_BYTES:
+            chunk = sock.recv(_PEEK_BYTES - len(data))
+            if not chunk:
+                break
+            data += chunk
+            if b"\n" in data:
+                break
+    except OSError:
+        if not data:
+            return "no Redis reply"
+    finally:
+        sock.close()
+    return _describe_answer(data)
+
+
 @dataclass
 class _Outcome:
     value: Any = None
@@ -177,9 +244,20 @@ def _each_node(nodes: Sequence[NodeClient], job: Callable[[NodeClient], T],
         try:
             outcomes[i].value = job(node)
         except NODE_DOWN_ERRORS as e:
-            outcomes[i].error = short_reason(node, e)
+            reason = short_reason(node, e)
+            if "closed by server" in reason:
+                # What a PostgreSQL server does with a Redis command: reads it as
+                # a bad startup packet and hangs up without a word.
+                reason += (" (the service there closes connections without a Redis reply: "
+                           "not a Redis server?)")
+            outcomes[i].error = reason
         except ResponseError as e:
             outcomes[i].error = short_reason(node, e)
+        except InvalidResponse:
+            # A port that reaches another service (HTTP, PostgreSQL...): a node
+            # down, said plainly, not a traceback.
+            outcomes[i].error = short_reason(
+                node, Exception(f"not a Redis server: {what_answered(node)}"))
         except BaseException as e:  # noqa: BLE001 - handed to the calling thread below
             failures.append(e)
         finally:
@@ -208,7 +286,7 @@ class NodeLockValue:
     """One node's view of one lock, for ``locks show``."""
 
     node: str
-    state: str  # "held", "absent", "unreachable"
+    state: str  # "held", "absent", "unreachable", "foreign"
     token: str | None = None  # the first characters of the holder token
     fence: int | None = None
     pttl_ms: int | None = None
@@ -217,12 +295,14 @@ class NodeLockValue:
     error: str | None = None
     agrees: bool = False  # holds the same token as the lock's main holder
     waiters: int | None = None  # length of the node's waiter queue (None: not read)
+    foreign: ForeignValue | None = None  # what the key holds instead of a lock value
 
     def as_json(self) -> dict[str, Any]:
         return {"node": self.node, "state": self.state, "agrees": self.agrees,
                 "token": self.token, "fence": self.fence, "ttl_ms": self.pttl_ms,
                 "owner": self.owner or None, "fence_counter": self.fence_counter,
-                "error": self.error, "waiters": self.waiters}
+                "error": self.error, "waiters": self.waiters,
+                "foreign": None if self.foreign is None else self.foreign.as_json()}
 
 
 @dataclass
@@ -294,6 +374,77 @@ class NodeFailure:
     reason: str
 
 
+#: Characters of a foreign string value shown by ``locks list`` / ``show``.
+PREVIEW_CHARS = 40
+
+
+@dataclass
+class ForeignValue:
+    """Something at a lock key that is not a django-redlock lock value, on one node.
+
+    It still blocks the lock: the acquire script's ``SET NX`` (and its ``GET``)
+    sees a key there, so every acquire of the name is refused by this node until
+    the key goes. An operator needs to see it, not a lock list that skips it.
+    """
+
+    node: str
+    type: str  # Redis type: "string", "list", "hash", ...
+    ttl_ms: int | None  # -1: no expiry
+    preview: str | None = None  # first characters of a string value
+
+    def describe(self) -> str:
+        what = self.type if self.preview is None else f"{self.type} {self.preview!r}"
+        if self.ttl_ms is not None and self.ttl_ms < 0:
+            return what + ", no expiry"
+        return what + ("" if self.ttl_ms is None else f", {self.ttl_ms} ms left")
+
+    def as_json(self) -> dict[str, Any]:
+        return {"node": self.node, "type": self.type, "ttl_ms": self.ttl_ms,
+                "preview": self.preview}
+
+
+@dataclass
+class ForeignKey:
+    """A key under the prefix, named like a lock, that holds no lock value."""
+
+    name: str
+    key: str
+    per_node: list[ForeignValue]
+    total: int
+
+    @property
+    def legacy(self) -> tuple[str, str] | None:
+        """``(name, role)`` when this looks like an internal key of the previous layout."""
+        found = legacy_internal_role(self.name)
+        if found is None:
+            return None
+        want = "list" if found[1] == "waiters" else "string"
+        if all(v.type == want for v in self.per_node) and (
+                want == "list" or all((v.preview or "").isdigit() for v in self.per_node)):
+            return found
+        return None
+
+    def describe(self) -> str:
+        kinds: dict[str, int] = {}
+        for v in self.per_node:
+            kinds[v.describe()] = kinds.get(v.describe(), 0) + 1
+        text = "; ".join(f"{what} on {n} of {self.total} node(s)" for what, n in kinds.items())
+        legacy = self.legacy
+        if legacy is not None:
+            role = "fencing counter" if legacy[1] == "fence" else "waiter queue"
+            text += (f" (the {role} of lock {legacy[0]!r} in the previous key layout: a "
+                     f"process still running an older version, or a leftover that expires "
+                     f"on its own)")
+        return text
+
+    def as_json(self) -> dict[str, Any]:
+        legacy = self.legacy
+        return {"name": self.name, "key": self.key, "state": "foreign",
+                "nodes": len(self.per_node), "nodes_total": self.total,
+                "foreign": [v.as_json() for v in self.per_node],
+                "legacy_of": None if legacy is None else {"name": legacy[0], "role": legacy[1]}}
+
+
 @dataclass
 class Inventory:
     """The result of a scan: the locks, and which nodes could not be read."""
@@ -305,6 +456,18 @@ class Inventory:
     failures: list[NodeFailure] = field(default_factory=list)
     truncated: bool = False
     skipped: int = 0  # matching keys whose value is not a lock value
+    #: Keys named like locks that hold something else (sorted by name).
+    foreign: list[ForeignKey] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        """Every node was read."""
+        return self.answered == self.total
+
+    @property
+    def enough(self) -> bool:
+        """A quorum of nodes was read: a lock held on a quorum has a copy in what was read."""
+        return self.answered >= self.quorum_size
 
 
 def _short_token(token: str) -> str:
@@ -322,7 +485,8 @@ def merge(name: str, key: str, views: Sequence[tuple[str, Any, int | None] | Non
           node_names: Sequence[str], quorum_size: int, *, now: float,
           errors: Sequence[str | None] | None = None,
           counters: Sequence[int | None] | None = None,
-          waiters: Sequence[int | None] | None = None) -> LockInfo | None:
+          waiters: Sequence[int | None] | None = None,
+          foreign: Sequence[ForeignValue | None] | None = None) -> LockInfo | None:
     """Merge the per-node views of one lock; None when no node holds it.
 
     ``views[i]`` is ``(raw value, StoredLock, pttl_ms)`` for node i, or None when
@@ -363,10 +527,12 @@ def merge(name: str, key: str, views: Sequence[tuple[str, Any, int | None] | Non
         error = errors[i] if errors is not None else None
         counter = counters[i] if counters is not None else None
         queued = waiters[i] if waiters is not None and not error else None
+        stranger = foreign[i] if foreign is not None else None
         if view is None:
             per_node.append(NodeLockValue(
-                node=node_names[i], state="unreachable" if error else "absent", error=error,
-                fence_counter=counter, waiters=queued))
+                node=node_names[i],
+                state="unreachable" if error else "foreign" if stranger else "absent",
+                error=error, fence_counter=counter, waiters=queued, foreign=stranger))
             continue
         _, stored, pttl = view
         per_node.append(NodeLockValue(
@@ -392,12 +558,26 @@ def _queue_length(reply: Any) -> int | None:
     return reply if isinstance(reply, int) and not isinstance(reply, bool) else None
 
 
+def _preview(raw: bytes) -> str:
+    text = raw.decode("utf-8", "replace")
+    return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS] + "..."
+
+
+def _type_name(reply: Any) -> str:
+    if isinstance(reply, bytes):
+        return reply.decode("ascii", "replace")
+    return reply if isinstance(reply, str) else "unknown"
+
+
 def _read_values(client: redis.Redis, keys: Sequence[bytes]
-                 ) -> tuple[dict[bytes, tuple[Any, int | None]], dict[bytes, int]]:
+                 ) -> tuple[dict[bytes, tuple[Any, int | None]], dict[bytes, int],
+                            dict[bytes, tuple[str, int | None, str | None]]]:
     """``GET`` + ``PTTL`` of ``keys`` and ``LLEN`` of their waiter queues, in pipelines
-    of SCAN_COUNT keys: ({key: (stored, pttl)}, {key: queued waiters})."""
+    of SCAN_COUNT keys: ({key: (lock value, pttl)}, {key: queued waiters},
+    {key: (type, pttl, preview)} for keys that hold something else)."""
     found: dict[bytes, tuple[Any, int | None]] = {}
     queued: dict[bytes, int] = {}
+    foreign: dict[bytes, tuple[str, int | None, str | None]] = {}
     for start in range(0, len(keys), SCAN_COUNT):
         chunk = keys[start:start + SCAN_COUNT]
         pipe = client.pipeline(transaction=False)
@@ -406,17 +586,36 @@ def _read_values(client: redis.Redis, keys: Sequence[bytes]
             pipe.pttl(k)
             pipe.llen(_queue_key(k))
         replies = pipe.execute(raise_on_error=False)
+        other_type: list[bytes] = []
         for j, k in enumerate(chunk):
             raw, pttl, length = replies[3 * j], replies[3 * j + 1], replies[3 * j + 2]
-            if not isinstance(raw, bytes):
-                continue  # expired meanwhile, or not a string (WRONGTYPE)
             if isinstance(pttl, int) and pttl == -2:
-                continue  # expired between the GET and the PTTL
-            found[k] = (raw, pttl if isinstance(pttl, int) else None)
+                continue  # expired (or deleted) meanwhile
+            ttl = pttl if isinstance(pttl, int) else None
+            if isinstance(raw, ResponseError):
+                other_type.append(k)  # WRONGTYPE: a list, hash, ... at a lock key
+                foreign[k] = ("?", ttl, None)
+                continue
+            if not isinstance(raw, bytes):
+                continue  # expired between the SCAN and the GET
+            if parse_value(raw) is None:
+                foreign[k] = ("string", ttl, _preview(raw))
+                continue
+            found[k] = (raw, ttl)
             count = _queue_length(length)
             if count is not None:
                 queued[k] = count
-    return found, queued
+        if other_type:
+            pipe = client.pipeline(transaction=False)
+            for k in other_type:
+                pipe.type(k)
+            for k, kind in zip(other_type, pipe.execute(raise_on_error=False), strict=True):
+                name = _type_name(kind)
+                if name == "none":
+                    del foreign[k]
+                else:
+                    foreign[k] = (name, foreign[k][1], None)
+    return found, queued, foreign
 
 
 @dataclass
@@ -424,6 +623,7 @@ class _NodeScan:
     values: dict[bytes, tuple[Any, int | None]]
     truncated: bool
     waiters: dict[bytes, int] = field(default_factory=dict)
+    foreign: dict[bytes, tuple[str, int | None, str | None]] = field(default_factory=dict)
 
 
 def _scan_node(node: NodeClient, match: bytes, deadline: float) -> _NodeScan:
@@ -446,8 +646,8 @@ def _scan_node(node: NodeClient, match: bytes, deadline: float) -> _NodeScan:
             break
         if time.monotonic() > end:
             raise TimeoutError(f"scan did not finish within {deadline:g} s")
-    values, waiters = _read_values(client, keys)
-    return _NodeScan(values=values, truncated=truncated, waiters=waiters)
+    values, waiters, foreign = _read_values(client, keys)
+    return _NodeScan(values=values, truncated=truncated, waiters=waiters, foreign=foreign)
 
 
 def scan_locks(manager: LockManager, pattern: str = "*", *,
@@ -462,7 +662,7 @@ def scan_locks(manager: LockManager, pattern: str = "*", *,
     per_key: dict[bytes, list[tuple[str, Any, int | None] | None]] = {}
     queued: dict[bytes, list[int | None]] = {}
     errors: list[str | None] = [o.error for o in outcomes]
-    skipped: set[bytes] = set()
+    strangers: dict[bytes, list[ForeignValue]] = {}
     truncated = False
     for i, outcome in enumerate(outcomes):
         if outcome.error is not None:
@@ -471,12 +671,14 @@ def scan_locks(manager: LockManager, pattern: str = "*", *,
         truncated = truncated or result.truncated
         for k, (raw, pttl) in result.values.items():
             stored = parse_value(raw)
-            if stored is None:
-                skipped.add(k)
+            if stored is None:  # pragma: no cover - _read_values sorted these out
                 continue
             per_key.setdefault(k, [None] * len(nodes))[i] = (raw, stored, pttl)
             if k in result.waiters:
                 queued.setdefault(k, [None] * len(nodes))[i] = result.waiters[k]
+        for k, (kind, pttl, preview) in result.foreign.items():
+            strangers.setdefault(k, []).append(
+                ForeignValue(node=node_names[i], type=kind, ttl_ms=pttl, preview=preview))
     wall = now()
     locks: list[LockInfo] = []
     for k, views in per_key.items():
@@ -489,12 +691,19 @@ def scan_locks(manager: LockManager, pattern: str = "*", *,
         if info is not None:
             locks.append(info)
     locks.sort(key=lambda lock: lock.name)
+    foreign: list[ForeignKey] = []
+    for k, values in strangers.items():
+        key = k.decode("utf-8", "replace")
+        name = name_from_key(prefix, key)
+        if name is not None:
+            foreign.append(ForeignKey(name=name, key=key, per_node=values, total=len(nodes)))
+    foreign.sort(key=lambda f: f.name)
     return Inventory(
         locks=locks, total=len(nodes),
         answered=sum(1 for o in outcomes if o.error is None), quorum_size=manager.quorum,
         failures=[NodeFailure(node_names[i], o.error) for i, o in enumerate(outcomes)
                   if o.error is not None],
-        truncated=truncated, skipped=len(skipped - set(per_key)))
+        truncated=truncated, skipped=len(set(strangers) - set(per_key)), foreign=foreign)
 
 
 @dataclass
@@ -505,6 +714,8 @@ class LockDetail:
     total: int
     answered: int
     failures: list[NodeFailure]
+    #: What the key holds on nodes where it is not a lock value (None: nothing).
+    foreign: ForeignKey | None = None
 
 
 def inspect_lock(manager: LockManager, name: str, *, now: Callable[[], float] = time.time,
@@ -516,14 +727,15 @@ def inspect_lock(manager: LockManager, name: str, *, now: Callable[[], float] = 
     key = lock_key(manager.key_prefix, name)
     kb, fb, wb = key.encode(), fence_key(key).encode(), waiters_key(key).encode()
 
-    def job(node: NodeClient) -> tuple[Any, Any, Any, Any]:
+    def job(node: NodeClient) -> tuple[Any, Any, Any, Any, Any]:
         pipe = _client(node).pipeline(transaction=False)
         pipe.get(kb)
         pipe.pttl(kb)
         pipe.get(fb)
         pipe.llen(wb)
-        raw, pttl, counter, length = pipe.execute(raise_on_error=False)
-        return raw, pttl, counter, length
+        pipe.type(kb)
+        raw, pttl, counter, length, kind = pipe.execute(raise_on_error=False)
+        return raw, pttl, counter, length, kind
 
     nodes = manager.nodes
     limit = deadline if deadline is not None else 2 * max(n.timeout for n in nodes) + 1.0
@@ -531,28 +743,41 @@ def inspect_lock(manager: LockManager, name: str, *, now: Callable[[], float] = 
     views: list[tuple[str, Any, int | None] | None] = []
     counters: list[int | None] = []
     queued: list[int | None] = []
-    for outcome in outcomes:
+    strangers: list[ForeignValue | None] = []
+    node_names = [node.name for node in nodes]
+    for i, outcome in enumerate(outcomes):
         view = None
         counter = None
         length = None
+        stranger = None
         if outcome.error is None:
-            raw, pttl, counter_raw, length_raw = outcome.value
+            raw, pttl, counter_raw, length_raw, kind = outcome.value
             length = _queue_length(length_raw)
             stored = parse_value(raw) if isinstance(raw, bytes) else None
-            if stored is not None and not (isinstance(pttl, int) and pttl == -2):
-                view = (raw, stored, pttl if isinstance(pttl, int) else None)
+            gone = isinstance(pttl, int) and pttl == -2
+            ttl = pttl if isinstance(pttl, int) else None
+            if stored is not None and not gone:
+                view = (raw, stored, ttl)
+            elif isinstance(raw, bytes) and not gone:
+                stranger = ForeignValue(node=node_names[i], type="string", ttl_ms=ttl,
+                                        preview=_preview(raw))
+            elif isinstance(raw, ResponseError) and _type_name(kind) not in ("none", "string"):
+                stranger = ForeignValue(node=node_names[i], type=_type_name(kind), ttl_ms=ttl)
             if isinstance(counter_raw, bytes) and counter_raw.isdigit():
                 counter = int(counter_raw)
         views.append(view)
         counters.append(counter)
         queued.append(length)
-    node_names = [node.name for node in nodes]
+        strangers.append(stranger)
     errors = [o.error for o in outcomes]
     info = merge(name, key, views, node_names, manager.quorum, now=now(), errors=errors,
-                 counters=counters, waiters=queued)
+                 counters=counters, waiters=queued, foreign=strangers)
+    found = [v for v in strangers if v is not None]
     return LockDetail(
         lock=info, total=len(nodes), answered=sum(1 for e in errors if e is None),
-        failures=[NodeFailure(node_names[i], e) for i, e in enumerate(errors) if e is not None])
+        failures=[NodeFailure(node_names[i], e) for i, e in enumerate(errors) if e is not None],
+        foreign=ForeignKey(name=name, key=key, per_node=found, total=len(nodes))
+        if found else None)
 
 
 @dataclass
@@ -613,6 +838,22 @@ class NodeHealth:
     clock_ms: float | None = None  # node time minus local time, at the midpoint of TIME
     clock_offset_ms: float | None = None  # against the median of the reachable nodes
     warnings: list[str] = field(default_factory=list)
+    maxmemory: int | None = None  # bytes, 0: no limit; None when unknown
+    maxmemory_policy: str | None = None  # None when unknown
+    #: Why the node is not counted healthy although it answered (eviction that
+    #: drops locks, or eviction settings that could not be read).
+    problem: str | None = None
+
+    @property
+    def status(self) -> str:
+        """``ok``; ``down`` (no answer, or not Redis); ``unsafe`` (it evicts keys, so
+        it can drop a held lock); ``unknown`` (its eviction settings could not be read)."""
+        if self.error is not None:
+            return "down"
+        verdict = eviction_verdict(self.maxmemory, self.maxmemory_policy)
+        if verdict is not None and verdict[0] in ("unsafe", "unknown"):
+            return verdict[0]
+        return "ok"
 
     @property
     def persistence(self) -> str:
@@ -639,6 +880,9 @@ class NodeHealth:
             "clock_offset_ms": None if self.clock_offset_ms is None
             else round(self.clock_offset_ms, 1),
             "warnings": list(self.warnings),
+            "status": self.status,
+            "problem": self.problem,
+            "eviction": {"maxmemory": self.maxmemory, "policy": self.maxmemory_policy},
         }
 
 
@@ -652,9 +896,99 @@ class HealthReport:
         return sum(1 for n in self.nodes if n.ok)
 
     @property
+    def reachable(self) -> int:
+        """Nodes that answered, healthy or not."""
+        return sum(1 for n in self.nodes if n.error is None)
+
+    @property
     def ok(self) -> bool:
-        """A quorum of nodes answers: locks can be taken and released."""
+        """A quorum of nodes answers and keeps its keys (no eviction, settings known)."""
         return self.healthy >= self.quorum_size
+
+
+#: ``maxmemory-policy`` values that delete keys when ``maxmemory`` is reached.
+#: ``volatile-*`` counts: every lock key has an expiry, so it is a candidate
+#: (``volatile-ttl`` even picks the keys closest to expiry first).
+EVICTING_POLICY_PREFIXES = ("allkeys-", "volatile-")
+
+
+def eviction_verdict(maxmemory: int | None, policy: str | None) -> tuple[str, str] | None:
+    """What a node's eviction settings do to held locks: None when nothing, else
+    ``(kind, sentence)`` with kind ``unsafe``, ``inert`` or ``unknown``.
+
+    Pure, shared by ``locks health`` and the ``manage.py check --deploy`` check.
+    """
+    if maxmemory is None or policy is None:
+        return ("unknown", "eviction settings unknown (CONFIG GET maxmemory/maxmemory-policy "
+                           "refused): a node that evicts keys drops held locks; make sure "
+                           "maxmemory-policy is noeviction (or maxmemory is 0)")
+    if not policy.startswith(EVICTING_POLICY_PREFIXES):
+        return None
+    if maxmemory > 0:
+        return ("unsafe", f"evicts keys: maxmemory {maxmemory} bytes with maxmemory-policy "
+                          f"{policy}; under memory pressure it deletes held locks, and a second "
+                          f"holder gets in while the first still sees owned() true; use "
+                          f"maxmemory-policy noeviction on lock nodes (not a shared cache)")
+    return ("inert", f"maxmemory-policy {policy} with no maxmemory: nothing is evicted now, "
+                     f"but setting maxmemory would start deleting held locks; use noeviction")
+
+
+def _int_or_none(value: Any) -> int | None:
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, (str, bytes)) and value.strip().isdigit():
+        return int(value)
+    return None
+
+
+def _eviction_settings(maxmemory_reply: Any, policy_reply: Any, memory_info: Any
+                       ) -> tuple[int | None, str | None]:
+    """``(maxmemory, policy)`` from ``CONFIG GET`` replies, or ``INFO memory`` when
+    ``CONFIG`` is refused (managed services rename it); None where neither says."""
+    maxmemory = _int_or_none(_config_value(maxmemory_reply, "maxmemory"))
+    policy = _config_value(policy_reply, "maxmemory-policy")
+    if isinstance(memory_info, dict):
+        if maxmemory is None:
+            maxmemory = _int_or_none(memory_info.get("maxmemory"))
+        if policy is None and isinstance(memory_info.get("maxmemory_policy"), str):
+            policy = memory_info["maxmemory_policy"]
+    return maxmemory, policy
+
+
+@dataclass
+class NodeSettings:
+    """The settings of one node that decide whether it keeps a held lock."""
+
+    node: str
+    error: str | None = None
+    role: str | None = None
+    maxmemory: int | None = None
+    maxmemory_policy: str | None = None
+
+
+def _read_settings(node: NodeClient) -> NodeSettings:
+    pipe = _client(node).pipeline(transaction=False)
+    pipe.info("replication")
+    pipe.info("memory")
+    pipe.config_get("maxmemory")
+    pipe.config_get("maxmemory-policy")
+    replication, memory, maxmemory, policy = pipe.execute(raise_on_error=False)
+    found = NodeSettings(node=node.name)
+    if isinstance(replication, dict) and replication.get("role"):
+        role = str(replication["role"])
+        found.role = "replica" if role == "slave" else role
+    found.maxmemory, found.maxmemory_policy = _eviction_settings(maxmemory, policy, memory)
+    return found
+
+
+def read_node_settings(manager: LockManager, *, deadline: float) -> list[NodeSettings]:
+    """Role and eviction settings of every node, in parallel, within ``deadline`` s."""
+    nodes = manager.nodes
+    outcomes = _each_node(nodes, _read_settings, deadline)
+    return [o.value if o.error is None else NodeSettings(node=node.name, error=o.error)
+            for node, o in zip(nodes, outcomes, strict=True)]
 
 
 def _config_value(reply: Any, name: str) -> str | None:
@@ -686,8 +1020,11 @@ def _probe(node: NodeClient) -> NodeHealth:
     pipe.config_get("save")
     pipe.config_get("appendonly")
     pipe.config_get("appendfsync")
-    server, replication, persistence, save, appendonly, appendfsync = pipe.execute(
-        raise_on_error=False)
+    pipe.info("memory")
+    pipe.config_get("maxmemory")
+    pipe.config_get("maxmemory-policy")
+    (server, replication, persistence, save, appendonly, appendfsync, memory, maxmemory,
+     policy) = pipe.execute(raise_on_error=False)
     health = NodeHealth(node=node.name, ok=True, rtt_ms=min(rtts),
                         clock_ms=(node_time - (before + after) / 2) * 1000.0)
     if isinstance(server, dict):
@@ -710,11 +1047,15 @@ def _probe(node: NodeClient) -> NodeHealth:
         aof = _config_value(appendonly, "appendonly")
         if aof is not None:
             health.aof_enabled = aof == "yes"
+    health.maxmemory, health.maxmemory_policy = _eviction_settings(maxmemory, policy, memory)
     return health
 
 
 def _warnings(health: NodeHealth) -> list[str]:
     found = []
+    verdict = eviction_verdict(health.maxmemory, health.maxmemory_policy)
+    if verdict is not None:
+        found.append(verdict[1])
     if health.role == "replica":
         found.append("reports itself a replica: Redlock needs independent masters (a replica "
                      "refuses writes, and a failover can hand a held lock to a second holder)")
@@ -742,8 +1083,10 @@ def _warnings(health: NodeHealth) -> list[str]:
 def check_health(manager: LockManager, *, deadline: float | None = None) -> HealthReport:
     """Ping, ``INFO``, ``CONFIG GET`` and ``TIME`` every node, in parallel.
 
-    ``ok`` means the node answered; warnings (replica role, persistence, clock
-    offset) do not change it. Clock offsets are measured against the median of
+    ``ok`` means the node answered and keeps its keys: a node whose eviction
+    policy can delete a held lock, or whose eviction settings cannot be read, is
+    not ok (``status`` says which). Other warnings (replica role, persistence,
+    clock offset) do not change it. Clock offsets are measured against the median of
     all reachable nodes (robust to one bad clock: with three nodes the median
     is a good one), each node's ``TIME`` taken relative to the local clock at
     the midpoint of the request.
@@ -764,6 +1107,10 @@ def check_health(manager: LockManager, *, deadline: float | None = None) -> Heal
             if h.clock_ms is not None:
                 h.clock_offset_ms = h.clock_ms - middle
     for h in report:
-        if h.ok:
+        if h.error is None:
             h.warnings = _warnings(h)
+            if h.status != "ok":
+                verdict = eviction_verdict(h.maxmemory, h.maxmemory_policy)
+                h.problem = verdict[1] if verdict is not None else h.status
+                h.ok = False
     return HealthReport(nodes=report, quorum_size=manager.quorum)

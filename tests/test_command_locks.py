@@ -320,8 +320,9 @@ def test_waiters_are_counted_until_they_are_served(nodes: RedisNodes) -> None:
 
 
 def test_scan_lists_neither_waiter_queues_nor_fence_counters(nodes: RedisNodes) -> None:
-    """The queue and counter keys of a name with its own hash tag match the scan's
-    pattern (those of other names start with ``{`` and do not); none is a lock."""
+    """Internal keys start with ``{`` and never match the scan's pattern, also for a
+    name with its own hash tag; the keys where the previous layout kept that name's
+    counter and queue are named as such, not listed as locks."""
     holder = LockManager(nodes.urls, node_timeout=0.5)
     try:
         locks = [holder.lock(name, ttl=30, auto_renew=False) for name in ("plain", "{t}:job")]
@@ -337,10 +338,10 @@ def test_scan_lists_neither_waiter_queues_nor_fence_counters(nodes: RedisNodes) 
         nodes[0].client().rpush(waiters_key(holder.key("{t}:job")), entry + b"c")
 
         stored = sorted(k.decode() for k in nodes[1].client().scan_iter(match="redlock:*"))
-        assert stored == ["redlock:plain", "redlock:{t}:job", "redlock:{t}:job:fence",
-                          "redlock:{t}:job:waiters"]
+        assert stored == ["redlock:plain", "redlock:{t}:job"]
         assert waiters_key(holder.key("plain")) == "{redlock:plain}:waiters"
         assert fence_key(holder.key("plain")) == "{redlock:plain}:fence"
+        assert fence_key(holder.key("{t}:job")) == "{t}:fence:redlock:{t}:job"
 
         data = json.loads(run("list", "--json")[0])
         assert [(d["name"], d["waiters"]) for d in data] == [("plain", 2), ("{t}:job", 3)]
@@ -352,6 +353,19 @@ def test_scan_lists_neither_waiter_queues_nor_fence_counters(nodes: RedisNodes) 
             run("show", "{t}:job:waiters")
         with pytest.raises(CommandError, match="no lock"):
             run("show", "{t}:job:fence")
+
+        # A process of an older version keeps the old layout's keys for a while.
+        for i in range(3):
+            nodes[i].client().set("redlock:{t}:job:fence", b"1795542295932", px=60_000)
+            nodes[i].client().rpush("redlock:{t}:job:waiters", entry + b"d")
+        out = run("list")[0]
+        assert "2 locks" in out
+        assert ("fencing counter of lock '{t}:job' in the previous key layout" in out), out
+        assert "waiter queue of lock '{t}:job' in the previous key layout" in out
+        data = json.loads(run("list", "--json")[0])
+        legacy = {d["name"]: d["legacy_of"] for d in data if d["state"] == "foreign"}
+        assert legacy == {"{t}:job:fence": {"name": "{t}:job", "role": "fence"},
+                          "{t}:job:waiters": {"name": "{t}:job", "role": "waiters"}}
         for lock in locks:
             lock.release()
     finally:
@@ -399,12 +413,44 @@ def test_node_down_then_majority_down(redis_nodes_factory: Any, holders: Any, ma
     assert "NO QUORUM" in result.stdout and "Traceback" not in result.stderr
     assert len(result.stderr.strip().splitlines()) == 1
     assert PASSWORD not in result.stdout + result.stderr
-    result = manage(nodes.urls, "list", "--json")  # one node read: shown, but uncertain
-    assert result.returncode == 0
+    # One node read, fewer than a quorum: the lock is shown (uncertain), the nodes
+    # not read are named, and the exit status says the list may be incomplete.
+    result = manage(nodes.urls, "list", "--json")
+    assert result.returncode == 1
     (item,) = json.loads(result.stdout)
     assert (item["nodes"], item["quorum"], item["state"]) == (1, False, "uncertain")
     assert PASSWORD not in result.stdout + result.stderr
+    assert "only 1 of 3 nodes read (2 needed" in result.stderr
+    assert "Traceback" not in result.stderr
+    holder_gone = nodes.urls[1].replace(PASSWORD, "***")
+    assert dead in result.stderr and holder_gone in result.stderr
     assert proc.poll() is None
+
+
+def test_list_without_a_quorum_read_is_not_no_locks_held(redis_nodes_factory: Any,
+                                                          settings: Any) -> None:
+    """Two of three nodes down: the one node read holds nothing, but that does not
+    mean no lock is held. Say which nodes were not read, exit non-zero."""
+    nodes = redis_nodes_factory(3, password=PASSWORD)
+    settings.REDLOCK_NODES = list(nodes.urls)
+    out, _ = run("list")
+    assert "No locks held under prefix 'redlock'." in out  # all read: a true answer
+    nodes[2].kill()
+    out, err = run("list")  # a quorum read: a lock held on a quorum would show
+    assert "No locks found under prefix 'redlock' on the nodes read" in out
+    assert "2 of 3 nodes read" in out and nodes.urls[2].replace(PASSWORD, "***") in out
+    nodes[1].kill()
+    stdout = io.StringIO()
+    with pytest.raises(CommandError) as raised:
+        call_command("locks", "list", stdout=stdout, stderr=io.StringIO())
+    assert raised.value.returncode == 1
+    assert "No locks held" not in stdout.getvalue()
+    assert "No locks found" in stdout.getvalue()
+    message = str(raised.value)
+    assert "only 1 of 3 nodes read (2 needed" in message
+    for url in nodes.urls[1:]:
+        assert url.replace(PASSWORD, "***") in message
+    assert PASSWORD not in message + stdout.getvalue()
 
 
 def test_paused_node_costs_at_most_its_timeout(redis_nodes_factory: Any, settings: Any) -> None:
@@ -509,3 +555,179 @@ def test_bad_input_from_the_command_line(nodes: RedisNodes, manage: Any) -> None
         assert result.returncode != 0
         assert "Traceback" not in result.stderr
         assert len(result.stderr.strip().splitlines()) == 1, result.stderr
+
+
+# ------------------------------------------------ what is at a lock key
+
+def test_foreign_and_non_expiring_values_are_named(nodes: RedisNodes) -> None:
+    """A raw SET, a PERSIST, a key of another type: each blocks the lock (the acquire
+    script's SET NX sees a key there), so list and show name it instead of skipping it."""
+    for node in nodes:
+        client = node.client()
+        client.set("redlock:raw", b"hello")  # a raw SET, no expiry
+        client.hset("redlock:hashy", "a", "1")
+        client.expire("redlock:hashy", 600)
+    forever = f"{new_token()}|11|{owner_json('persisted')}"
+    for i in range(2):
+        nodes[i].client().set("redlock:forever", forever)  # no expiry, as after a PERSIST
+    out, _ = run("list")
+    assert "1 lock under prefix 'redlock'" in out
+    assert ("Key redlock:raw (lock 'raw') holds no django-redlock lock but string 'hello', "
+            "no expiry on 3 of 3 node(s)") in out
+    assert "Key redlock:hashy (lock 'hashy') holds no django-redlock lock but hash" in out
+    assert "Lock 'forever' has no expiry" in out and "never frees itself" in out
+    assert cell(out, "forever", "TTL") == "no expiry"
+    data = {d["name"]: d for d in json.loads(run("list", "--json")[0])}
+    assert data["raw"]["state"] == "foreign" and data["raw"]["nodes"] == 3
+    assert {v["type"] for v in data["hashy"]["foreign"]} == {"hash"}
+    assert data["raw"]["foreign"][0] == {"node": nodes.urls[0].replace(PASSWORD, "***"),
+                                         "type": "string", "ttl_ms": -1, "preview": "hello"}
+    assert data["forever"]["ttl_ms"] == -1 and data["forever"]["state"] == "quorum"
+
+    text = run("show", "raw")[0]
+    assert "holds no django-redlock lock but string 'hello', no expiry" in text
+    text = run("show", "hashy")[0]
+    assert "but hash" in text
+    shown = json.loads(run("show", "hashy", "--json")[0])
+    assert shown["state"] == "foreign" and len(shown["foreign"]) == 3
+    text = run("show", "forever")[0]
+    assert "no expiry" in text and "never frees itself" in text
+    # A lock on some nodes, something else on another: the node is 'foreign'.
+    nodes[2].client().set("redlock:forever", b"\x00binary")
+    shown = json.loads(run("show", "forever", "--json")[0])
+    assert [v["state"] for v in shown["per_node"]] == ["held", "held", "foreign"]
+    assert shown["per_node"][2]["foreign"]["type"] == "string"
+    assert "not a lock value: string" in run("show", "forever")[0]
+
+
+def test_control_characters_are_escaped(nodes: RedisNodes) -> None:
+    """Names found by SCAN and owner labels are whatever somebody wrote: no raw ESC
+    (or other control character) reaches the terminal."""
+    evil_label = "\x1b[2J\x1b]0;pwned\x07label"
+    value = f"{new_token()}|9|{owner_json(evil_label)}"
+    assert parse_value(value) is not None and "\x1b" in parse_value(value).owner["label"]
+    for node in nodes:
+        node.client().set("redlock:ok-name", value, px=60_000)
+        node.client().set("redlock:evil\x1b[31mred\u202e", value, px=60_000)
+        node.client().set("redlock:junk", b"\x1b[2Jfake output\r\n", px=60_000)
+    for args in (["list"], ["show", "ok-name"], ["show", "junk"], ["watch", "--count", "1"]):
+        out, err = run(*args, stdout=TTY()) if args[0] == "list" else run(*args)
+        text = out + err
+        assert "\x1b[2J" not in text and "\x1b]0" not in text and "\x07" not in text, args
+        assert "\x1b[31mred" not in text and "\u202e" not in text and "\r" not in text, args
+    out = run("list")[0]
+    assert "\x1b" not in out
+    assert "evil\\x1b[31mred\\u202e" in out and "\\x1b[2J\\x1b]0;pwned\\x07label" in out
+    assert "'\\x1b[2Jfake output\\r\\n'" in out
+
+
+# ------------------------------------------------ Django's conventions
+
+def test_django_common_options_in_every_position(nodes: RedisNodes, manage: Any,
+                                                 tmp_path: Path) -> None:
+    put_minority_lock(nodes, "opts")
+    for args in (
+        ["list", "--settings=locks_settings", "-v", "2", "--traceback"],
+        ["--settings=locks_settings", "list", "-v2"],
+        ["list", "--json", "--verbosity=3", "--no-color", f"--pythonpath={tmp_path}"],
+        ["show", "opts", "--settings", "locks_settings", "--traceback"],
+        ["show", "--traceback", "opts", "-v", "0"],
+        ["health", "--force-color", "-v", "1", "--settings=locks_settings"],
+        ["watch", "--count", "1", "--interval", "0.1", "--traceback"],
+        ["release", "opts", "--force", "--settings=locks_settings", "-v", "2"],
+    ):
+        result = manage(nodes.urls, *args)
+        assert result.returncode == 0, (args, result.stderr)
+        assert "unrecognized arguments" not in result.stderr
+    # --traceback after the subcommand is honoured, not just accepted.
+    result = manage(nodes.urls, "show", "nothere", "--traceback")
+    assert result.returncode == 1 and "Traceback (most recent call last)" in result.stderr
+    result = manage(nodes.urls, "show", "nothere")
+    assert result.returncode == 1 and "Traceback" not in result.stderr
+    # A --settings after the subcommand is the one used.
+    result = manage(nodes.urls, "list", "--settings=no_such_settings_module")
+    assert result.returncode != 0 and "no_such_settings_module" in result.stderr
+    # The subcommand's help shows them too.
+    result = manage(nodes.urls, "list", "--help")
+    assert "--settings" in result.stdout and "--traceback" in result.stdout
+
+
+# --------------------------------------------- a port that is not Redis
+
+@pytest.fixture
+def http_port() -> Iterator[int]:
+    """A tiny HTTP server on a loopback port, in a thread."""
+    import http.server
+
+    class Quiet(http.server.BaseHTTPRequestHandler):
+        def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    server.daemon_threads = True
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                              daemon=True)
+    thread.start()
+    yield server.server_address[1]
+    server.shutdown()
+    server.server_close()
+    thread.join(5)
+
+
+def test_a_node_that_is_not_redis_is_a_node_down(nodes: RedisNodes, http_port: int,
+                                                 settings: Any, manage: Any) -> None:
+    urls = [*nodes.urls[:2], f"redis://:{PASSWORD}@127.0.0.1:{http_port}/0"]
+    settings.REDLOCK_NODES = urls
+    shown = f"redis://:***@127.0.0.1:{http_port}/0"
+    health = json.loads(run("health", "--json")[0])
+    assert [h["ok"] for h in health] == [True, True, False]
+    assert health[2]["node"] == shown and health[2]["status"] == "down"
+    assert "not a Redis server: an HTTP server answered" in health[2]["error"]
+    text = run("health")[0]
+    assert "2 of 3 nodes healthy, quorum 2: OK" in text and "an HTTP server answered" in text
+    out, _ = run("list")
+    assert f"node {shown} not read: not a Redis server: an HTTP server" in out
+    result = manage(urls, "health")
+    assert result.returncode == 0 and "Traceback" not in result.stderr
+    assert "an HTTP server answered" in result.stdout and PASSWORD not in result.stdout
+
+
+@pytest.fixture
+def hang_up_port() -> Iterator[int]:
+    """A service that reads a request and closes the connection without a reply
+    (what PostgreSQL does with a Redis command: a bad startup packet)."""
+    import socket
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(8)
+    server.settimeout(0.05)
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                conn, _ = server.accept()
+            except OSError:
+                continue
+            with conn:
+                conn.settimeout(1.0)
+                try:
+                    conn.recv(1024)
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    yield server.getsockname()[1]
+    stop.set()
+    thread.join(5)
+    server.close()
+
+
+def test_a_service_that_hangs_up_is_a_node_down(nodes: RedisNodes, hang_up_port: int,
+                                                settings: Any) -> None:
+    settings.REDLOCK_NODES = [*nodes.urls[:2], f"redis://127.0.0.1:{hang_up_port}/0"]
+    health = json.loads(run("health", "--json")[0])
+    assert [h["status"] for h in health] == ["ok", "ok", "down"]
+    assert "closes connections without a Redis reply: not a Redis server?" in health[2]["error"]

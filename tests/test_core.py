@@ -81,8 +81,9 @@ def test_next_wait_is_bounded_by_deadline_and_holder_lease() -> None:
 def test_lock_key_and_fence_key_share_a_cluster_slot() -> None:
     assert lock_key("redlock", "stock:1") == "redlock:stock:1"
     assert fence_key("redlock:stock:1") == "{redlock:stock:1}:fence"
-    # A name with its own hash tag keeps it: the first {...} decides the slot.
-    assert fence_key("redlock:{user1}:cart") == "redlock:{user1}:cart:fence"
+    # A name with its own hash tag keeps it: the first {...} decides the slot
+    # (the whole lock key follows the role, so no other name can reach it).
+    assert fence_key("redlock:{user1}:cart") == "{user1}:fence:redlock:{user1}:cart"
     assert name_from_key("redlock", "redlock:stock:1") == "stock:1"
     assert name_from_key("redlock", "other:stock:1") is None
 

@@ -1,21 +1,35 @@
 """Lock names and the Redis keys derived from them.
 
-Every key django-redlock writes:
+Every key django-redlock writes, for a lock key ``K = {KEY_PREFIX}:{NAME}``:
 
-* ``{KEY_PREFIX}:{NAME}``: the lock itself, a string ``token|fence|owner-json``
-  with a PX expiry (the contract fixes this name);
-* ``{{KEY_PREFIX}:{NAME}}:fence``: the fencing counter of NAME. The lock key in
-  braces is a Redis Cluster hash tag, so both keys a script touches live in the
-  same slot (python-redis-lock #59 broke on Cluster for want of this). When the
-  lock key already contains a hash tag, the counter reuses it. The counter
-  expires an hour after its last use; see ``docs/safety.rst`` for why that keeps
-  fences increasing.
+* ``K``: the lock itself, a string ``token|fence|owner-json`` with a PX expiry
+  (the contract fixes this name);
+* the fencing counter (role ``fence``) and the waiter queue (role ``waiters``)
+  of NAME, in one of three forms:
 
-* ``{{KEY_PREFIX}:{NAME}}:waiters``: the queue of NAME's waiting acquirers (a
-  list of holder tokens, first come first served), in the same slot for the
-  same reason. A release wakes only the first (see ``lua/release.lua``), so one
-  release costs one retry, not one per waiter. It expires shortly after the
-  lock does when nobody waits any more.
+  - ``{K}:<role>`` when K has no hash tag and no ``}`` (most names:
+    ``{redlock:orders:7}:fence``). The braces make K the Cluster hash tag, so the
+    counter sits in K's slot;
+  - ``{<tag>}:<role>:K`` when K has a hash tag (``redlock:{user1}:cart`` ->
+    ``{user1}:fence:redlock:{user1}:cart``): same tag, same slot;
+  - ``{}:<role>:K`` when K has no hash tag but contains a ``}``. No key can share
+    the slot of such a K (Cluster hashes all of it, and a tag ends at the first
+    ``}``), so on a Cluster node these names fail with ``CROSSSLOT`` as they
+    always did; on the independent masters Redlock is made for they work.
+
+  Every internal key starts with ``{`` and no lock key does (the prefix has no
+  brace), and :func:`parse_internal_key` reads (K, role) back from each one, so
+  no name can reach another name's counter or queue (the previous layout,
+  ``K:fence`` for a name with a hash tag, made lock ``{x}:fence`` the counter of
+  lock ``{x}``). Same slot as K: a script touches several keys, and Cluster
+  refuses that across slots (python-redis-lock #59 broke on Cluster for want of
+  this).
+
+  The counter expires an hour after the node's clock passes it; see
+  ``docs/safety.rst`` for why that keeps fences increasing. The queue is a list
+  of holder tokens, first come first served; a release wakes only the first (see
+  ``lua/release.lua``), so one release costs one retry, not one per waiter. It
+  expires shortly after the lock does when nobody waits any more.
 
 Release notices are published on a channel named like the lock key (channels and
 keys are separate namespaces in Redis).
@@ -76,23 +90,92 @@ def name_from_key(prefix: str, key: str) -> str | None:
     return key[len(head):] if key.startswith(head) else None
 
 
-def _has_hash_tag(key: str) -> bool:
+def hash_tag(key: str) -> str | None:
+    """The Redis Cluster hash tag of ``key``, or None when Cluster hashes the whole key.
+
+    Cluster's rule: the text between the first ``{`` and the first ``}`` after
+    it, when that text is not empty.
+    """
     start = key.find("{")
     if start < 0:
-        return False
+        return None
     end = key.find("}", start + 1)
-    return end > start + 1
+    if end < 0 or end == start + 1:
+        return None
+    return key[start + 1:end]
+
+
+#: The roles of the keys kept beside a lock key.
+ROLES = ("fence", "waiters")
+
+
+def _internal_key(lock_key_: str, role: str) -> str:
+    """The ``role`` key of a lock key: see the module docstring for the three forms.
+
+    Every form starts with ``{`` and a lock key never does (it starts with the
+    prefix, which has no brace), so no lock name reaches an internal key; and
+    :func:`parse_internal_key` reads the lock key and role back from any of
+    them, so no two (lock key, role) pairs share one.
+    """
+    tag = hash_tag(lock_key_)
+    if tag is not None:
+        return "{" + tag + "}:" + role + ":" + lock_key_
+    if "}" not in lock_key_:
+        return "{" + lock_key_ + "}:" + role
+    return "{}:" + role + ":" + lock_key_
+
+
+def parse_internal_key(key: str) -> tuple[str, str] | None:
+    """``(lock key, role)`` of a fencing counter or waiter queue key, None for other keys.
+
+    The inverse of :func:`fence_key` / :func:`waiters_key`; it exists to show
+    (and to test) that the layout is unambiguous.
+    """
+    if not key.startswith("{"):
+        return None
+    close = key.find("}")
+    if close < 0:
+        return None
+    tag, rest = key[1:close], key[close + 1:]
+    for role in ROLES:
+        if rest == ":" + role:
+            if tag and hash_tag(tag) is None and "}" not in tag:
+                return tag, role
+            return None
+        head = ":" + role + ":"
+        if rest.startswith(head):
+            lock = rest[len(head):]
+            if tag and hash_tag(lock) == tag:
+                return lock, role
+            if not tag and hash_tag(lock) is None and "}" in lock:
+                return lock, role
+            return None
+    return None
 
 
 def fence_key(lock_key_: str) -> str:
     """The fencing counter key of a lock key, in the same Cluster slot."""
-    if _has_hash_tag(lock_key_):
-        return lock_key_ + ":fence"
-    return "{" + lock_key_ + "}:fence"
+    return _internal_key(lock_key_, "fence")
 
 
 def waiters_key(lock_key_: str) -> str:
     """The waiter queue key of a lock key, in the same Cluster slot."""
-    if _has_hash_tag(lock_key_):
-        return lock_key_ + ":waiters"
-    return "{" + lock_key_ + "}:waiters"
+    return _internal_key(lock_key_, "waiters")
+
+
+def legacy_internal_role(name: str) -> tuple[str, str] | None:
+    """``(owning name, role)`` when the lock key of ``name`` is where releases up to
+    0.x kept the fencing counter or waiter queue of another name, else None.
+
+    That layout appended ``:fence`` / ``:waiters`` to the lock key of a name with
+    a hash tag, so ``{x}:fence`` was both a name and the counter of ``{x}``. Such
+    keys are left by a running older release (or for up to an hour after the
+    upgrade); ``manage.py locks`` names them instead of calling them foreign.
+    """
+    for role in ROLES:
+        suffix = ":" + role
+        if name.endswith(suffix):
+            owner = name[:-len(suffix)]
+            if owner and hash_tag(owner) is not None:
+                return owner, role
+    return None

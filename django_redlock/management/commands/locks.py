@@ -17,19 +17,27 @@ a traceback, and nothing printed contains a node password.
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import time
+import unicodedata
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 from typing import Any, ClassVar, NoReturn
 
 from django.core.exceptions import ImproperlyConfigured
-from django.core.management.base import BaseCommand, CommandError, CommandParser
+from django.core.management.base import (
+    BaseCommand,
+    CommandError,
+    CommandParser,
+    DjangoHelpFormatter,
+)
 from django.core.management.color import color_style, no_style
 
 from ...core.keys import InvalidLockName, validate_name
 from ...inspection import (
     CLOCK_OFFSET_WARN_MS,
+    ForeignKey,
     HealthReport,
     Inventory,
     LockInfo,
@@ -64,6 +72,27 @@ class _Parser(CommandParser):
 
 
 # ------------------------------------------------------------------ formatting
+
+#: Invisible characters that move the cursor or reorder text: escaped in output.
+_BIDI = frozenset("\u200e\u200f\u202a\u202b\u202c\u202d\u202e\u2066\u2067\u2068\u2069")
+
+
+def clean(text: object) -> str:
+    """``text`` safe for a terminal: control characters escaped (``\\x1b``).
+
+    Lock names are validated, but a key found by ``SCAN``, an owner label, a
+    foreign value or a server's error text is whatever someone wrote: a raw ESC
+    would let it recolour, move or erase what the operator reads.
+    """
+    out = []
+    for c in str(text):
+        if c in _BIDI or unicodedata.category(c) in ("Cc", "Zl", "Zp"):
+            code = ord(c)
+            out.append(f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}")
+        else:
+            out.append(c)
+    return "".join(out)
+
 
 def format_ms(ms: float | None) -> str:
     """A duration in milliseconds for people: ``850 ms``, ``9.6 s``, ``3m 05s``."""
@@ -102,7 +131,7 @@ def format_owner(owner: dict[str, Any]) -> str:
         text += f" {owner['thread']}"
     if owner.get("label"):
         text += f' "{owner["label"]}"'
-    return text
+    return clean(text)
 
 
 def format_count(n: int | None) -> str:
@@ -152,15 +181,21 @@ class Command(BaseCommand):
     def add_arguments(self, parser: CommandParser) -> None:
         subs = parser.add_subparsers(dest="action", metavar="{list,show,release,health,watch}",
                                      parser_class=_Parser)
+        # Django's common options (--settings, --pythonpath, -v, --traceback, the
+        # colour options, ...) in every position a Django user types them: after
+        # the subcommand too, as with any built-in command. They are copies of the
+        # top-level options with a SUPPRESS default, so an option not repeated
+        # after the subcommand keeps its top-level value.
+        common = [action for action in parser._actions
+                  if set(action.option_strings) & DjangoHelpFormatter.show_last]
 
         def sub(name: str, help_: str) -> CommandParser:
-            p = subs.add_parser(name, help=help_, description=help_)
-            # Django's colour options also after the subcommand; SUPPRESS keeps the
-            # top-level value when they are not repeated here.
-            p.add_argument("--no-color", action="store_true", default=argparse.SUPPRESS,
-                           help="Don't colorize the output.")
-            p.add_argument("--force-color", action="store_true", default=argparse.SUPPRESS,
-                           help="Force colorization of the output.")
+            p = subs.add_parser(name, help=help_, description=help_,
+                                formatter_class=DjangoHelpFormatter)
+            for action in common:
+                twin = copy.copy(action)
+                twin.default = argparse.SUPPRESS
+                p._add_action(twin)
             return p
 
         p = sub("list", "Every held lock under KEY_PREFIX (the default action).")
@@ -237,7 +272,7 @@ class Command(BaseCommand):
 
     def _warn_failures(self, failures: Sequence[NodeFailure]) -> None:
         for f in failures:
-            self.stderr.write(self.style.WARNING(f"node {f.node} not read: {f.reason}"))
+            self.stderr.write(self.style.WARNING(f"node {clean(f.node)} not read: {clean(f.reason)}"))
 
     # -------------------------------------------------------------------- list
     def render_list(self, inventory: Inventory, pattern: str, prefix: str) -> list[str]:
@@ -249,7 +284,7 @@ class Command(BaseCommand):
             for lock in inventory.locks:
                 state_style = st.SUCCESS if lock.quorum else st.WARNING
                 rows.append([
-                    (lock.name, None),
+                    (clean(lock.name), None),
                     (f"{lock.nodes}/{lock.total}", state_style),
                     (lock.state, state_style),
                     (format_ms(lock.ttl_ms), None),
@@ -260,32 +295,63 @@ class Command(BaseCommand):
                 ])
             lines += table(["NAME", "NODES", "STATE", "TTL", "FENCE", "AGE", "WAITERS", "OWNER"],
                            rows, st.MIGRATE_HEADING)
-        where = f"under prefix {prefix!r}" + ("" if pattern == "*" else f" matching {pattern!r}")
+        where = f"under prefix {prefix!r}" + ("" if pattern == "*" else f" matching '{clean(pattern)}'")
         below = sum(1 for lock in inventory.locks if not lock.quorum)
         count = len(inventory.locks)
-        summary = (f"{count} lock{'' if count == 1 else 's'} {where}" if count
-                   else f"No locks held {where}.")
+        if count:
+            summary = f"{count} lock{'' if count == 1 else 's'} {where}"
+        elif inventory.complete:
+            summary = f"No locks held {where}."
+        else:
+            # Not "no locks held": the nodes not read may hold some.
+            summary = f"No locks found {where} on the nodes read."
         if below:
             summary += f" ({below} below quorum)"
         lines.append(summary + f"; {inventory.answered} of {inventory.total} nodes read, "
                                f"quorum {inventory.quorum_size}.")
+        for lock in inventory.locks:
+            if lock.ttl_ms < 0:
+                lines.append(st.WARNING(
+                    f"Lock '{clean(lock.name)}' has no expiry (a raw SET or a PERSIST): it "
+                    f"never frees itself; see 'locks show {clean(lock.name)}'."))
+        for foreign in inventory.foreign:
+            lines.append(st.WARNING(self.foreign_line(foreign)))
         if inventory.truncated:
             lines.append(st.WARNING("Truncated: too many keys; narrow it with --pattern."))
         for f in inventory.failures:
-            lines.append(st.WARNING(f"node {f.node} not read: {f.reason}"))
+            lines.append(st.WARNING(f"node {clean(f.node)} not read: {clean(f.reason)}"))
+        if not inventory.enough:
+            lines.append(st.ERROR(self.no_quorum_read(inventory)))
         return lines
+
+    @staticmethod
+    def foreign_line(foreign: ForeignKey) -> str:
+        return (f"Key {clean(foreign.key)} (lock '{clean(foreign.name)}') holds no "
+                f"django-redlock lock but {clean(foreign.describe())}; it blocks that "
+                f"lock until it is removed.")
+
+    @staticmethod
+    def no_quorum_read(inventory: Inventory) -> str:
+        return (f"only {inventory.answered} of {inventory.total} nodes read "
+                f"({inventory.quorum_size} needed; not read: "
+                f"{', '.join(clean(f.node) for f in inventory.failures)}): locks held on the "
+                f"others may be missing from this list")
 
     def do_list(self, manager: Any, *, pattern: str, as_json: bool) -> None:
         inventory = scan_locks(manager, pattern)
         if inventory.answered == 0:
             raise CommandError("no node could be read: " + "; ".join(
-                f"{f.node}: {f.reason}" for f in inventory.failures))
+                f"{clean(f.node)}: {clean(f.reason)}" for f in inventory.failures))
         if as_json:
             self._warn_failures(inventory.failures)
-            self.stdout.write(json.dumps([lock.as_json() for lock in inventory.locks], indent=2))
-            return
-        for line in self.render_list(inventory, pattern, manager.key_prefix):
-            self.stdout.write(line)
+            items = [lock.as_json() for lock in inventory.locks]
+            items += [foreign.as_json() for foreign in inventory.foreign]
+            self.stdout.write(json.dumps(items, indent=2))
+        else:
+            for line in self.render_list(inventory, pattern, manager.key_prefix):
+                self.stdout.write(line)
+        if not inventory.enough:
+            raise CommandError(self.no_quorum_read(inventory), returncode=1)
 
     # -------------------------------------------------------------------- show
     def do_show(self, manager: Any, name: str, *, as_json: bool) -> None:
@@ -294,7 +360,16 @@ class Command(BaseCommand):
         if lock is None:
             if detail.answered == 0:
                 raise CommandError("no node could be read: " + "; ".join(
-                    f"{f.node}: {f.reason}" for f in detail.failures))
+                    f"{clean(f.node)}: {clean(f.reason)}" for f in detail.failures))
+            if detail.foreign is not None:
+                self._warn_failures(detail.failures)
+                if as_json:
+                    self.stdout.write(json.dumps(detail.foreign.as_json(), indent=2))
+                else:
+                    self.stdout.write(self.foreign_line(detail.foreign))
+                    for v in detail.foreign.per_node:
+                        self.stdout.write(f"  {clean(v.node)}: {clean(v.describe())}")
+                return
             raise CommandError(
                 f"no lock {name!r} is held (key {manager.key_prefix}:{name}; "
                 f"{detail.answered} of {detail.total} nodes read)")
@@ -312,13 +387,15 @@ class Command(BaseCommand):
         if lock.others:
             state += f"; {lock.others} other node(s) hold it for another holder"
         lines = [
-            st.MIGRATE_HEADING(f"Lock {lock.name!r}") + f"  (key {lock.key})",
+            st.MIGRATE_HEADING(f"Lock '{clean(lock.name)}'") + f"  (key {clean(lock.key)})",
             f"  state   {state_style(state)}",
-            f"  ttl     {format_ms(lock.ttl_ms)}",
+            f"  ttl     {format_ms(lock.ttl_ms)}" + (st.WARNING(
+                "  (a raw SET or a PERSIST: it never frees itself; 'locks release NAME "
+                "--force' removes it)") if lock.ttl_ms < 0 else ""),
             f"  fence   {lock.fence}",
             f"  owner   {format_owner(lock.owner)}",
             f"  since   {format_since(lock.since, lock.age_s)}",
-            f"  token   {lock.token}... (first characters)",
+            f"  token   {clean(lock.token)}... (first characters)",
             f"  waiters {format_count(lock.waiters)} queued (the longest queue among the nodes)",
             "",
         ]
@@ -329,17 +406,25 @@ class Command(BaseCommand):
                     "held" if v.agrees else "held (other)", st.SUCCESS if v.agrees else st.WARNING)
             elif v.state == "unreachable":
                 state_cell = ("unreachable", st.ERROR)
+            elif v.state == "foreign":
+                state_cell = ("foreign", st.ERROR)
             else:
                 state_cell = ("absent", None)
+            if v.error:
+                note = clean(v.error)
+            elif v.foreign is not None:
+                note = "not a lock value: " + clean(v.foreign.describe())
+            else:
+                note = format_owner(v.owner) if v.state == "held" else "-"
             rows.append([
-                (v.node, None),
+                (clean(v.node), None),
                 state_cell,
-                (v.token or "-", None),
+                (clean(v.token or "-"), None),
                 (format_ms(v.pttl_ms) if v.state == "held" else "-", None),
                 (str(v.fence) if v.fence is not None else "-", None),
                 (str(v.fence_counter) if v.fence_counter is not None else "-", None),
                 (format_count(v.waiters), None),
-                (v.error if v.error else format_owner(v.owner) if v.state == "held" else "-", None),
+                (note, None),
             ])
         lines += table(["NODE", "STATE", "TOKEN", "TTL", "FENCE", "COUNTER", "WAITERS", "OWNER"],
                        rows, st.MIGRATE_HEADING)
@@ -394,29 +479,39 @@ class Command(BaseCommand):
             for line in self.render_health(report):
                 self.stdout.write(line)
         if not report.ok:
-            raise CommandError(
-                f"no quorum: {report.healthy} of {len(report.nodes)} nodes healthy, "
-                f"{report.quorum_size} needed", returncode=1)
+            raise CommandError(self.verdict_reason(report), returncode=1)
+
+    @staticmethod
+    def verdict_reason(report: HealthReport) -> str:
+        if report.reachable < report.quorum_size:
+            return (f"no quorum: {report.healthy} of {len(report.nodes)} nodes healthy, "
+                    f"{report.quorum_size} needed")
+        bad = [f"{clean(h.node)} ({h.status})" for h in report.nodes
+               if h.error is None and not h.ok]
+        return (f"not safe: {report.healthy} of {len(report.nodes)} nodes healthy, "
+                f"{report.quorum_size} needed; answered but not healthy: {', '.join(bad)}")
 
     def render_health(self, report: HealthReport) -> list[str]:
         st = self.style
         rows = []
         for h in report.nodes:
-            if not h.ok:
-                rows.append([(h.node, None), ("no", st.ERROR), ("-", None), ("-", None),
-                             ("-", None), ("-", None), ("-", None), (h.error or "", st.ERROR)])
+            if h.error is not None:
+                rows.append([(clean(h.node), None), ("no", st.ERROR), ("-", None), ("-", None),
+                             ("-", None), ("-", None), ("-", None), (clean(h.error), st.ERROR)])
                 continue
             clock = "-" if h.clock_offset_ms is None else f"{round(h.clock_offset_ms):+d} ms"
             clock_style = st.WARNING if h.clock_offset_ms is not None and \
                 abs(h.clock_offset_ms) > CLOCK_OFFSET_WARN_MS else None
+            status = {"ok": ("yes", st.SUCCESS), "unsafe": ("UNSAFE", st.ERROR),
+                      "unknown": ("unknown", st.WARNING)}.get(h.status, ("no", st.ERROR))
             rows.append([
-                (h.node, None),
-                ("yes", st.SUCCESS),
+                (clean(h.node), None),
+                status,
                 (f"{h.rtt_ms:.2f} ms" if h.rtt_ms is not None else "-", None),
-                (f"{h.server or '?'} {h.version or '?'}", None),
-                (h.role or "?", st.WARNING if h.role == "replica" else None),
-                (h.persistence, st.WARNING if any("fsync" in w or "AOF" in w for w in h.warnings)
-                 else None),
+                (clean(f"{h.server or '?'} {h.version or '?'}"), None),
+                (clean(h.role or "?"), st.WARNING if h.role == "replica" else None),
+                (clean(h.persistence), st.WARNING if any("fsync" in w or "AOF" in w
+                                                         for w in h.warnings) else None),
                 (clock, clock_style),
                 (f"{len(h.warnings)} warning(s)" if h.warnings else "", st.WARNING),
             ])
@@ -426,11 +521,17 @@ class Command(BaseCommand):
         if warned:
             lines.append("")
             lines.append(st.WARNING("Warnings:"))
-            lines += [f"  {node}: {w}" for node, w in warned]
+            lines += [f"  {clean(node)}: {clean(w)}" for node, w in warned]
         verdict = (f"{report.healthy} of {len(report.nodes)} nodes healthy, "
                    f"quorum {report.quorum_size}: ")
         lines.append("")
-        lines.append(st.SUCCESS(verdict + "OK") if report.ok else st.ERROR(verdict + "NO QUORUM"))
+        if report.ok:
+            lines.append(st.SUCCESS(verdict + "OK"))
+        elif report.reachable < report.quorum_size:
+            lines.append(st.ERROR(verdict + "NO QUORUM"))
+        else:
+            lines.append(st.ERROR(verdict + "NOT SAFE (nodes that evict keys, or whose "
+                                            "eviction settings are unknown)"))
         return lines
 
     # ------------------------------------------------------------------- watch
