@@ -8,7 +8,7 @@ the run's SQLite file and the proxies' URLs as ``REDLOCK_NODES``, then, until th
 run's deadline, picks a resource at random and does::
 
     with <lock on the resource>:             # LockNotAcquired / QuorumUnavailable
-        value = read()                       # read under the lock
+        value = read()                       # read under the lock (a db row: claimed first)
         if not lock.owned(): skip            # the careful client's last check
         phase = CRITICAL                     # <- the nemesis may SIGSTOP us here
         sleep(think)                         #    (a GC pause between check and write)
