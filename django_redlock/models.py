@@ -269,21 +269,29 @@ class LockingQuerySet(models.QuerySet):
         fence = _check_fence(lock, "claim_and_get()")
         field = _fence_field(self.model)
         selected = self.filter(**lookup) if lookup else self
-        pks = list(selected.order_by().values_list("pk", flat=True)[:2])
-        if not pks:
-            raise self.model.DoesNotExist(
-                f"{self.model._meta.object_name} matching query does not exist.")
-        if len(pks) > 1:
-            raise self.model.MultipleObjectsReturned(
-                f"claim_and_get() of {self.model._meta.object_name} selects more than one "
-                f"row; claim several rows with claim()")
-        selected.filter(pk=pks[0]).claim(lock)
-        instance = selected.get(pk=pks[0])
+        meta = self.model._meta
+        by_pk = {"pk", meta.pk.name, meta.pk.attname}  # type: ignore[union-attr]
+        if lookup and all(key.removesuffix("__exact") in by_pk for key in lookup):
+            target = selected  # at most one row: claim it directly (2 queries in all)
+        else:  # another lookup could select several rows: find the one first
+            pks = list(selected.order_by().values_list("pk", flat=True)[:2])
+            if not pks:
+                raise self.model.DoesNotExist(
+                    f"{meta.object_name} matching query does not exist.")
+            if len(pks) > 1:
+                raise self.model.MultipleObjectsReturned(
+                    f"claim_and_get() of {meta.object_name} selects more than one row; claim "
+                    f"several rows with claim()")
+            target = selected.filter(pk=pks[0])
+        # The claim; a row that already carries a higher fence is left alone, and
+        # the read below tells (its fence is not ours).
+        target.filter(**{f"{field.name}__lt": fence}).update(**{field.attname: fence})
+        instance = target.get()
         stored = getattr(instance, field.attname)
-        if stored != fence:  # a newer holder claimed it between our claim and our read
+        if stored != fence:  # a newer holder claimed it, before or right after our claim
             raise FencedWriteRejected(
-                f"claim of {self.model._meta.label} pk={pks[0]!r} lost to a newer lock holder "
-                f"(fence {stored} > {fence}) before it was read",
+                f"claim of {meta.label} pk={instance.pk!r} refused: a newer lock holder "
+                f"claimed it (fence {stored} > {fence})",
                 lock_name=getattr(lock, "name", None), fence=fence, stored_fence=stored)
         instance.held_lock = lock
         name = getattr(lock, "name", None)
@@ -291,7 +299,7 @@ class LockingQuerySet(models.QuerySet):
             own = instance.lock_name()
             if own != name:
                 warnings.warn(
-                    f"{self.model.__name__} pk={pks[0]!r} was claimed under lock {name!r}, but "
+                    f"{self.model.__name__} pk={instance.pk!r} was claimed under lock {name!r}, but "
                     f"its own lock name is {own!r} (what {self.model.__name__}.objects.locked() "
                     f"and .lock() take): two names for one row exclude nothing. Lock it by "
                     f"{own!r} (e.g. @with_lock({self.model.__name__}.lock_template())) or set "
