@@ -37,11 +37,18 @@ The held lock is available to the body: ``request.redlock`` in a view and
 :func:`current_lock` anywhere (a context variable, so it follows threads started
 with ``contextvars.copy_context()`` and asyncio tasks), e.g. for a fenced write::
 
-    @with_lock("product:<pk>")
+    @with_lock(Product.lock_template())        # the row's own name, "shop.product:<pk>"
     def restock(pk, qty):
-        product = Product.objects.get(pk=pk)
+        product = Product.objects.claim_and_get(current_lock(), pk=pk)  # claim, then read
         product.stock += qty
         product.fenced_save(current_lock(), update_fields=["stock"])
+
+A view that returned normally while its lock was lost (the release raises
+``LockLost``) keeps its response when its work is known to be protected: its
+``atomic=True`` block committed after the ownership check, or the database
+accepted a fenced write made with this hold's fence. The loss is logged and
+signalled (``lock_lost``); answering 500 would tell the client that a recorded
+write failed. Any other view, and every non-view call, raises ``LockLost``.
 """
 
 from __future__ import annotations
@@ -70,6 +77,7 @@ from .core.templates import (
     resolve_path,
 )
 from .exceptions import LockLost, LockNotAcquired, LockNotOwned, QuorumUnavailable
+from .fencedwrites import fenced_write_accepted
 from .responses import busy_response, unavailable_response
 
 __all__ = ["current_lock", "with_lock"]
@@ -283,7 +291,7 @@ class _Target:
             previous = getattr(request, "redlock", missing)
             request.redlock = lock
             try:
-                return self._run_held(lock, args, kwargs)
+                return self._run_held(lock, args, kwargs, view=True)
             finally:
                 if previous is missing:
                     with contextlib.suppress(AttributeError):
@@ -300,20 +308,53 @@ class _Target:
             return self.on_busy(None, exc)
         return self._run_held(lock, args, kwargs)
 
-    def _run_held(self, lock: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+    def _run_held(self, lock: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *,
+                  view: bool = False) -> Any:
         """Run the body with ``lock`` acquired; ``lock.__exit__`` releases it last."""
         token = _current_lock.set(lock)
+        fence = lock.fence
+        done = False
         try:
             with contextlib.ExitStack() as stack:
                 stack.push(lock)  # its __exit__ runs after the body: raises LockLost if lost
                 if not self.atomic:
-                    return self.func(*args, **kwargs)
-                with transaction.atomic(using=self.using):
                     result = self.func(*args, **kwargs)
-                    _ensure_owned(lock)  # raising here rolls the transaction back
+                else:
+                    with transaction.atomic(using=self.using):
+                        result = self.func(*args, **kwargs)
+                        _ensure_owned(lock)  # raising here rolls the transaction back
+                done = True
                 return result
+        except LockLost as exc:
+            if view and done and self._response_stands(lock, fence, exc):
+                return result
+            raise
         finally:
             _current_lock.reset(token)
+
+    def _response_stands(self, lock: Any, fence: int, exc: LockLost) -> bool:
+        """Whether a view that returned normally keeps its response although the
+        release found the lock lost (``exc``).
+
+        Yes when its writes are known to have been protected: the ``atomic=True``
+        block committed after checking the lock was still held, or the storage
+        accepted a fenced write with this hold's fence
+        (:mod:`django_redlock.fencedwrites`). Answering 500 then would tell the
+        client that a recorded sale failed. The loss was already signalled
+        (``lock_lost``); it is logged here once more with what was kept. A view
+        with neither keeps raising :class:`~django_redlock.LockLost`: nothing
+        vouches that its unfenced writes did not overlap another holder's.
+        """
+        if self.atomic:
+            why = "its atomic block committed while the lock was held"
+        elif fenced_write_accepted(lock, fence):
+            why = "its fenced write was accepted by the database"
+        else:
+            return False
+        logger.warning("lock %r (fence %d) of %s was lost after the view's work: %s; the "
+                       "view's response stands (%s)", lock.name, fence, self._where_called(),
+                       why, exc)
+        return True
 
     # -- async -----------------------------------------------------------------------
     async def call_async(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
@@ -341,13 +382,20 @@ class _Target:
         if is_view:
             request.redlock = lock
         token = _current_lock.set(lock)
+        fence = lock.fence
+        done = False
         try:
             async with contextlib.AsyncExitStack() as stack:
                 stack.push_async_exit(lock)
                 result = self.func(*args, **kwargs)
                 if inspect.isawaitable(result):  # a coroutine (an async CBV's dispatch too)
                     result = await result
+                done = True
                 return result
+        except LockLost as exc:
+            if is_view and done and self._response_stands(lock, fence, exc):
+                return result
+            raise
         finally:
             _current_lock.reset(token)
             if is_view:

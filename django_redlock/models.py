@@ -1,4 +1,4 @@
-"""ORM helpers: lock a row, load it fresh under the lock, and write it fenced.
+"""ORM helpers: lock a row, claim it, read it, and write it fenced.
 
 Two mistakes this module exists to prevent:
 
@@ -8,28 +8,38 @@ Two mistakes this module exists to prevent:
    lock first and then loads the row, so the body always sees the last write.
 
 2. **Writing after the lease ran out.** A holder can pause (GC, a slow query,
-   SIGSTOP) past its lease while another process takes the lock and writes::
+   SIGSTOP) past its lease while another process takes the lock. Refusing only
+   a write "older than the last write" (``WHERE fence < F``) is not enough::
 
-       t0  A locks product 1 (fence 41), reads stock 5
-       t1  A pauses for longer than the TTL; its lease expires
-       t2  B locks product 1 (fence 42), reads 5, writes 4 with fence 42
-       t3  A resumes and writes 4 (its stale computation)  <- lost update
+       t0  A locks product 1 (fence 5), reads stock 10, pauses past its lease
+       t1  B locks product 1 (fence 6), reads stock 10
+       t2  A resumes, writes 9 WHERE fence < 5: accepted (the row had fence 4)
+       t3  B writes 9 WHERE fence < 6: accepted. Two sales, stock 9.
 
-   No lock can stop t3; the storage must. :meth:`LockableModel.fenced_save` is
-   one conditional ``UPDATE ... SET ..., fence = 41 WHERE pk = 1 AND fence < 41``:
-   at t3 the row holds fence 42, zero rows match, and A gets
-   :class:`~django_redlock.FencedWriteRejected` instead of silently overwriting B.
+   The holder must *claim* the row before it reads it: ``locked()`` (and
+   :meth:`LockingQuerySet.claim_and_get`) first runs ``UPDATE ... SET fence = F
+   WHERE pk = %s AND fence < F`` and only then reads it. At t1 B's claim
+   moves the row to fence 6, so A's write at t2 (``WHERE fence = 5``: the row
+   must still carry *its* claim) matches nothing and raises
+   :class:`~django_redlock.FencedWriteRejected`; B's write at t3 stands. Every
+   write helper here is conditional on the writer's own claim
+   (:meth:`LockingQuerySet.fenced_update`) or on the fence the instance was
+   read with (:meth:`LockableModel.fenced_save`), so no older holder writes
+   after a newer one claimed, and no write rests on a value that changed since
+   it was read.
 """
 
 from __future__ import annotations
 
 import contextlib
+import warnings
 from collections.abc import AsyncIterator, Iterable, Iterator
 from typing import TYPE_CHECKING, Any, ClassVar
 
 from asgiref.sync import sync_to_async
 from django.core.exceptions import FieldDoesNotExist, ImproperlyConfigured
 from django.db import models, router
+from django.db.models import Max
 
 from .conf import get_manager
 from .core.templates import (
@@ -41,6 +51,7 @@ from .core.templates import (
     resolve_path,
 )
 from .exceptions import FencedWriteRejected
+from .fencedwrites import note_fenced_write
 
 if TYPE_CHECKING:
     from .lock import Lock
@@ -51,7 +62,8 @@ __all__ = ["FenceField", "LockableModel", "LockingManager", "LockingQuerySet"]
 class FenceField(models.BigIntegerField):
     """The fencing token of the last fenced write to the row (0: never fenced).
 
-    Written only by :meth:`LockableModel.fenced_save` and
+    Written only by :meth:`LockingQuerySet.claim` (which ``locked()`` runs
+    before it reads), :meth:`LockableModel.fenced_save` and
     :meth:`LockingQuerySet.fenced_update`; not editable in forms or the admin.
     """
 
@@ -159,74 +171,196 @@ def lock_name_for_lookup(model: type[models.Model], lookup: dict[str, Any]) -> s
 
 
 class LockingQuerySet(models.QuerySet):
-    """A QuerySet with :meth:`locked` (lock, then read) and :meth:`fenced_update`."""
+    """A QuerySet with :meth:`locked` (lock, claim, then read), :meth:`claim`,
+    :meth:`claim_and_get` and :meth:`fenced_update`."""
 
     @contextlib.contextmanager
     def locked(self, *, ttl: Any = ..., timeout: Any = ..., auto_renew: Any = ...,
                fencing: bool = True, max_hold: Any = ..., label: str | None = None,
                **lookup: Any) -> Iterator[Any]:
-        """Acquire the row's lock, *then* load the row, and yield it.
+        """Acquire the row's lock, claim the row with the lock's fence, *then* read it.
 
         ``with Product.objects.locked(pk=pk) as product:`` -- the lock has the
-        name ``product.lock()`` would use; the row is read after the lock is held
-        (``.get(**lookup)`` on this queryset), so the body never acts on a value
-        read before; ``product.held_lock`` is the :class:`~django_redlock.Lock`
-        (for :meth:`LockableModel.fenced_save`). The lock is released when the
-        block ends; ``LockLost`` is raised then if it was lost meanwhile.
-        ``DoesNotExist`` propagates (the lock is released first).
+        name ``product.lock()`` would use. Right after acquiring, the row is
+        *claimed* (:meth:`claim_and_get`: ``UPDATE ... SET fence = F WHERE ...
+        AND fence < F``) and only then read, so the body never acts on a value
+        read before, and every later write of an older holder (conditional on
+        its own fence) is refused. ``product.held_lock`` is the
+        :class:`~django_redlock.Lock` (for :meth:`LockableModel.fenced_save`).
+        The lock is released when the block ends; ``LockLost`` is raised then if
+        it was lost meanwhile. ``DoesNotExist`` propagates (the lock is released
+        first); :class:`~django_redlock.FencedWriteRejected` is raised at once if
+        the row already carries a higher fence (a newer holder claimed it). With
+        ``fencing=False`` there is no fence to claim with: the row is only read.
         """
         name = lock_name_for_lookup(self.model, lookup)
         lock = get_manager().lock(name, ttl=ttl, timeout=timeout, auto_renew=auto_renew,
                                   fencing=fencing, max_hold=max_hold,
                                   label=label or _label(self.model))
         with lock:
-            instance = self.get(**lookup)
-            instance.held_lock = lock
+            if fencing:
+                instance = self.claim_and_get(lock, **lookup)
+            else:
+                instance = self.get(**lookup)
+                instance.held_lock = lock
             yield instance
 
     @contextlib.asynccontextmanager
     async def alocked(self, *, ttl: Any = ..., timeout: Any = ..., auto_renew: Any = ...,
                       fencing: bool = True, max_hold: Any = ..., label: str | None = None,
                       **lookup: Any) -> AsyncIterator[Any]:
-        """The ``async with`` twin of :meth:`locked` (an ``AsyncLock``, then ``aget``)."""
+        """The ``async with`` twin of :meth:`locked` (an ``AsyncLock``, claim, then read)."""
         name = lock_name_for_lookup(self.model, lookup)
         lock = get_manager().alock(name, ttl=ttl, timeout=timeout, auto_renew=auto_renew,
                                    fencing=fencing, max_hold=max_hold,
                                    label=label or _label(self.model))
         async with lock:
-            instance = await self.aget(**lookup)
-            instance.held_lock = lock
+            if fencing:
+                instance = await self.aclaim_and_get(lock, **lookup)
+            else:
+                instance = await self.aget(**lookup)
+                instance.held_lock = lock
             yield instance
 
-    def fenced_update(self, lock: Any, **values: Any) -> int:
-        """``UPDATE`` the selected rows whose stored fence is below ``lock.fence``.
+    def claim(self, lock: Any) -> int:
+        """Mark the selected rows as written by ``lock``'s holder; call it *before* reading.
 
-        One statement: ``.filter(fence__lt=lock.fence).update(fence=lock.fence,
-        **values)``. Returns the number of rows written. Raises
-        :class:`~django_redlock.FencedWriteRejected` when no row was written although
-        the queryset selects some (a newer holder wrote them all); rows already
-        carrying a higher fence are skipped, so a smaller count than expected means
-        some were newer.
+        One statement, ``UPDATE ... SET fence = F WHERE <filter> AND fence < F``
+        (``F = lock.fence``). From then on a write conditional on an older fence
+        -- every write of :meth:`fenced_update` and of a claimed
+        :meth:`~LockableModel.fenced_save` -- matches none of these rows, so a
+        holder paused past its lease cannot write after this one claimed. Returns
+        the number of rows newly claimed (rows already carrying ``F`` stay
+        claimed). Raises :class:`~django_redlock.FencedWriteRejected` when a
+        selected row carries a *higher* fence: a newer holder claimed it, and
+        this holder must not act on it (the rows with a lower fence are claimed
+        all the same; the newer holder's own claim overrides that).
+        """
+        fence = _check_fence(lock, "claim()")
+        field = _fence_field(self.model)
+        claimed = self.filter(**{f"{field.name}__lt": fence}).update(**{field.attname: fence})
+        newer = self.filter(**{f"{field.name}__gt": fence}).aggregate(
+            newest=Max(field.name))["newest"]
+        if newer is not None:
+            raise FencedWriteRejected(
+                f"claim of {self.model._meta.label} refused: a selected row carries fence "
+                f"{newer} > {fence} (a newer lock holder claimed it)",
+                lock_name=getattr(lock, "name", None), fence=fence, stored_fence=newer)
+        return claimed
+
+    def claim_and_get(self, lock: Any, **lookup: Any) -> Any:
+        """Claim the one row ``lookup`` selects with ``lock``'s fence, then read it.
+
+        For a lock that is already held, e.g. ``request.redlock`` in a view
+        decorated with ``@with_lock(Product.lock_template())``::
+
+            product = Product.objects.claim_and_get(request.redlock, pk=pk)
+            product.stock -= 1
+            product.fenced_save(request.redlock, update_fields=["stock"])
+
+        The row is read after the claim, so ``product.fence == lock.fence`` and
+        its values are the last ones written. Raises ``DoesNotExist`` /
+        ``MultipleObjectsReturned`` like ``get()`` (before claiming anything), and
+        :class:`~django_redlock.FencedWriteRejected` when a newer holder claimed
+        the row, before or right after our claim. Warns (``RuntimeWarning``) when
+        ``lock`` is not the row's own lock name: code that locks the row by its
+        own name (``locked()``, ``row.lock()``) would not be excluded by it.
+        """
+        fence = _check_fence(lock, "claim_and_get()")
+        field = _fence_field(self.model)
+        selected = self.filter(**lookup) if lookup else self
+        meta = self.model._meta
+        by_pk = {"pk", meta.pk.name, meta.pk.attname}  # type: ignore[union-attr]
+        if lookup and all(key.removesuffix("__exact") in by_pk for key in lookup):
+            target = selected  # at most one row: claim it directly (2 queries in all)
+        else:  # another lookup could select several rows: find the one first
+            pks = list(selected.order_by().values_list("pk", flat=True)[:2])
+            if not pks:
+                raise self.model.DoesNotExist(
+                    f"{meta.object_name} matching query does not exist.")
+            if len(pks) > 1:
+                raise self.model.MultipleObjectsReturned(
+                    f"claim_and_get() of {meta.object_name} selects more than one row; claim "
+                    f"several rows with claim()")
+            target = selected.filter(pk=pks[0])
+        # The claim; a row that already carries a higher fence is left alone, and
+        # the read below tells (its fence is not ours).
+        target.filter(**{f"{field.name}__lt": fence}).update(**{field.attname: fence})
+        instance = target.get()
+        stored = getattr(instance, field.attname)
+        if stored != fence:  # a newer holder claimed it, before or right after our claim
+            raise FencedWriteRejected(
+                f"claim of {meta.label} pk={instance.pk!r} refused: a newer lock holder "
+                f"claimed it (fence {stored} > {fence})",
+                lock_name=getattr(lock, "name", None), fence=fence, stored_fence=stored)
+        instance.held_lock = lock
+        name = getattr(lock, "name", None)
+        if isinstance(name, str) and hasattr(instance, "lock_name"):
+            own = instance.lock_name()
+            if own != name:
+                warnings.warn(
+                    f"{self.model.__name__} pk={instance.pk!r} was claimed under lock {name!r}, but "
+                    f"its own lock name is {own!r} (what {self.model.__name__}.objects.locked() "
+                    f"and .lock() take): two names for one row exclude nothing. Lock it by "
+                    f"{own!r} (e.g. @with_lock({self.model.__name__}.lock_template())) or set "
+                    f"{self.model.__name__}.lock_name_template", RuntimeWarning, stacklevel=2)
+        return instance
+
+    async def aclaim_and_get(self, lock: Any, **lookup: Any) -> Any:
+        """:meth:`claim_and_get` from async code (in Django's sync thread)."""
+        return await sync_to_async(self.claim_and_get)(lock, **lookup)
+
+    async def aclaim(self, lock: Any) -> int:
+        """:meth:`claim` from async code (in Django's sync thread)."""
+        return await sync_to_async(self.claim)(lock)
+
+    def fenced_update(self, lock: Any, **values: Any) -> int:
+        """``UPDATE`` the selected rows that ``lock`` has claimed (they carry its fence).
+
+        One statement: ``.filter(fence=lock.fence).update(**values)``. The rows
+        must have been claimed *before* whatever the values were computed from
+        was read: by ``locked()`` / :meth:`claim_and_get` for one row, by
+        :meth:`claim` for several. Then no interleaving loses an update: an older
+        holder's write matches no row once a newer holder claimed, and a newer
+        holder's claim moves the fence past this one, so this write is refused.
+        (The earlier form, ``WHERE fence < F`` without a claim, let a paused
+        holder's write land between a newer holder's read and its write.)
+
+        Returns the number of rows written. Raises
+        :class:`~django_redlock.FencedWriteRejected` when no row was written
+        although the queryset selects some: none was claimed by ``lock`` (claim
+        first) or a newer holder claimed them. Rows not carrying ``lock``'s fence
+        are skipped, so a smaller count than expected means some were not ours.
         """
         fence = _check_fence(lock, "fenced_update()")
         field = _fence_field(self.model)
         if field.name in values or field.attname in values:
-            raise ValueError(f"fenced_update() writes {field.name!r} itself; do not pass it")
-        written = self.filter(**{f"{field.name}__lt": fence}).update(
-            **{field.attname: fence}, **values)
-        if written == 0 and self.exists():
-            raise FencedWriteRejected(
-                f"fenced update of {self.model._meta.label} refused: every selected row carries "
-                f"a fence >= {fence} (a newer lock holder already wrote)",
-                lock_name=getattr(lock, "name", None), fence=fence)
-        return written
+            raise ValueError(f"fenced_update() writes only rows carrying the lock's fence; do "
+                             f"not pass {field.name!r} (claim() sets it)")
+        written = self.filter(**{field.attname: fence}).update(**values)
+        if written:
+            note_fenced_write(lock, fence)
+            return written
+        newest = self.aggregate(newest=Max(field.name))["newest"]
+        if newest is None:
+            return 0  # nothing selected
+        if newest > fence:
+            why = f"a selected row carries fence {newest} > {fence} (a newer lock holder claimed it)"
+        else:
+            why = (f"no selected row carries this lock's fence {fence}: claim the rows "
+                   f"(locked(), claim_and_get() or claim()) before reading what you write")
+        raise FencedWriteRejected(
+            f"fenced update of {self.model._meta.label} refused: {why}",
+            lock_name=getattr(lock, "name", None), fence=fence, stored_fence=newest)
 
     async def afenced_update(self, lock: Any, **values: Any) -> int:
+        """:meth:`fenced_update` from async code (in Django's sync thread)."""
         return await sync_to_async(self.fenced_update)(lock, **values)
 
 
 class LockingManager(models.Manager.from_queryset(LockingQuerySet)):  # type: ignore[misc]
-    """The default manager of :class:`LockableModel`: ``.locked(...)``, ``.fenced_update(...)``."""
+    """The default manager of :class:`LockableModel`: ``.locked(...)``, ``.claim_and_get(...)``,
+    ``.claim(...)``, ``.fenced_update(...)``."""
 
 
 class LockableModel(models.Model):
@@ -236,6 +370,11 @@ class LockableModel(models.Model):
     ``"shop.product:42"``); set ``lock_name_template`` on the class to change it
     (placeholders resolved from the instance, e.g. ``"sku:<sku>"``; ``.locked()``
     then needs those fields in its lookup).
+
+    One name per row: :meth:`lock_template` is the template to give
+    ``@with_lock`` so that a view and ``Model.objects.locked()`` exclude each
+    other (``@with_lock(Product.lock_template())`` in a view whose URL has
+    ``<pk>``); two different names on one row would both be granted at once.
 
     A plain ``save()`` of an existing row leaves the ``fence`` column alone (it
     is not in the UPDATE), so an unfenced save cannot move the fence backwards.
@@ -264,6 +403,15 @@ class LockableModel(models.Model):
     save.alters_data = True  # type: ignore[attr-defined]
 
     # -- names and locks -------------------------------------------------------------
+    @classmethod
+    def lock_template(cls) -> str:
+        """The lock name template of this model's rows, e.g. ``"shop.product:<pk>"``.
+
+        The same name ``locked()``, ``lock()`` and ``lock_name()`` use; hand it to
+        ``with_lock`` so a decorated view locks the row by that one name.
+        """
+        return _template_for(cls).source
+
     def lock_name(self) -> str:
         """The name of this row's lock (what ``manage.py locks`` shows)."""
         if self.pk is None:
@@ -331,21 +479,27 @@ class LockableModel(models.Model):
 
     def fenced_save(self, lock: Any, update_fields: Iterable[str] | None = None,
                     using: str | None = None) -> None:
-        """Write this row only if nobody wrote it since it was read, with a newer fence.
+        """Write this row only if it still carries the fence it was read with.
 
         One conditional UPDATE (``... SET <fields>, fence = F WHERE pk = %s AND
-        fence = <the fence this instance was loaded with>``), after checking that
-        ``F = lock.fence`` is higher than that loaded fence. Checking only
-        "stored fence < F" is not enough, as the chaos run showed::
+        fence = <the fence this instance was loaded with>``, ``F = lock.fence``),
+        after checking that the loaded fence is not above ``F``:
+
+        * read by ``Model.objects.locked()`` / :meth:`LockingQuerySet.claim_and_get`,
+          the instance was loaded with ``F`` itself (the row was claimed before
+          the read): the write lands only while the row is still claimed by this
+          holder, so it is refused as soon as a newer holder claimed;
+        * an instance read otherwise (loaded fence below ``F``) is a
+          compare-and-set: it lands only if nobody wrote the row since it was
+          read. Checking only "stored fence < F" is not enough::
 
             A (fence 41) reads stock 10, is paused past its lease
             B (fence 42) acquires, reads stock 10
             A resumes and writes 9 with fence 41: accepted (stored fence < 41)
             B writes 9 with fence 42: accepted, and A's sale is lost
 
-        With the loaded fence in the WHERE clause, B's write is refused (the row
-        changed since B read it) and B re-reads under its lock. So read the row
-        under the lock (``Model.objects.locked()`` does) and write it once.
+          With the loaded fence in the WHERE clause, B's write is refused (the
+          row changed since B read it) and B re-reads under its lock.
 
         ``update_fields``: the fields to write (default: every concrete field
         except the primary key and fields not loaded). Raises
@@ -374,7 +528,7 @@ class LockableModel(models.Model):
             values[field.attname] = field.pre_save(self, False)  # type: ignore[union-attr]
         loaded = getattr(self, fence_field.attname) or 0
         written = 0
-        if fence > loaded:
+        if fence >= loaded:
             written = model._base_manager.using(db).filter(
                 pk=self.pk, **{fence_field.attname: loaded}
             ).update(**{fence_field.attname: fence}, **values)
@@ -383,15 +537,16 @@ class LockableModel(models.Model):
                 fence_field.attname, flat=True).first()
             if stored is None:
                 why = "the row no longer exists"
-            elif stored >= fence or fence <= loaded:
-                why = (f"the row carries fence {max(stored, loaded)} >= {fence}: a newer lock "
-                       f"holder already wrote it")
+            elif stored > fence or fence < loaded:
+                why = (f"the row carries fence {max(stored, loaded)} > {fence}: a newer lock "
+                       f"holder claimed or wrote it")
             else:
                 why = (f"the row was written (fence {loaded} -> {stored}) since this instance "
                        f"was read: read it again under the lock and write once")
             raise FencedWriteRejected(
                 f"fenced save of {meta.label} pk={self.pk!r} refused: {why}",
                 lock_name=getattr(lock, "name", None), fence=fence, stored_fence=stored)
+        note_fenced_write(lock, fence)
         setattr(self, fence_field.attname, fence)
         self._state.db = db
         self._state.adding = False

@@ -22,6 +22,11 @@ What it does, and undoes (always, also on Ctrl-C):
 
 Exit status: 0 when the protected and striped purchases sold exactly the stock
 (``sold + stock_left == initial``, nothing oversold), 1 otherwise, 130 on Ctrl-C.
+
+SIGTERM and SIGHUP stop everything like Ctrl-C does (the Redis nodes and gunicorn
+run in sessions of their own, so a signal to the demo alone would leave them
+behind); ``--serve`` also stops when its parent goes away (``make serve`` killed:
+make does not pass the signal on).
 """
 
 from __future__ import annotations
@@ -332,7 +337,31 @@ def run_demo(plan: Plan, *, workers: int) -> int:
     return 0 if exact else 1
 
 
+class Stopped(Exception):
+    """SIGTERM or SIGHUP arrived: unwind, so every ``with Stack`` stops what it started."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signal.Signals(signum).name)
+        self.signum = signum
+
+
+def _raise_stopped(signum: int, frame: Any) -> None:
+    # Once: a second signal must not interrupt the stopping itself.
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_IGN)
+    raise Stopped(signum)
+
+
+def install_stop_signals() -> None:
+    """Turn SIGTERM/SIGHUP into :class:`Stopped` (main thread only)."""
+    if threading.current_thread() is not threading.main_thread():
+        return  # main() called from a thread: signals are the caller's business
+    for sig in (signal.SIGTERM, signal.SIGHUP):
+        signal.signal(sig, _raise_stopped)
+
+
 def run_serve(*, workers: int, port: int) -> int:
+    parent = os.getppid()
     env = {}
     if "DEMO_LOCK_TTL" not in os.environ:
         env["DEMO_LOCK_TTL"] = "5"
@@ -346,6 +375,9 @@ def run_serve(*, workers: int, port: int) -> int:
              f"{stack.env.get('DEMO_LOCK_TTL', '10')} s).")
         while stack.server is not None and stack.server.poll() is None:
             time.sleep(0.5)
+            if os.getppid() != parent:  # our parent (make, a shell) is gone: so are we
+                _say("The parent process went away; stopping everything.")
+                return 0
         _say("gunicorn exited:")
         _say(stack.server_log_tail())
         return 1
@@ -361,6 +393,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--port", type=int, default=0,
                         help="port for --serve (default: a free one)")
     args = parser.parse_args(argv)
+    install_stop_signals()
     try:
         if args.serve:
             return run_serve(workers=args.workers, port=args.port)
@@ -369,6 +402,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         _say("")
         _say("Stopped (Ctrl-C); everything the demo started was stopped.")
         return 0 if args.serve else 130
+    except Stopped as exc:
+        _say("")
+        _say(f"Stopped ({exc}); everything the demo started was stopped.")
+        return 0 if args.serve else 128 + exc.signum
     except (subprocess.CalledProcessError, subprocess.TimeoutExpired, RuntimeError) as exc:
         print(f"demo failed: {exc}", file=sys.stderr)
         return 1

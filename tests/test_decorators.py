@@ -377,3 +377,101 @@ def test_async_plain_function(held: Any) -> None:
     held("af:2")
     with pytest.raises(LockNotAcquired):
         asyncio.run(af(2))
+
+
+# -- the lock lost after the view's protected write ------------------------------------
+def _wait_lost(lock: Any) -> None:
+    deadline = time.monotonic() + 5
+    while lock.owned() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not lock.owned()
+
+
+@pytest.mark.django_db
+def test_a_committed_fenced_write_keeps_the_views_response_when_the_nodes_lose_the_lock(
+        session_nodes: Any, recorded: list[Any], caplog: pytest.LogCaptureFixture) -> None:
+    """FLUSHALL on the nodes while a view runs: its fenced save committed, so the
+    client is told the sale happened (200), not 500; the loss is signalled and logged."""
+    product = Product.objects.create(name="p", stock=5)
+
+    @with_lock(Product.lock_template(), ttl=0.4, auto_renew=True)
+    def sell(request: Any, pk: int) -> HttpResponse:
+        row = Product.objects.claim_and_get(request.redlock, pk=pk)
+        row.stock -= 1
+        row.fenced_save(request.redlock, update_fields=["stock"])
+        session_nodes.flushall()   # the nodes lose their data
+        _wait_lost(request.redlock)  # the renewal finds out
+        return HttpResponse(str(row.stock))
+
+    with caplog.at_level(logging.WARNING, logger="django_redlock.decorators"):
+        response = sell(RequestFactory().post("/"), pk=product.pk)
+    assert (response.status_code, response.content) == (200, b"4")
+    assert Product.objects.get(pk=product.pk).stock == 4
+    assert [k for k, _ in recorded].count("lock_lost") == 1
+    assert "response stands" in caplog.text and "fenced write" in caplog.text
+
+
+@pytest.mark.django_db
+def test_a_view_without_a_protected_write_still_raises_lock_lost(session_nodes: Any) -> None:
+    product = Product.objects.create(name="p", stock=5)
+
+    @with_lock(Product.lock_template(), ttl=0.4, auto_renew=True)
+    def sell(request: Any, pk: int) -> HttpResponse:
+        Product.objects.filter(pk=pk).update(stock=4)  # not fenced: nothing vouches for it
+        session_nodes.flushall()
+        _wait_lost(request.redlock)
+        return HttpResponse("ok")
+
+    with pytest.raises(LockLost):
+        sell(RequestFactory().post("/"), pk=product.pk)
+
+    @with_lock(Product.lock_template(), ttl=0.4, auto_renew=True)
+    def refused(request: Any, pk: int) -> HttpResponse:
+        row = Product.objects.get(pk=pk)
+        Product.objects.filter(pk=pk).update(fence=2**62)  # a "newer holder" wrote
+        row.stock -= 1
+        with pytest.raises(django_redlock.FencedWriteRejected):
+            row.fenced_save(request.redlock)
+        session_nodes.flushall()
+        _wait_lost(request.redlock)
+        return HttpResponse("refused", status=409)
+
+    with pytest.raises(LockLost):  # a refused write vouches for nothing either
+        refused(RequestFactory().post("/"), pk=product.pk)
+
+
+@pytest.mark.django_db(transaction=True)
+def test_an_atomic_view_that_committed_keeps_its_response(session_nodes: Any) -> None:
+    product = Product.objects.create(name="p", stock=5)
+
+    @with_lock(Product.lock_template(), ttl=5, auto_renew=True, atomic=True)
+    def sell(request: Any, pk: int) -> HttpResponse:
+        Product.objects.filter(pk=pk).update(stock=4)
+        session_nodes.flushall()  # owned() still true: the commit goes ahead...
+        return HttpResponse("ok")  # ...and the release finds the lock gone
+
+    response = sell(RequestFactory().post("/"), pk=product.pk)
+    assert response.status_code == 200
+    assert Product.objects.get(pk=product.pk).stock == 4
+
+
+@needs_alock
+@pytest.mark.django_db(transaction=True)
+def test_async_view_keeps_its_response_after_a_committed_fenced_write(
+        session_nodes: Any) -> None:
+    product = Product.objects.create(name="p", stock=5)
+
+    @with_lock(Product.lock_template(), ttl=0.4, auto_renew=True)
+    async def sell(request: Any, pk: int) -> HttpResponse:
+        row = await Product.objects.aclaim_and_get(request.redlock, pk=pk)
+        row.stock -= 1
+        await row.afenced_save(request.redlock, update_fields=["stock"])
+        session_nodes.flushall()
+        deadline = time.monotonic() + 5
+        while request.redlock.owned() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        return HttpResponse(str(row.stock))
+
+    response = asyncio.run(sell(RequestFactory().post("/"), pk=product.pk))
+    assert (response.status_code, response.content) == (200, b"4")
+    assert Product.objects.get(pk=product.pk).stock == 4

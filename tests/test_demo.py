@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
@@ -259,3 +260,101 @@ def test_quick_demo_runs_end_to_end_without_oversell() -> None:
     assert "Race lab" in out and "WATCH/MULTI/EXEC" in out and "django-redlock" in out
     assert "renewed, never lost" in out
     assert "Everything stopped" in out
+
+
+# -- live: `make serve` stopped from outside ---------------------------------------------
+
+def _serve(argv_prefix: list[str]) -> tuple[subprocess.Popen[str], list[str], str, list[str]]:
+    """Start ``demo --serve`` (behind ``argv_prefix``); wait for its URL (bounded).
+
+    Returns the process, the demo's stdout lines so far, the shop URL and the node URLs.
+    """
+    import queue
+    import re
+    import threading
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    env.pop("DJANGO_SETTINGS_MODULE", None)
+    proc = subprocess.Popen([*argv_prefix, sys.executable, "-m", "testproject.demo", "--serve",
+                             "--workers", "1"], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True, stdin=subprocess.DEVNULL)
+    lines: queue.Queue[str] = queue.Queue()
+    reader = threading.Thread(target=lambda: [lines.put(line) for line in proc.stdout or ()],
+                              daemon=True)
+    reader.start()
+    proc.reader = reader  # type: ignore[attr-defined]
+    seen: list[str] = []
+    url, nodes = "", []
+    deadline = time.monotonic() + 90
+    while not url and time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=1)
+        except queue.Empty:
+            assert proc.poll() is None, "".join(seen)
+            continue
+        seen.append(line)
+        if m := re.search(r"Redis: 3 nodes started \((.*)\)", line):
+            nodes = m.group(1).split(", ")
+        if m := re.search(r"The shop is at (http://\S+?)/ ", line):
+            url = m.group(1)
+    assert url and len(nodes) == 3, "".join(seen)
+    return proc, seen, url, nodes
+
+
+def _close(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        proc.kill()
+        proc.wait(timeout=10)
+    proc.reader.join(timeout=30)  # type: ignore[attr-defined]  # EOF once the demo is gone
+    if proc.stdout is not None:
+        proc.stdout.close()
+
+
+def _refuses(url: str) -> bool:
+    import socket
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url)
+    with socket.socket() as sock:
+        sock.settimeout(1)
+        return sock.connect_ex((parts.hostname or "127.0.0.1", parts.port or 0)) != 0
+
+
+def _wait_everything_stopped(shop: str, nodes: list[str]) -> None:
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and not all(_refuses(u) for u in [shop, *nodes]):
+        time.sleep(0.2)
+    assert _refuses(shop), "gunicorn is still serving"
+    assert all(_refuses(u) for u in nodes), "a Redis node is still running"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_serve_stopped_by_sigterm_stops_redis_and_gunicorn() -> None:
+    pytest.importorskip("gunicorn", reason="the demo extra (gunicorn) is not installed")
+    import signal
+
+    proc, _, shop, nodes = _serve([])
+    try:
+        assert not _refuses(shop) and not any(_refuses(u) for u in nodes)
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=40) == 0
+        _wait_everything_stopped(shop, nodes)
+    finally:
+        _close(proc)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(150)
+def test_serve_stops_when_its_parent_is_killed() -> None:
+    """``make serve`` killed: make does not pass the signal on; the demo notices its
+    parent is gone and stops its servers."""
+    pytest.importorskip("gunicorn", reason="the demo extra (gunicorn) is not installed")
+    # A shell stands in for make: it runs the demo as a child and waits for it.
+    proc, _, shop, nodes = _serve(["sh", "-c", '"$@"; exit $?', "sh"])
+    try:
+        proc.kill()  # the parent dies without a word, as make on SIGKILL
+        proc.wait(timeout=10)
+        _wait_everything_stopped(shop, nodes)
+    finally:
+        _close(proc)

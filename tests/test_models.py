@@ -6,6 +6,7 @@ The fenced-write tests run on SQLite always, and on PostgreSQL too when
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Iterator
 from typing import Any
@@ -163,7 +164,7 @@ def test_fenced_write_refused_after_a_paused_holder_lease_passed(alias: str) -> 
 
 
 @pytest.mark.parametrize("alias", DATABASES)
-def test_fenced_update_on_a_queryset(alias: str) -> None:
+def test_fenced_update_writes_only_rows_claimed_by_the_lock(alias: str) -> None:
     products = Product.objects.using(alias)
     a = products.create(name="a", stock=1)
     b = products.create(name="b", stock=1)
@@ -172,15 +173,188 @@ def test_fenced_update_on_a_queryset(alias: str) -> None:
     with django_redlock.lock("testapp.products:all") as new:
         pass
     assert new.fence > old.fence
+    # Not claimed yet: refused, whatever the fences (the values could rest on a
+    # read that a newer holder's claim should have fenced off).
+    with pytest.raises(FencedWriteRejected, match="claim the rows"):
+        products.filter(pk=b.pk).fenced_update(new, stock=9)
+    assert products.filter(pk=b.pk).claim(new) == 1
+    assert products.filter(pk=b.pk).claim(new) == 0  # already ours: nothing to do
     assert products.filter(pk=b.pk).fenced_update(new, stock=9) == 1
-    # a is written (fence 0 < old), b is skipped (it carries the newer fence)
+    # The old holder claims both: a gets its fence, b carries the newer one -> refused.
+    with pytest.raises(FencedWriteRejected, match="newer lock holder claimed") as info:
+        products.filter(pk__in=[a.pk, b.pk]).claim(old)
+    assert info.value.context["stored_fence"] == new.fence
+    # a was claimed by old, b stays new's: old writes a only; new cannot write a.
     assert products.filter(pk__in=[a.pk, b.pk]).fenced_update(old, stock=5) == 1
     assert dict(products.values_list("name", "stock")) == {"a": 5, "b": 9}
-    with pytest.raises(FencedWriteRejected, match="fence >= "):
+    with pytest.raises(FencedWriteRejected, match="newer lock holder claimed"):
         products.filter(pk=b.pk).fenced_update(old, stock=0)
     assert products.none().fenced_update(old, stock=0) == 0  # nothing selected: no error
-    with pytest.raises(ValueError, match="writes 'fence' itself"):
+    with pytest.raises(ValueError, match="do not pass 'fence'"):
         products.fenced_update(new, fence=1)
+    assert dict(products.values_list("name", "fence")) == {"a": old.fence, "b": new.fence}
+
+
+# -- the lost-update interleaving, for every helper ----------------------------------
+#
+#   A (fence 5) reads stock 10 and pauses past its lease
+#   B (fence 6) acquires and reads 10
+#   A wakes and writes 9
+#   B writes 9                      -> two sales, stock 9, unless A's write is refused
+#
+# Each test plays exactly that with two real locks on one name (A's lease is short
+# and not renewed, so B acquires once it passed) and checks: A's write refused,
+# B's accepted, stock 9 for one sale.
+
+def _pause_past(lock: Any) -> None:
+    deadline = time.monotonic() + 5
+    while lock.owned() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    time.sleep(0.1)  # the lease is over on the nodes too (drift allowance)
+    assert not lock.owned()
+
+
+@pytest.mark.parametrize("alias", DATABASES)
+def test_interleaving_locked_then_fenced_save(alias: str) -> None:
+    products = Product.objects.using(alias)
+    pk = products.create(name="p", stock=10).pk
+    a_ctx = products.locked(pk=pk, ttl=0.4, auto_renew=False)
+    a = a_ctx.__enter__()
+    assert a.stock == 10 and a.fence == a.held_lock.fence  # claimed before the read
+    _pause_past(a.held_lock)
+    with products.locked(pk=pk, timeout=2) as b:
+        assert b.held_lock.fence > a.held_lock.fence and b.stock == 10
+        a.stock -= 1
+        with pytest.raises(FencedWriteRejected, match="newer lock holder"):
+            a.fenced_save(a.held_lock, update_fields=["stock"])  # A wakes: refused
+        b.stock -= 1
+        b.fenced_save(b.held_lock, update_fields=["stock"])
+    with pytest.raises(LockLost):
+        a_ctx.__exit__(None, None, None)
+    assert products.get(pk=pk).stock == 9
+
+
+@pytest.mark.parametrize("alias", DATABASES)
+def test_interleaving_claim_and_get_then_fenced_update(alias: str) -> None:
+    products = Product.objects.using(alias)
+    pk = products.create(name="p", stock=10).pk
+    name = f"testapp.product:{pk}"
+    a_lock = django_redlock.lock(name, ttl=0.4, auto_renew=False)
+    assert a_lock.acquire(timeout=0)
+    a_read = products.claim_and_get(a_lock, pk=pk).stock
+    _pause_past(a_lock)
+    with django_redlock.lock(name, timeout=2) as b_lock:
+        b_read = products.claim_and_get(b_lock, pk=pk).stock
+        assert a_read == b_read == 10
+        with pytest.raises(FencedWriteRejected, match="newer lock holder claimed"):
+            products.filter(pk=pk).fenced_update(a_lock, stock=a_read - 1)
+        assert products.filter(pk=pk).fenced_update(b_lock, stock=b_read - 1) == 1
+    with pytest.raises(LockLost):
+        a_lock.release()
+    assert products.get(pk=pk).stock == 9
+
+
+@pytest.mark.parametrize("alias", DATABASES)
+def test_interleaving_claim_then_fenced_update_of_several_rows(alias: str) -> None:
+    products = Product.objects.using(alias)
+    pks = [products.create(name=f"p{i}", stock=10).pk for i in range(3)]
+    rows = products.filter(pk__in=pks)
+    a_lock = django_redlock.lock("testapp.products:batch", ttl=0.4, auto_renew=False)
+    assert a_lock.acquire(timeout=0)
+    assert rows.claim(a_lock) == 3
+    a_read = {p.pk: p.stock for p in rows}
+    _pause_past(a_lock)
+    with django_redlock.lock("testapp.products:batch", timeout=2) as b_lock:
+        assert rows.claim(b_lock) == 3
+        b_read = {p.pk: p.stock for p in rows}
+        with pytest.raises(FencedWriteRejected):
+            for pk in pks:
+                products.filter(pk=pk).fenced_update(a_lock, stock=a_read[pk] - 1)
+        for pk in pks:
+            assert products.filter(pk=pk).fenced_update(b_lock, stock=b_read[pk] - 1) == 1
+    with pytest.raises(LockLost):
+        a_lock.release()
+    assert sorted(rows.values_list("stock", flat=True)) == [9, 9, 9]
+
+
+@pytest.mark.parametrize("alias", DATABASES)
+def test_interleaving_unclaimed_read_then_fenced_save_is_a_compare_and_set(alias: str) -> None:
+    """An instance read without a claim (``row.lock()``, then ``get()``): its
+    ``fenced_save`` lands only if the row still carries the fence it was read with."""
+    products = Product.objects.using(alias)
+    product = products.create(name="p", stock=10)
+    a_lock = product.lock(ttl=0.4, auto_renew=False)
+    assert a_lock.acquire(timeout=0)
+    a = products.get(pk=product.pk)
+    _pause_past(a_lock)
+    with product.lock(timeout=2) as b_lock:
+        b = products.get(pk=product.pk)
+        a.stock -= 1
+        a.fenced_save(a_lock, update_fields=["stock"])  # B has not claimed: A's CAS lands
+        b.stock -= 1
+        with pytest.raises(FencedWriteRejected, match="since this instance was read"):
+            b.fenced_save(b_lock, update_fields=["stock"])  # ...and B's is refused
+    with pytest.raises(LockLost):
+        a_lock.release()
+    assert products.get(pk=product.pk).stock == 9  # one sale, recorded once
+
+
+@pytest.mark.parametrize("alias", DATABASES)
+def test_interleaving_the_blind_update_without_a_claim_is_refused(alias: str) -> None:
+    """The pattern the docs used to teach, ``filter(fence__lt=F).update(stock=<read>)``,
+    lost A's sale here; ``fenced_update`` without a claim now refuses instead."""
+    products = Product.objects.using(alias)
+    pk = products.create(name="p", stock=10).pk
+    name = f"testapp.product:{pk}"
+    a_lock = django_redlock.lock(name, ttl=0.4, auto_renew=False)
+    assert a_lock.acquire(timeout=0)
+    a_read = products.get(pk=pk).stock
+    _pause_past(a_lock)
+    with django_redlock.lock(name, timeout=2) as b_lock:
+        b_read = products.get(pk=pk).stock
+        with pytest.raises(FencedWriteRejected, match="claim the rows"):
+            products.filter(pk=pk).fenced_update(a_lock, stock=a_read - 1)
+        with pytest.raises(FencedWriteRejected, match="claim the rows"):
+            products.filter(pk=pk).fenced_update(b_lock, stock=b_read - 1)
+    with pytest.raises(LockLost):
+        a_lock.release()
+    assert products.get(pk=pk).stock == 10  # nothing written, nothing lost
+
+
+@pytest.mark.django_db
+def test_claim_and_get_edge_cases() -> None:
+    product = Product.objects.create(name="p", stock=1)
+    with product.lock() as lock:
+        with pytest.raises(Product.DoesNotExist):
+            Product.objects.claim_and_get(lock, pk=987654)
+        Product.objects.create(name="p", stock=2)
+        with pytest.raises(Product.MultipleObjectsReturned, match="claim several rows"):
+            Product.objects.claim_and_get(lock, name="p")
+        assert Product.objects.filter(name="p").exclude(fence=0).count() == 0  # none claimed
+        row = Product.objects.claim_and_get(lock, pk=product.pk)
+        assert row.fence == lock.fence and row.held_lock is lock
+    with django_redlock.lock(f"stock:{product.pk}") as other:
+        with pytest.warns(RuntimeWarning, match="two names for one row"):
+            Product.objects.claim_and_get(other, pk=product.pk)
+    with pytest.raises(ValueError, match="fencing"), product.lock(fencing=False) as nofence:
+        Product.objects.claim_and_get(nofence, pk=product.pk)
+
+
+@pytest.mark.django_db
+def test_locked_refuses_a_row_a_newer_holder_claimed() -> None:
+    product = Product.objects.create(name="p", stock=1)
+    Product.objects.filter(pk=product.pk).update(fence=2**62)  # claimed by "the future"
+    with pytest.raises(FencedWriteRejected, match="newer lock holder"), \
+            Product.objects.locked(pk=product.pk):
+        pass  # pragma: no cover
+    assert not product.lock().locked()
+    with Product.objects.locked(pk=product.pk, fencing=False) as row:  # nothing to claim with
+        assert row.fence == 2**62 and row.held_lock.fence == 0
+
+
+def test_lock_template_is_the_rows_lock_name() -> None:
+    assert Product.lock_template() == "testapp.product:<pk>"
+    assert SkuItem.lock_template() == "sku:<sku>"
 
 
 @pytest.mark.django_db
@@ -256,3 +430,28 @@ def test_async_locked_and_fenced_save() -> None:
     fence = async_to_sync(run)()
     row = Product.objects.get(pk=product.pk)
     assert (row.stock, row.fence) == (2, fence)
+
+
+@pytest.mark.django_db
+def test_async_interleaving_alocked_then_afenced_save() -> None:
+    product = Product.objects.create(name="p", stock=10)
+
+    async def run() -> None:
+        a_ctx = Product.objects.alocked(pk=product.pk, ttl=0.4, auto_renew=False)
+        a = await a_ctx.__aenter__()
+        assert a.fence == a.held_lock.fence
+        deadline = time.monotonic() + 5
+        while a.held_lock.owned() and time.monotonic() < deadline:
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.1)
+        async with Product.objects.alocked(pk=product.pk, timeout=2) as b:
+            a.stock -= 1
+            with pytest.raises(FencedWriteRejected):
+                await a.afenced_save(a.held_lock, update_fields=["stock"])
+            b.stock -= 1
+            await b.afenced_save(b.held_lock, update_fields=["stock"])
+        with pytest.raises(LockLost):
+            await a_ctx.__aexit__(None, None, None)
+
+    async_to_sync(run)()
+    assert Product.objects.get(pk=product.pk).stock == 9

@@ -6,9 +6,12 @@ the lock was taken may already be stale when the lock is granted::
     t0  worker A reads stock 5            t0  worker B reads stock 5
     t1  A takes stock:1, writes 4         t2  B takes stock:1, writes 4   <- one sale lost
 
-Reading after acquiring closes that gap; the fenced save closes the other one
-(a worker that paused past its lease and lost the lock to a newer holder has a
-lower fence, and its late UPDATE matches no row). ``decrement_unsafe`` keeps the
+Reading after acquiring closes that gap; the claim and the fenced save close the
+other one: right after acquiring, the view claims the row with its fence
+(``claim_and_get``: ``UPDATE ... SET fence = F WHERE fence < F``, then the read),
+and its write is conditional on that claim, so a worker that paused past its
+lease and lost the lock to a newer holder (who claimed the row since) writes
+nothing. ``decrement_unsafe`` keeps the
 gap open on purpose, so the demo can count the sales it loses.
 """
 
@@ -21,7 +24,7 @@ from typing import Any
 from django.conf import settings
 from django.contrib import messages
 from django.db.models import Sum
-from django.http import HttpRequest, HttpResponse, JsonResponse
+from django.http import Http404, HttpRequest, HttpResponse, JsonResponse
 from django.shortcuts import get_object_or_404, redirect, render
 from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
@@ -113,12 +116,17 @@ def health(request: HttpRequest) -> JsonResponse:
 # -- purchases -----------------------------------------------------------------------
 
 @require_POST
-@with_lock("stock:<pk>", auto_renew=True)
+@with_lock(Product.lock_template(), auto_renew=True)  # "stock:<pk>", the row's own name
 def decrement(request: HttpRequest, pk: int) -> HttpResponse:
     """Sell one unit, under the lock ``stock:<pk>`` (renewed while the work runs)."""
     lock = request.redlock  # type: ignore[attr-defined]
     started = time.monotonic()
-    product = get_object_or_404(Product, pk=pk)  # read *after* the lock is held
+    try:  # claim the row with our fence, *then* read it
+        product = Product.objects.claim_and_get(lock, pk=pk)
+    except Product.DoesNotExist:
+        raise Http404("no such product") from None
+    except FencedWriteRejected as exc:  # a newer holder claimed it: we are the stale one
+        return _answer(request, {"error": "stale", "detail": str(exc), "fence": lock.fence}, 409)
     wrong = _not_striped(request, product)
     if wrong is not None:
         return wrong

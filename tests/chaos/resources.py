@@ -9,9 +9,10 @@ accepted.
 ``db:<pk>``
     A ``tests.testapp.models.Product`` row (a ``LockableModel``) in a SQLite file
     shared by the worker processes. Fenced mode writes through the public ORM API:
-    ``Product.objects.locked(pk=...)`` then ``fenced_save(lock)``, one conditional
-    ``UPDATE ... WHERE id = %s AND fence = <fence read>`` (the lock's fence being
-    higher). Unfenced mode writes the same
+    ``Product.objects.locked(pk=...)``, which claims the row right after acquiring
+    (``UPDATE ... SET fence = F WHERE id = %s AND fence < F``) and then reads it,
+    then ``fenced_save(lock)``, one conditional ``UPDATE ... WHERE id = %s AND
+    fence = F`` (the row still carries our claim). Unfenced mode writes the same
     columns unconditionally (``filter(pk=...).update(stock=..., fence=...)``).
     A trigger (created here, outside the app's migrations, on the run's own
     database file) copies every applied update into ``chaos_audit`` in commit

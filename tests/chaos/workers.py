@@ -8,7 +8,7 @@ the run's SQLite file and the proxies' URLs as ``REDLOCK_NODES``, then, until th
 run's deadline, picks a resource at random and does::
 
     with <lock on the resource>:             # LockNotAcquired / QuorumUnavailable
-        value = read()                       # read under the lock
+        value = read()                       # read under the lock (a db row: claimed first)
         if not lock.owned(): skip            # the careful client's last check
         phase = CRITICAL                     # <- the nemesis may SIGSTOP us here
         sleep(think)                         #    (a GC pause between check and write)
@@ -147,6 +147,11 @@ class Worker:
                 op.detail = "lease over before the write"
             else:
                 op.outcome = "ok"
+        except FencedWriteRejected as e:
+            # locked() claims the row right after acquiring; a holder paused between
+            # the acquire and the claim finds a newer holder's claim: refused, no write.
+            op.write, op.fence = False, op.fence or getattr(e, "fence", 0)
+            op.outcome, op.error, op.detail = "refused-by-fence", type(e).__name__, str(e)[:200]
         except LockNotAcquired as e:
             op.outcome, op.error, op.detail = "not-acquired", type(e).__name__, str(e)[:200]
         except QuorumUnavailable as e:
