@@ -66,24 +66,7 @@ class Wait(NamedTuple):
     seconds: float
 
 
-class Pause(NamedTuple):
-    """Sleep ``seconds`` (no notice can help: the last attempt reached no
-    quorum); answer with anything."""
-
-    seconds: float
-
-
-Step = Union[Attempt, Subscribe, Wait, Pause]
-
-#: Attempts in a row that may reach no quorum before ``QuorumUnavailable`` is
-#: raised (each is bounded by the node timeouts; the caller's deadline still
-#: ends the wait first). One slow reply or a connection set-up that lost a race
-#: on a loaded machine is not an outage: such an attempt is retried after a
-#: jittered RETRY_DELAY. An outage is the same nodes failing twice in a row,
-#: and is raised then, so a lasting outage costs two attempts and one delay
-#: (the bound docs/reliability.rst gives); a changing set of failures, at most
-#: this many attempts.
-UNAVAILABLE_ATTEMPTS = 3
+Step = Union[Attempt, Subscribe, Wait]
 #: Yields steps, receives their answers, returns the winning result or None
 #: when the wait ran out.
 AcquirePlan = Generator[Step, Any, "AcquireResult | None"]
@@ -204,26 +187,10 @@ class LockBase:
         if in_line:
             yield Subscribe(mgr.node_timeout)
         woken = ask_all = False
-        unavailable = 0  # attempts in a row that reached no quorum
-        failed_before: set[str] | None = None  # the nodes that failed the last of them
         self._obstacle = ""
         while True:
             result = yield Attempt(woken, ask_all)
             remaining = None if deadline is None else deadline - mgr.clock()
-            if isinstance(result, QuorumUnavailable):
-                # A transient failure (a slow reply, a lost connect race) is
-                # retried within the caller's wait; the same nodes failing
-                # twice in a row are an outage (UNAVAILABLE_ATTEMPTS).
-                unavailable += 1
-                failed = set(result.errors)
-                if unavailable >= UNAVAILABLE_ATTEMPTS or failed == failed_before or \
-                        remaining is not None and remaining <= 0:
-                    raise result
-                failed_before = failed
-                yield Pause(mgr.next_wait(remaining, None))
-                woken = ask_all = False
-                continue
-            unavailable, failed_before = 0, None
             if result.acquired:
                 return result
             if result.obstacle and result.obstacle != self._obstacle:
@@ -325,22 +292,15 @@ class Lock(LockBase):
                 step = next(plan)
                 while True:
                     if type(step) is Attempt:
-                        try:
-                            answer: Any = mgr._acquire_round(
-                                self._key_b, self._fence_key_b, self._waiters_key_b, token,
-                                ttl_ms, owner, self.fencing, self.ttl, lock_name=self.name,
-                                waiter=subscription.entry if subscription else b"",
-                                hand_over=subscription.hand_over_entry if subscription else b"",
-                                woken=step.woken, ask_all=step.ask_all,
-                                handed=self._take_handover(subscription, refusal))
-                        except QuorumUnavailable as e:
-                            answer = e  # the plan decides: retry or raise
-                        else:
-                            if not answer.acquired:
-                                refusal = answer
-                    elif type(step) is Pause:
-                        time.sleep(step.seconds)
-                        answer = None
+                        answer: Any = mgr._acquire_round(
+                            self._key_b, self._fence_key_b, self._waiters_key_b, token,
+                            ttl_ms, owner, self.fencing, self.ttl, lock_name=self.name,
+                            waiter=subscription.entry if subscription else b"",
+                            hand_over=subscription.hand_over_entry if subscription else b"",
+                            woken=step.woken, ask_all=step.ask_all,
+                            handed=self._take_handover(subscription, refusal))
+                        if not answer.acquired:
+                            refusal = answer
                     elif type(step) is Subscribe:
                         answer = subscription = mgr.notifier.subscribe(
                             self._key_b, step.confirm, waiter=token.encode(),

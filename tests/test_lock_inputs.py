@@ -1,0 +1,99 @@
+"""Arguments checked before anything is sent, and keys that no lock wrote.
+
+Issue repros on real nodes: ``extend(0)`` made two owners; ``acquire(timeout=nan)``
+never gave up; a key with no expiry made waiters retry every millisecond; a list
+at the lock key looked like an outage; a lease that ran out made ``acquire()``
+say "already held".
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Any
+
+import pytest
+
+from django_redlock import LockNotAcquired
+from django_redlock.testing import RedisNodes
+
+NODE_TIMEOUT = 0.5
+
+
+@pytest.mark.parametrize("bad", [0, -1, 0.002, math.inf, math.nan, True, "1", 1e12])
+def test_a_bad_extend_is_refused_before_anything_is_sent(
+        nodes3: RedisNodes, make_manager: Any, bad: Any) -> None:
+    mgr = make_manager(nodes3, node_timeout=NODE_TIMEOUT)
+    lock = mgr.lock("ext", ttl=5, auto_renew=False)
+    assert lock.acquire(timeout=0)
+    with pytest.raises(ValueError, match="ttl"):
+        lock.extend(bad)
+    # Untouched: still ours on every node, with its lease.
+    assert lock.owned() and lock.validity > 4
+    for server in nodes3:
+        assert server.client().pttl(lock.key) > 4000
+    assert mgr.lock("ext").acquire(timeout=0) is False  # no second owner
+    lock.release()
+
+
+@pytest.mark.parametrize("option,bad", [("ttl", 0.001), ("ttl", math.inf), ("ttl", True),
+                                        ("ttl", 1e12), ("timeout", -1), ("timeout", "0.3"),
+                                        ("timeout", math.nan), ("max_hold", 0)])
+def test_lock_options_out_of_range_name_the_argument(
+        nodes3: RedisNodes, make_manager: Any, option: str, bad: Any) -> None:
+    mgr = make_manager(nodes3, node_timeout=NODE_TIMEOUT)
+    with pytest.raises(ValueError, match=option):
+        mgr.lock("opt", **{option: bad})
+
+
+@pytest.mark.parametrize("bad", [-1, "0.3", math.nan, math.inf])
+def test_acquire_timeout_is_checked_like_lock_timeout(
+        nodes3: RedisNodes, make_manager: Any, bad: Any) -> None:
+    mgr = make_manager(nodes3, node_timeout=NODE_TIMEOUT)
+    lock = mgr.lock("acq")
+    with pytest.raises(ValueError, match="timeout"):
+        lock.acquire(timeout=bad)
+    for server in nodes3:
+        assert not server.client().exists(lock.key)
+
+
+def _acquire_scripts(server: Any) -> int:
+    stats = server.client().info("commandstats")
+    return sum(v["calls"] for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
+
+
+@pytest.mark.parametrize("value", ["raw", "list"])
+def test_a_key_no_lock_wrote_is_busy_at_the_normal_pace_and_named(
+        nodes3: RedisNodes, make_manager: Any, value: str) -> None:
+    mgr = make_manager(nodes3, node_timeout=NODE_TIMEOUT, retry_delay=0.1)
+    key = mgr.key("foreign")
+    for server in nodes3:
+        if value == "raw":
+            server.client().set(key, "someone else's")  # no expiry
+        else:
+            server.client().rpush(key, "a", "b")
+    before = [_acquire_scripts(s) for s in nodes3]
+    lock = mgr.lock("foreign", timeout=1.0)
+    started = time.monotonic()
+    with pytest.raises(LockNotAcquired) as info:
+        with lock:
+            pass
+    assert time.monotonic() - started < 3.0
+    calls = max(_acquire_scripts(s) - b for s, b in zip(nodes3, before))
+    assert calls < 40, f"{calls} acquire scripts in a one-second wait: a hot loop"
+    assert "held by something other than a lock" in str(info.value)
+    assert info.value.retry_after > 0
+
+
+def test_a_lease_that_ran_out_is_acquired_again(nodes3: RedisNodes, make_manager: Any) -> None:
+    mgr = make_manager(nodes3, node_timeout=NODE_TIMEOUT)
+    lock = mgr.lock("lapse", ttl=0.1, auto_renew=False)
+    assert lock.acquire(timeout=0)
+    first = lock.fence
+    deadline = time.monotonic() + 3
+    while lock.owned() and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert not lock.owned()
+    assert lock.acquire(timeout=1)  # not "already held"
+    assert lock.owned() and lock.fence > first
+    lock.release()
