@@ -428,9 +428,12 @@ class AsyncLock(LockBase):
         if was_lost:
             if not already_marked:
                 await self._report_lost(reason, held)
-        else:
+        elif result.released:  # only a release some node confirmed (see signals)
             await _send(signals.lock_released, lock=self, name=self.name, fence=fence,
-                        held=held)
+                        held=held, nodes=result.released)
+        else:
+            logger.warning("release of lock %r reached no node; the key expires with its "
+                           "lease (%.3f s at most)", self.name, self.ttl)
         if cancelled:
             raise asyncio.CancelledError  # the caller's, held back until the nodes were told
         if was_lost:

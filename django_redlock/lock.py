@@ -385,8 +385,12 @@ class Lock(LockBase):
             self._report_lost(reason, held, already_marked=self._lost_reason != "")
             raise LockLost(f"lock {self.name!r} was lost before release: {reason}",
                            lock_name=self.name, fence=fence)
-        signals.send(signals.lock_released, Lock, lock=self, name=self.name, fence=fence,
-                     held=held)
+        if result.released:  # only a release some node confirmed (see signals)
+            signals.send(signals.lock_released, Lock, lock=self, name=self.name, fence=fence,
+                         held=held, nodes=result.released)
+        else:
+            logger.warning("release of lock %r reached no node; the key expires with its "
+                           "lease (%.3f s at most)", self.name, self.ttl)
 
     # -- extend / renew --------------------------------------------------------
     def extend(self, ttl: float | EllipsisType = ...) -> None:

@@ -146,6 +146,7 @@ class LockManager:
         self._closed = False
         #: lock key -> until when this process lets woken waiters go first
         self._handoff: dict[bytes, float] = {}
+        self._handoff_lock = threading.Lock()
         _managers.add(self)
 
     def __repr__(self) -> str:
@@ -257,8 +258,12 @@ class LockManager:
             handoff = self._handoff
             if len(handoff) >= _HANDOFF_KEYS_MAX:
                 # Keys this process never came back to: their pause is long over.
-                for stale in [k for k, until in handoff.items() if until <= now]:
-                    del handoff[stale]
+                # Other threads insert and pop meanwhile: sweep a copy, under a
+                # lock so two sweeps do not race (iterating the dict itself raised
+                # "dictionary changed size during iteration").
+                with self._handoff_lock:
+                    for stale in [k for k, until in list(handoff.items()) if until <= now]:
+                        handoff.pop(stale, None)
             handoff[key] = now + HANDOFF_YIELD
 
     def _handoff_pause(self, key: bytes) -> float:

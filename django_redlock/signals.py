@@ -5,7 +5,10 @@ All are sent with ``sender=Lock`` (the class) and these keyword arguments:
 ``lock_acquired``
     ``lock``, ``name``, ``fence``, ``wait`` (seconds spent acquiring)
 ``lock_released``
-    ``lock``, ``name``, ``fence``, ``held`` (seconds held)
+    ``lock``, ``name``, ``fence``, ``held`` (seconds held), ``nodes`` (how many
+    nodes confirmed the deletion). Sent only for a release that at least one node
+    confirmed: a release that reached no node (all unreachable) is logged
+    instead, since the lock then stays until its lease ends.
 ``lock_lost``
     ``lock``, ``name``, ``fence``, ``held``, ``reason`` (str). Sent from the thread
     that noticed: the renewal thread, or the caller at release time.

@@ -97,3 +97,66 @@ def test_a_lease_that_ran_out_is_acquired_again(nodes3: RedisNodes, make_manager
     assert lock.acquire(timeout=1)  # not "already held"
     assert lock.owned() and lock.fence > first
     lock.release()
+
+
+def test_release_signal_only_for_a_release_a_node_confirmed(
+        redis_nodes_factory: Any, make_manager: Any) -> None:
+    from django_redlock import signals
+
+    one = redis_nodes_factory(1)
+    mgr = make_manager(one, node_timeout=0.2, auto_renew=False)
+    seen: list[dict[str, Any]] = []
+
+    def receiver(**kwargs: Any) -> None:
+        seen.append(kwargs)
+
+    signals.lock_released.connect(receiver)
+    try:
+        lock = mgr.lock("sig", ttl=5)
+        assert lock.acquire(timeout=0)
+        lock.release()
+        assert [s["nodes"] for s in seen] == [1]
+        lock = mgr.lock("sig", ttl=5)
+        assert lock.acquire(timeout=0)
+        one[0].kill()
+        lock.release()  # no node confirmed it
+        assert len(seen) == 1
+    finally:
+        signals.lock_released.disconnect(receiver)
+
+
+def test_note_release_is_safe_from_many_threads(nodes3: RedisNodes, make_manager: Any) -> None:
+    import threading
+
+    mgr = make_manager(nodes3, node_timeout=NODE_TIMEOUT)
+    errors: list[BaseException] = []
+    start = threading.Barrier(8)
+
+    def churn(t: int) -> None:
+        try:
+            start.wait(timeout=10)
+            for i in range(3000):  # more than 1,024 pending: every call may sweep
+                mgr._note_release(b"k%d-%d" % (t, i), 1)
+        except BaseException as e:  # noqa: BLE001 - any failure in a thread is the finding
+            errors.append(e)
+
+    import sys
+
+    threads = [threading.Thread(target=churn, args=(t,)) for t in range(8)]
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)  # switch threads inside the sweep, as a loaded server does
+    try:
+        for th in threads:
+            th.start()
+        for th in threads:
+            th.join(timeout=60)
+    finally:
+        sys.setswitchinterval(old)
+    assert not errors, errors[:3]
+
+
+def test_a_handed_over_lease_never_exceeds_the_ttl() -> None:
+    from django_redlock.core import quorum as q
+
+    # The node's clock stepped forward 4.35 s between queueing and handing over.
+    assert q.handover_validity(10.0, 0.5, 4850, 0.01) <= 10.0 - q.drift(10.0, 0.01)

@@ -55,7 +55,9 @@ def handover_validity(ttl: float, since_asked: float, server_gap_ms: int,
     A result <= 0 means the lock must not be used as handed over.
     """
     gap = max(0, server_gap_ms - 1) / 1000.0 * (1.0 - drift_factor)
-    return validity(ttl, since_asked - gap, drift_factor)
+    # Never less than nothing elapsed: a node clock that stepped forward between
+    # the two readings made a 10 s lease look like 14.35 s.
+    return validity(ttl, max(0.0, since_asked - gap), drift_factor)
 
 
 def has_quorum(successes: int, n_nodes: int) -> bool:
