@@ -23,7 +23,7 @@ from .exceptions import (
     QuorumUnavailable,
     RedlockError,
 )
-from .lock import Lock
+from .lock import Lock, release_held_locks
 from .manager import LockManager
 
 __version__ = "0.1.0"
@@ -33,6 +33,7 @@ __all__ = [
     "alock",
     "with_lock",
     "current_lock",
+    "release_held_locks",
     "get_manager",
     "LockManager",
     "Lock",

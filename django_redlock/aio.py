@@ -371,6 +371,7 @@ class AsyncLock(LockBase):
         self._pid = os.getpid()
         self._state = _HELD
         self._lost_reason = ""
+        self._remember_held()
         if self.auto_renew:
             self._schedule_renewal(self._acquired_at + self.ttl / 3.0)
 

@@ -63,11 +63,12 @@ from types import EllipsisType
 from typing import Any, TypeVar
 
 from asgiref.sync import iscoroutinefunction
-from django.core.exceptions import ImproperlyConfigured
+from django.core.exceptions import BadRequest, ImproperlyConfigured
 from django.db import transaction
 from django.http import HttpRequest
 
 from .conf import get_manager
+from .core.keys import InvalidLockName
 from .core.templates import (
     LockNameTemplate,
     Placeholder,
@@ -85,6 +86,9 @@ __all__ = ["current_lock", "with_lock"]
 logger = logging.getLogger("django_redlock.decorators")
 
 F = TypeVar("F", bound=Callable[..., Any])
+
+#: Where a view's placeholder reads what the client sent (``request.<this>``).
+_CLIENT_DATA = frozenset({"GET", "POST", "COOKIES", "headers", "META", "FILES", "body"})
 
 _current_lock: ContextVar[Any] = ContextVar("django_redlock_current_lock", default=None)
 
@@ -168,6 +172,15 @@ class _Target:
             f"{exc.placeholder}: {exc.reason}. {sources}")
 
     def view_name(self, request: Any, view_self: Any, kwargs: dict[str, Any]) -> str:
+        """The lock name for one request.
+
+        A value the client sent (a URL argument, ``request.GET``/``POST``/
+        ``headers``/``COOKIES``/``META``) that is missing, empty, holds a
+        control character or makes the name too long is the client's error:
+        :class:`~django.core.exceptions.BadRequest`, which Django answers
+        with a 400. A placeholder the view can never resolve is the site's
+        error (``ImproperlyConfigured``, a 500), whatever the request.
+        """
         def lookup(p: Placeholder) -> Any:
             root = p.root
             if root in kwargs:
@@ -186,12 +199,29 @@ class _Target:
                            f"of the request") from None
             return resolve_path(value, p)
 
+        def from_client(p: Placeholder) -> bool:
+            if p.root in kwargs:
+                return True
+            data = p.attrs[0] if p.root == "request" and p.attrs else p.root
+            return data in _CLIENT_DATA
+
         try:
             return self.template.render(lookup)
         except UnresolvedPlaceholder as e:
+            if from_client(e.placeholder) and e.placeholder.root not in kwargs:
+                raise BadRequest(f"lock name {self.template.source!r}: the request has no "
+                                 f"value for {e.placeholder}") from None
             raise self._unresolved(
                 e, "A view resolves placeholders from its URL keyword arguments, then from "
                    "request (e.g. <request.user.pk>).") from None
+        except InvalidLockName as e:
+            # One bad value (e.placeholder), or a name too long once rendered
+            # (then any value the client sent may have made it so).
+            culprits = (e.placeholder,) if isinstance(e.placeholder, Placeholder) \
+                else self.template.placeholders
+            if any(from_client(p) for p in culprits):
+                raise BadRequest(str(e)) from None
+            raise
 
     def call_name(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
         arguments: dict[str, Any] = {}

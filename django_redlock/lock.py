@@ -20,11 +20,14 @@ about a loss is silent.
 
 from __future__ import annotations
 
+import atexit
+import contextlib
 import logging
 import math
 import os
 import threading
 import time
+import weakref
 from types import EllipsisType, TracebackType
 from typing import TYPE_CHECKING, Any, Generator, NamedTuple, Union
 
@@ -43,6 +46,56 @@ if TYPE_CHECKING:
 logger = logging.getLogger("django_redlock.lock")
 
 _UNLOCKED, _HELD, _LOST = "unlocked", "held", "lost"
+
+#: Every lock this process acquired, held weakly (a lock dropped without
+#: release just expires): at interpreter exit the ones still held are
+#: released (:func:`release_held_locks`), not left to block others for a TTL.
+_acquired: "weakref.WeakSet[LockBase]" = weakref.WeakSet()
+_acquired_guard = threading.Lock()
+
+
+def release_held_locks() -> int:
+    """Release every lock this process still holds; return how many were released.
+
+    Runs by itself at normal interpreter exit (:mod:`atexit`), which covers
+    gunicorn's and uvicorn's graceful stop on SIGTERM (their workers exit
+    through ``sys.exit``). A process that dies on a bare SIGTERM runs no
+    atexit hook: such a program calls this from its own SIGTERM handler, or
+    turns SIGTERM into ``SystemExit`` (see the how-to on shutting down).
+
+    Both sync and asyncio locks are released here, through the manager's sync
+    transport (no event loop is needed, so a lock left held when
+    ``asyncio.run`` ended is released too). Each release is bounded by the node
+    timeouts; a node that cannot be reached keeps the key until its lease
+    ends. No ``lock_released`` signal is sent: receivers may be gone at exit.
+    Locks of a parent process are not touched from a forked child.
+    """
+    with _acquired_guard:
+        candidates = list(_acquired)
+    released = 0
+    pid = os.getpid()
+    for lock in candidates:
+        # A sync lock's renewal thread may be in a round: wait for it.
+        with lock._io if isinstance(lock, Lock) else contextlib.nullcontext():
+            if lock._state == _UNLOCKED or lock._pid != pid or not lock._token:
+                continue
+            token, fence = lock._token, lock.fence
+            lock._state = _UNLOCKED
+            lock._token = ""
+            lock._valid_until = 0.0
+        try:
+            lock.manager._release_round(lock._key_b, lock._fence_key_b, lock._waiters_key_b,
+                                        token, fence)
+        except Exception:  # noqa: BLE001 - keep releasing the others
+            logger.warning("lock %r could not be released at exit; it expires with its "
+                           "lease (%.3f s at most)", lock.name, lock.ttl, exc_info=True)
+            continue
+        released += 1
+        logger.info("lock %r released at exit (it was still held)", lock.name)
+    return released
+
+
+atexit.register(release_held_locks)
 
 
 # What an acquire's waiting rules (LockBase._acquire_plan) ask its flavour to do.
@@ -244,6 +297,11 @@ class LockBase:
             + (f"; {self._obstacle}" if self._obstacle else ""),
             lock_name=self.name, retry_after=self.retry_after)
 
+    def _remember_held(self) -> None:
+        """Enrol this lock for the release at exit (:func:`release_held_locks`)."""
+        with _acquired_guard:
+            _acquired.add(self)
+
     def __getstate__(self) -> Any:
         raise TypeError("lock objects cannot be pickled: a lock belongs to one process")
 
@@ -322,6 +380,17 @@ class Lock(LockBase):
                                  only=result.queued_at, wait=False)
             self._on_acquired(token, result.fence, result.valid_until, started)
             return True
+        except BaseException as exc:
+            # Interrupted (a signal handler such as Celery's soft time limit,
+            # KeyboardInterrupt) in the middle of a round, or after the grant:
+            # the nodes may have set our key, and the caller never learns it
+            # holds it. Take it back on every node now instead of leaving it
+            # for a whole TTL (tests/test_interrupted.py has the timeline). A
+            # waiter's give-up below already releases; a failed round
+            # (RedlockError) released what it took itself.
+            if served or (subscription is None and not isinstance(exc, RedlockError)):
+                self._take_back(token, exc)
+            raise
         finally:
             if subscription is not None:
                 subscription.close()
@@ -334,6 +403,28 @@ class Lock(LockBase):
             if not served:
                 mgr.transport.forget(token)  # no round of this token follows
 
+    def _take_back(self, token: str, exc: BaseException) -> None:
+        """Release whatever an interrupted acquire of ``token`` may hold.
+
+        The transport keeps the token's requests in order on each connection
+        (``NodeClient.checkout``), so this release reaches each node after the
+        acquire it follows, even when that acquire's reply was never read.
+        Bounded by the node timeouts; an error here is logged, and the
+        interrupting exception goes on.
+        """
+        with self._io:
+            if self._token == token:
+                self._state = _UNLOCKED
+                self._token = ""
+                self._valid_until = 0.0
+        try:
+            self.manager._release_round(self._key_b, self._fence_key_b, self._waiters_key_b,
+                                        token, 0)
+        except Exception:  # noqa: BLE001 - the interrupt matters more than this round
+            logger.warning("lock %r: acquire interrupted by %s; its key could not be taken "
+                           "back on every node and expires with its lease (%.3f s at most)",
+                           self.name, type(exc).__name__, self.ttl, exc_info=True)
+
     def _on_acquired(self, token: str, fence: int, valid_until: float, started: float) -> None:
         mgr = self.manager
         with self._io:
@@ -344,6 +435,7 @@ class Lock(LockBase):
             self._pid = os.getpid()
             self._state = _HELD
             self._lost_reason = ""
+        self._remember_held()
         if self.auto_renew:
             mgr.watchdog.schedule(self, self._next_renewal(self._acquired_at))
         signals.send(signals.lock_acquired, Lock, lock=self, name=self.name, fence=fence,

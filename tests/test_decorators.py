@@ -475,3 +475,28 @@ def test_async_view_keeps_its_response_after_a_committed_fenced_write(
     response = asyncio.run(sell(RequestFactory().post("/"), pk=product.pk))
     assert (response.status_code, response.content) == (200, b"4")
     assert Product.objects.get(pk=product.pk).stock == 4
+
+
+# -- placeholders fed by the client -------------------------------------------------
+
+@pytest.mark.parametrize("url", ["/per-query/", "/async/per-query/"])
+@pytest.mark.parametrize("query", ["", "?day=", "?day=a%0Ab", "?day=" + "x" * 2000],
+                         ids=["missing", "empty", "newline", "too-long"])
+def test_a_bad_query_string_in_a_placeholder_is_a_400_not_a_500(
+        client: Client, url: str, query: str) -> None:
+    """What the client sends cannot make the server fail: the request is bad."""
+    response = client.get(url + query)
+    assert response.status_code == 400, response.content[:300]
+    assert client.get(url + "?day=mon").content == (b"aq:mon" if "async" in url else b"q:mon")
+
+
+def test_a_too_long_url_argument_in_a_placeholder_is_a_400(client: Client) -> None:
+    assert client.get("/counter/" + "n" * 2000 + "/incr/").status_code == 400
+    assert client.get("/async/counter/" + "n" * 2000 + "/").status_code == 400
+
+
+def test_a_placeholder_the_urlconf_never_provides_is_still_a_server_error(
+        client: Client) -> None:
+    """The URLconf (not the client) lacks <nope>: ImproperlyConfigured, a 500."""
+    with pytest.raises(ImproperlyConfigured, match="nope"):
+        client.get("/broken/1/")

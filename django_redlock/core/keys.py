@@ -48,7 +48,13 @@ _PREFIX_OK = re.compile(r"^[A-Za-z0-9_.:\-]+$")
 
 
 class InvalidLockName(ValueError):
-    """A lock name that would make an unsafe or ambiguous key."""
+    """A lock name that would make an unsafe or ambiguous key.
+
+    ``placeholder``: when a template's placeholder produced the bad value, that
+    placeholder (so a view can tell the client's bad input from its own bug).
+    """
+
+    placeholder: object = None
 
 
 def validate_name(name: object) -> str:

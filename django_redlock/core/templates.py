@@ -101,7 +101,12 @@ class LockNameTemplate:
         out: list[str] = []
         for part in self.parts:
             if isinstance(part, Placeholder):
-                out.append(format_value(part, lookup(part), self.source))
+                value = lookup(part)
+                try:
+                    out.append(format_value(part, value, self.source))
+                except InvalidLockName as e:
+                    e.placeholder = part
+                    raise
             else:
                 out.append(part)
         name = "".join(out)

@@ -8,6 +8,8 @@ urlpatterns = [
     path("busy-custom/<str:name>/", views.busy_custom),
     path("per-user/", views.per_user),
     path("per-day/", views.per_day),
+    path("per-query/", views.per_query),
+    path("async/per-query/", views.aper_query),
     path("broken/<int:pk>/", views.broken),
     path("product/<int:pk>/atomic-restock/", views.atomic_restock),
     path("slow/<str:name>/", views.slow),

@@ -58,6 +58,16 @@ def per_day(request: HttpRequest) -> HttpResponse:
     return HttpResponse(request.redlock.name)  # type: ignore[attr-defined]
 
 
+@with_lock("q:<request.GET.day>", timeout=0)
+def per_query(request: HttpRequest) -> HttpResponse:
+    return HttpResponse(request.redlock.name)  # type: ignore[attr-defined]
+
+
+@with_lock("aq:<request.GET.day>", timeout=0)
+async def aper_query(request: HttpRequest) -> HttpResponse:
+    return HttpResponse(request.redlock.name)  # type: ignore[attr-defined]
+
+
 @with_lock("broken:<nope>", timeout=0)
 def broken(request: HttpRequest, pk: int) -> HttpResponse:  # pragma: no cover - never runs
     return HttpResponse("ran")

@@ -1,0 +1,179 @@
+"""An acquire interrupted in the middle leaves no granted key behind.
+
+Timeline the tests drive (three nodes, each behind a proxy that delays every
+chunk by 0.4 s one way)::
+
+    t=0.0  acquire() sends SET NX PX to the three nodes
+    t=0.4  the nodes set our key (granted), their replies are on the way
+    t=0.6  an exception is raised in the waiting thread: a signal handler
+           (Celery's soft time limit, ``KeyboardInterrupt``), here SIGALRM
+    t=0.8  the replies arrive; nobody reads them
+
+Before the fix the key stayed on every node for the whole TTL (30 s): the
+caller never learned it held the lock, and nobody else could take it. Now
+the acquire takes back what its round may have set, on every node, within a
+bounded time (the release travels through the same delays), then re-raises.
+The same holds for an exception raised by a ``lock_acquired`` receiver after
+the grant: the caller never gets the lock, so it must not stay held.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+from typing import Any, Callable
+
+import pytest
+
+from django_redlock import signals
+from django_redlock.testing import FaultProxy, RedisNodes
+from tests.polling import wait_until
+
+MakeManager = Callable[..., Any]
+
+pytestmark = pytest.mark.slow
+
+DELAY = 0.4
+TTL = 30.0
+
+
+class SoftTimeLimit(Exception):
+    """Stands for Celery's SoftTimeLimitExceeded: raised by a signal handler."""
+
+
+def _slow_manager(nodes: RedisNodes, make_manager: MakeManager,
+                  fault_proxy_factory: Callable[..., FaultProxy]) -> tuple[Any, list[FaultProxy]]:
+    proxies = [fault_proxy_factory(server) for server in nodes]
+    mgr = make_manager([p.url for p in proxies], node_timeout=3.0, auto_renew=False)
+    with mgr.lock("warm"):  # connections set up before the delay
+        pass
+    for proxy in proxies:
+        proxy.set_latency(DELAY)
+    return mgr, proxies
+
+
+def _holders(nodes: RedisNodes, key: str) -> int:
+    return sum(bool(server.client().exists(key)) for server in nodes)
+
+
+@pytest.mark.parametrize("exc_type", [SoftTimeLimit, KeyboardInterrupt])
+def test_an_acquire_interrupted_mid_round_takes_its_key_back(
+        redis_nodes_factory: Callable[..., RedisNodes], make_manager: MakeManager,
+        fault_proxy_factory: Callable[..., FaultProxy], exc_type: type[BaseException]) -> None:
+    nodes = redis_nodes_factory(3)
+    mgr, proxies = _slow_manager(nodes, make_manager, fault_proxy_factory)
+    lock = mgr.lock("interrupted", ttl=TTL, timeout=5)
+
+    def handler(signum: int, frame: Any) -> None:
+        raise exc_type("interrupted")
+
+    previous = signal.signal(signal.SIGALRM, handler)
+    signal.setitimer(signal.ITIMER_REAL, 1.5 * DELAY)
+    started = time.monotonic()
+    try:
+        with pytest.raises(exc_type):
+            lock.acquire()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert not lock.owned()
+    # The grant did land on the nodes (the interleaving really happened)...
+    # ...and is taken back: gone everywhere long before the 30 s lease.
+    assert wait_until(lambda: _holders(nodes, lock.key) == 0, timeout=4 * DELAY + 1.0), \
+        f"{_holders(nodes, lock.key)} nodes still hold the interrupted acquire's key"
+    assert time.monotonic() - started < 3 * DELAY + 3.0  # bounded: no wait for the TTL
+    for proxy in proxies:
+        proxy.set_latency(0)
+    other = mgr.lock("interrupted", ttl=TTL)
+    assert other.acquire(blocking=False), "the lock stayed busy after the interrupted acquire"
+    other.release()
+
+
+def test_the_key_really_was_granted_before_the_interrupt(
+        redis_nodes_factory: Callable[..., RedisNodes], make_manager: MakeManager,
+        fault_proxy_factory: Callable[..., FaultProxy]) -> None:
+    """The guard for the test above: at the moment of the interrupt the
+    nodes had set the key (so the test above exercises a real grant)."""
+    nodes = redis_nodes_factory(3)
+    mgr, _ = _slow_manager(nodes, make_manager, fault_proxy_factory)
+    lock = mgr.lock("interrupted", ttl=TTL, timeout=5)
+    seen: list[int] = []
+
+    def handler(signum: int, frame: Any) -> None:
+        seen.append(_holders(nodes, lock.key))
+        raise SoftTimeLimit("soft time limit")
+
+    previous = signal.signal(signal.SIGALRM, handler)
+    signal.setitimer(signal.ITIMER_REAL, 1.5 * DELAY)
+    try:
+        with pytest.raises(SoftTimeLimit):
+            lock.acquire()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    assert seen == [3]
+
+
+def test_a_failing_lock_acquired_receiver_leaves_no_lock_held(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3, auto_renew=True)
+
+    def receiver(**kwargs: Any) -> None:
+        # An interrupt landing after the grant, while the signal is sent (an
+        # Exception from a receiver is only logged; this one goes through).
+        raise KeyboardInterrupt
+
+    signals.lock_acquired.connect(receiver)
+    try:
+        lock = mgr.lock("receiver-raises", ttl=TTL)
+        with pytest.raises(KeyboardInterrupt):
+            lock.acquire()
+    finally:
+        signals.lock_acquired.disconnect(receiver)
+    assert not lock.owned()
+    assert _holders(nodes3, lock.key) == 0
+    assert mgr.lock("receiver-raises").acquire(blocking=False)
+
+
+# -- held at exit ---------------------------------------------------------------
+
+_EXIT_SCRIPT = r"""
+import asyncio, signal, sys, time
+from django_redlock import LockManager
+mode, urls = sys.argv[1], sys.argv[2:]
+mgr = LockManager(urls, ttl=60, auto_renew=True)
+held = mgr.lock("exit:sync")
+assert held.acquire()
+aheld = mgr.alock("exit:async")
+asyncio.run(aheld.acquire())          # the loop ends with the lock still held
+if mode == "sigterm":
+    # What gunicorn's and uvicorn's workers do: SIGTERM becomes SystemExit.
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(143))
+print("held", flush=True)
+if mode == "sigterm":
+    time.sleep(30)
+"""
+
+
+@pytest.mark.parametrize("mode", ["exit", "sigterm"])
+def test_locks_still_held_at_exit_are_released(nodes3: RedisNodes, mode: str) -> None:
+    import subprocess
+    import sys
+
+    keys = [f"redlock:exit:{kind}" for kind in ("sync", "async")]
+    with subprocess.Popen([sys.executable, "-c", _EXIT_SCRIPT, mode, *nodes3.urls],
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) as proc:
+        try:
+            assert proc.stdout is not None
+            line = proc.stdout.readline()
+            if mode == "sigterm" and line.strip() == "held":
+                assert all(_holders(nodes3, key) == 3 for key in keys)
+                proc.send_signal(signal.SIGTERM)
+            _, err = proc.communicate(timeout=15)
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+    assert line.strip() == "held", err
+    assert proc.returncode == (143 if mode == "sigterm" else 0), err
+    # Released by the exit hook, not left for the 60 s lease.
+    assert [_holders(nodes3, key) for key in keys] == [0, 0]
