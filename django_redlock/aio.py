@@ -69,7 +69,7 @@ from .exceptions import (
     QuorumUnavailable,
     RedlockError,
 )
-from .lock import _HELD, _LOST, _UNLOCKED, Attempt, Lock, LockBase, Subscribe
+from .lock import _HELD, _LOST, _UNLOCKED, Attempt, Lock, LockBase, Pause, Subscribe
 from .rounds import AcquireResult, ExtendResult, ReleaseResult
 
 if TYPE_CHECKING:
@@ -314,8 +314,14 @@ class AsyncLock(LockBase):
                                                            self._fence_key_b,
                                                            self._waiters_key_b, token, 0))
                             raise
+                        except QuorumUnavailable as exc:
+                            step = plan.throw(exc)  # re-raised, or the plan asks again
+                            continue
                         if not answer.acquired:
                             refusal = answer
+                    elif type(step) is Pause:
+                        await asyncio.sleep(step.seconds)
+                        answer = None
                     elif type(step) is Subscribe:
                         answer = waiter = await _subscribe(
                             mgr, self._key_b, step.confirm, token.encode(),

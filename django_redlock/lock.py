@@ -35,6 +35,7 @@ from . import rounds, signals
 from .core.arguments import check_timeout, check_ttl
 from .core.keys import fence_key, lock_key, validate_name, waiters_key
 from .core.owner import new_token, owner_json
+from .core.retry import jittered_delay
 from .exceptions import LockLost, LockNotAcquired, LockNotOwned, QuorumUnavailable, RedlockError
 from .transport.sync import call_deadline
 
@@ -100,7 +101,9 @@ atexit.register(release_held_locks)
 
 # What an acquire's waiting rules (LockBase._acquire_plan) ask its flavour to do.
 class Attempt(NamedTuple):
-    """Make one acquire round; answer with its ``AcquireResult``."""
+    """Make one acquire round; answer with its ``AcquireResult``, or throw its
+    :class:`QuorumUnavailable` into the plan (``plan.throw``): the plan decides
+    whether that ends the call (see ``LockBase._acquire_plan``)."""
 
     woken: bool  # a release notice named us since the last attempt
     ask_all: bool  # skip the gate node this time (see rounds.gate_node)
@@ -119,7 +122,36 @@ class Wait(NamedTuple):
     seconds: float
 
 
-Step = Union[Attempt, Subscribe, Wait]
+class Pause(NamedTuple):
+    """Sleep ``seconds`` (not woken by a notice): the jitter before an attempt
+    that follows a round that reached no quorum."""
+
+    seconds: float
+
+
+#: How many times one acquire() asks again after a round that reached no
+#: quorum because some node did not answer in time (a slow reply, not a
+#: refusal): once, and only after a round that took at most
+#: ``SHORT_ROUND`` node timeouts (a round that already waited for connection
+#: set-ups, up to CONNECT_TIMEOUT, gave every node its chance). The second
+#: round waits for a connection no longer than the node timeout, so a
+#: majority that is really gone costs at most 2 + 2 node timeouts more than
+#: nothing: the bound in docs/reliability.rst.
+UNAVAILABLE_RETRIES = 1
+SHORT_ROUND = 2.0
+
+#: The reason the transports give for a node that was asked and did not
+#: answer within its node timeout.
+_SLOW_REPLY = "no answer within"
+
+
+def _slow_reply(exc: QuorumUnavailable) -> bool:
+    """Whether a node was merely slow in ``exc``'s round (worth asking again),
+    rather than every failing node refusing, being skipped or erroring."""
+    return any(str(reason).startswith(_SLOW_REPLY) for reason in exc.errors.values())
+
+
+Step = Union[Attempt, Subscribe, Wait, Pause]
 #: Yields steps, receives their answers, returns the winning result or None
 #: when the wait ran out.
 AcquirePlan = Generator[Step, Any, "AcquireResult | None"]
@@ -241,8 +273,32 @@ class LockBase:
             yield Subscribe(mgr.node_timeout)
         woken = ask_all = False
         self._obstacle = ""
+        unavailable_retries = 0
         while True:
-            result = yield Attempt(woken, ask_all)
+            asked_at = mgr.clock()
+            try:
+                result = yield Attempt(woken, ask_all)
+            except QuorumUnavailable as exc:
+                # Issue 25: with a minority down, one slow reply from a live
+                # node left the round short of a quorum, and the call ended
+                # although it could still wait. Ask again (once, jittered)
+                # while the caller has time; the retry waits for connections no
+                # longer than the node timeout, which bounds a real outage.
+                now = mgr.clock()
+                remaining = None if deadline is None else deadline - now
+                if (unavailable_retries >= UNAVAILABLE_RETRIES or not _slow_reply(exc)
+                        or now - asked_at > SHORT_ROUND * mgr.node_timeout
+                        or (remaining is not None and remaining <= 0)):
+                    raise
+                unavailable_retries += 1
+                logger.info("lock %r: %s; asking again", self.name, exc)
+                call_deadline.set(0.0)  # no connection wait past the node timeout now
+                pause = jittered_delay(min(mgr.retry_delay, mgr.node_timeout) / 2)
+                if remaining is not None:
+                    pause = min(pause, remaining)
+                if pause > 0:
+                    yield Pause(pause)
+                continue
             remaining = None if deadline is None else deadline - mgr.clock()
             if result.acquired:
                 return result
@@ -350,15 +406,23 @@ class Lock(LockBase):
                 step = next(plan)
                 while True:
                     if type(step) is Attempt:
-                        answer: Any = mgr._acquire_round(
-                            self._key_b, self._fence_key_b, self._waiters_key_b, token,
-                            ttl_ms, owner, self.fencing, self.ttl, lock_name=self.name,
-                            waiter=subscription.entry if subscription else b"",
-                            hand_over=subscription.hand_over_entry if subscription else b"",
-                            woken=step.woken, ask_all=step.ask_all,
-                            handed=self._take_handover(subscription, refusal))
+                        try:
+                            answer: Any = mgr._acquire_round(
+                                self._key_b, self._fence_key_b, self._waiters_key_b, token,
+                                ttl_ms, owner, self.fencing, self.ttl, lock_name=self.name,
+                                waiter=subscription.entry if subscription else b"",
+                                hand_over=subscription.hand_over_entry if subscription
+                                else b"",
+                                woken=step.woken, ask_all=step.ask_all,
+                                handed=self._take_handover(subscription, refusal))
+                        except QuorumUnavailable as exc:
+                            step = plan.throw(exc)  # re-raised, or the plan asks again
+                            continue
                         if not answer.acquired:
                             refusal = answer
+                    elif type(step) is Pause:
+                        time.sleep(step.seconds)
+                        answer = None
                     elif type(step) is Subscribe:
                         answer = subscription = mgr.notifier.subscribe(
                             self._key_b, step.confirm, waiter=token.encode(),

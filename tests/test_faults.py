@@ -85,6 +85,62 @@ def test_majority_down_is_a_clear_error_within_the_timeouts(
         assert not server.client().exists(lock.key)
 
 
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_one_slow_reply_with_a_minority_down_is_not_an_outage(
+        three: RedisNodes, make_manager: MakeManager,
+        fault_proxy_factory: Callable[..., FaultProxy], flavour: str) -> None:
+    """Issue 25: one of three nodes is down, a second is slow for one reply.
+
+    Timeline (node timeout 0.2 s)::
+
+        t=0.00  round 1: node 0 refuses (down), node 2 grants, node 1's
+                request sits in its link (0.5 s each way)
+        t=0.10  the link is well again
+        t=0.20  node 1 times out: 1 of 3 answered, 2 needed
+        t=0.2x  round 2 (the caller may wait 5 s): nodes 1 and 2 grant
+
+    Before the fix the call ended with QuorumUnavailable at t=0.2.
+    """
+    import asyncio
+    import threading
+
+    proxy = fault_proxy_factory(three[1])
+    mgr = make_manager([three[0].url, proxy.url, three[2].url], node_timeout=NODE_TIMEOUT)
+    with mgr.lock("warm"):
+        pass
+    three[0].kill()
+    heal = threading.Timer(NODE_TIMEOUT / 2, proxy.set_latency, (0.0,))
+
+    def slow_once(acquire: Callable[[], Any]) -> tuple[Any, float]:
+        proxy.set_latency(0.5)
+        heal.start()
+        return timed(acquire)
+
+    try:
+        if flavour == "sync":
+            lock = mgr.lock("one-slow", timeout=5)
+            ok, took = slow_once(lock.acquire)
+        else:
+            lock = mgr.alock("one-slow", timeout=5)
+
+            async def scenario() -> tuple[Any, float]:
+                async with mgr.alock("warm"):  # this loop's connections, warm
+                    pass
+                started = time.monotonic()
+                proxy.set_latency(0.5)
+                heal.start()
+                ok = await lock.acquire()
+                return ok, time.monotonic() - started
+
+            ok, took = asyncio.run(scenario())
+    finally:
+        heal.cancel()
+        heal.join(5)
+    assert ok and lock.owned()
+    assert took < 3 * NODE_TIMEOUT + 0.5
+    assert three[2].client().exists(lock.key) and three[1].client().exists(lock.key)
+
+
 def test_busy_and_down_are_told_apart(three: RedisNodes, make_manager: MakeManager) -> None:
     mgr = make_manager(three, node_timeout=NODE_TIMEOUT)
     holder = mgr.lock("apart")
