@@ -68,6 +68,7 @@ from django.db import transaction
 from django.http import HttpRequest
 
 from .conf import get_manager
+from .core.arguments import check_max_hold, check_timeout, check_ttl
 from .core.keys import InvalidLockName
 from .core.templates import (
     LockNameTemplate,
@@ -510,6 +511,16 @@ def with_lock(template: str, *, ttl: float | EllipsisType = ...,
         raise ImproperlyConfigured(f"with_lock({template!r}): {e}") from None
     if on_busy is not None and not callable(on_busy):
         raise TypeError(f"with_lock(on_busy=...) must be callable, not {on_busy!r}")
+    # The time arguments are checked when the module is imported, by the same
+    # rules as lock()'s (core.arguments), not at the first request.
+    if ttl is not ...:
+        ttl = check_ttl(ttl)
+    if timeout is not ...:
+        timeout = check_timeout(timeout)
+    if max_hold is not ...:
+        max_hold = check_max_hold(max_hold)
+    if auto_renew is not ... and not isinstance(auto_renew, bool):
+        raise ValueError(f"with_lock(auto_renew=...) must be True or False, not {auto_renew!r}")
 
     def decorator(func: F) -> F:
         if isinstance(func, (staticmethod, classmethod)):

@@ -90,6 +90,15 @@ def _default_pool_factory(spec: NodeSpec) -> Any:
     return client.connection_pool
 
 
+class InvalidOption(ImproperlyConfigured, ValueError):
+    """A bad ``LockManager(...)`` option or ``REDLOCK`` setting.
+
+    Both a Django ``ImproperlyConfigured`` (it is the settings' fault when the
+    manager comes from ``REDLOCK``) and a ``ValueError`` (as a bad argument to
+    ``lock()`` is), so either ``except`` catches it.
+    """
+
+
 class LockManager:
     """Locks on a set of independent Redis masters.
 
@@ -109,7 +118,7 @@ class LockManager:
             known = ", ".join(sorted(k.lower() for k in DEFAULTS))
             hints = {k: difflib.get_close_matches(k.lower(), [d.lower() for d in DEFAULTS], n=1)
                      for k in unknown}
-            raise ImproperlyConfigured("; ".join(
+            raise InvalidOption("; ".join(
                 f"redlock.E008: unknown LockManager option {k!r}"
                 + (f" (did you mean {hints[k][0]!r}?)" if hints[k] else "") for k in unknown)
                 + f". Known options: {known}.")
@@ -118,7 +127,7 @@ class LockManager:
         specs, node_problems = parse_nodes(list(nodes) if not isinstance(nodes, (str, bytes)) else nodes)
         problems += [p for p in node_problems if p.is_error]
         if problems:
-            raise ImproperlyConfigured("; ".join(f"redlock.{p.id}: {p.msg}" for p in problems))
+            raise InvalidOption("; ".join(f"redlock.{p.id}: {p.msg}" for p in problems))
         conf = resolve_options(upper)
         self.options: Mapping[str, Any] = conf
         self.key_prefix: str = conf["KEY_PREFIX"]

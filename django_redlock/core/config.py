@@ -94,6 +94,14 @@ _RULES: dict[str, tuple[str, Callable[[Any], bool], Callable[[Any], bool], str]]
 }
 
 
+def _shown(value: Any) -> str:
+    """A bad value as the message shows it: a number as itself (``nan``, ``inf``
+    say more than "float"), anything else by its type (it may be long or secret)."""
+    if isinstance(value, (int, float)):
+        return f"{value!r}"
+    return type(value).__name__
+
+
 def check_options(options: Any) -> list[Problem]:
     """Problems in a ``REDLOCK`` dict (upper-case keys)."""
     if options is None:
@@ -112,7 +120,7 @@ def check_options(options: Any) -> list[Problem]:
         type_desc, type_ok, range_ok, range_desc = _RULES[key]
         if not type_ok(value):
             problems.append(Problem(
-                "E009", f"REDLOCK[{key!r}] must be {type_desc}, not {type(value).__name__}."))
+                "E009", f"REDLOCK[{key!r}] must be {type_desc}, not {_shown(value)}."))
         elif not range_ok(value):
             problems.append(Problem("E010", f"REDLOCK[{key!r}] is {value!r}; it must be {range_desc}."))
         elif key == "KEY_PREFIX":

@@ -1,0 +1,203 @@
+"""One set of rules for every time argument, over generated values (issue 26).
+
+Every public call that takes a time (``lock``/``alock(ttl=, timeout=,
+max_hold=)``, ``Lock.acquire(timeout=)``, ``Lock.extend(ttl)``, their asyncio
+twins, ``with_lock(...)`` and ``LockManager(...)``) is given values drawn from
+numbers of every kind (ints, floats, ``nan``, ``inf``, signed zeros, tiny and
+huge), booleans, strings, ``None``, ``Decimal``, ``Fraction`` and ``complex``.
+The property, on real nodes:
+
+* a refused value raises ``ValueError`` naming the argument, before anything
+  is sent (the lock's key never appears on a node); never another exception
+  type;
+* an accepted value does what the docs say: the accepted set is exactly the
+  documented range (``core.arguments``); an acquire with an accepted timeout on
+  a busy lock returns ``False`` within that timeout plus one round, never later.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from decimal import Decimal
+from fractions import Fraction
+from typing import Any
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from django_redlock import LockManager, with_lock
+from django_redlock.core.arguments import TIMEOUT_MAX, TTL_MAX, TTL_MIN
+from django_redlock.testing import RedisNodes
+
+pytestmark = pytest.mark.slow
+
+NODE_TIMEOUT = 0.2
+RUNS = settings(max_examples=60, deadline=None, database=None,
+                suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+
+numbers = st.one_of(
+    st.floats(allow_nan=True, allow_infinity=True),
+    st.floats(min_value=-1.0, max_value=2.0),
+    st.floats(min_value=0.0, max_value=0.05),
+    st.integers(min_value=-10, max_value=10 ** 13),
+    st.sampled_from([0, 0.0, -0.0, TTL_MIN, TTL_MAX, TIMEOUT_MAX, 0.001, 1e12, 1e-300,
+                     float("inf"), float("-inf"), float("nan")]),
+)
+others = st.one_of(
+    st.booleans(), st.none(), st.text(max_size=5),
+    st.sampled_from(["1", "0.3", " 2 ", "nan"]),
+    st.decimals(allow_nan=True, allow_infinity=True).map(Decimal),
+    st.fractions(max_denominator=10).map(Fraction),
+    st.complex_numbers(max_magnitude=10),
+)
+values = st.one_of(numbers, others)
+
+
+def _real(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) \
+        and math.isfinite(value)
+
+
+def ttl_ok(value: Any) -> bool:
+    return _real(value) and TTL_MIN <= value <= TTL_MAX
+
+
+def timeout_ok(value: Any) -> bool:
+    return value is None or (_real(value) and 0 <= value <= TIMEOUT_MAX)
+
+
+def max_hold_ok(value: Any) -> bool:
+    return value is None or (_real(value) and 0 < value <= TIMEOUT_MAX)
+
+
+RULES = {"ttl": ttl_ok, "timeout": timeout_ok, "max_hold": max_hold_ok}
+
+
+def _expect(rule: str, value: Any, call: Any) -> Any:
+    """Run ``call``; a refused value must raise ValueError naming ``rule``."""
+    if RULES[rule](value):
+        return call()
+    with pytest.raises(ValueError) as info:
+        call()
+    assert rule in str(info.value).lower(), str(info.value)
+    return None
+
+
+@pytest.fixture(scope="module")
+def mgr(nodes3_module: RedisNodes) -> Any:
+    manager = LockManager(nodes3_module.urls, node_timeout=NODE_TIMEOUT, auto_renew=False)
+    yield manager
+    manager.close()
+
+
+@pytest.mark.parametrize("rule", ["ttl", "timeout", "max_hold"])
+@RUNS
+@given(value=values)
+def test_lock_and_alock_options(mgr: Any, rule: str, value: Any) -> None:
+    lock = _expect(rule, value, lambda: mgr.lock("prop", **{rule: value}))
+    alock = _expect(rule, value, lambda: mgr.alock("prop", **{rule: value}))
+    if lock is not None:
+        expected = value if value is None else float(value)
+        assert getattr(lock, rule) == expected and getattr(alock, rule) == expected
+
+
+@pytest.mark.parametrize("rule", ["ttl", "timeout", "max_hold"])
+@RUNS
+@given(value=values)
+def test_with_lock_checks_when_decorating(rule: str, value: Any) -> None:
+    """Checked at decoration (module import), not at the first call."""
+    _expect(rule, value, lambda: with_lock("prop:<x>", **{rule: value})(lambda x: x))
+
+
+@pytest.mark.parametrize("rule", ["ttl", "timeout", "max_hold"])
+@RUNS
+@given(value=values)
+def test_lock_manager_options(nodes3_module: RedisNodes, rule: str, value: Any) -> None:
+    def make() -> Any:
+        manager = LockManager(nodes3_module.urls, **{rule: value})
+        manager.close()
+        return manager
+
+    if rule != "ttl" or RULES[rule](value):
+        # The manager's own ranges differ a little (TTL also ≥ 10 x NODE_TIMEOUT
+        # is only a warning); what matters: a ValueError or a manager.
+        try:
+            make()
+        except ValueError as e:
+            assert rule.upper() in str(e), str(e)
+    else:
+        with pytest.raises(ValueError, match="TTL"):
+            make()
+
+
+@RUNS
+@given(value=values)
+def test_acquire_timeout_on_a_busy_lock(mgr: Any, nodes3_module: RedisNodes,
+                                        value: Any) -> None:
+    nodes3_module.flushall()
+    holder = mgr.lock("busy-prop", ttl=30)
+    assert holder.acquire(timeout=0)
+    try:
+        waiter = mgr.lock("busy-prop")
+        if timeout_ok(value) and (value is None or value > 0.3):
+            # Accepted, but a long wait: checked on a free lock instead.
+            free = mgr.lock("free-prop")
+            assert free.acquire(timeout=value) is True
+            free.release()
+            return
+        started = time.monotonic()
+        got = _expect("timeout", value, lambda: waiter.acquire(timeout=value))
+        took = time.monotonic() - started
+        if timeout_ok(value):
+            assert got is False
+            assert took < float(value) + 2 * NODE_TIMEOUT + 0.5, (value, took)
+        else:
+            assert took < 0.1  # refused before anything was sent
+            assert not any(server.client().exists(mgr.key("free-prop"))
+                           for server in nodes3_module)
+    finally:
+        holder.release()
+
+
+@RUNS
+@given(value=values)
+def test_extend(mgr: Any, value: Any) -> None:
+    lock = mgr.lock("extend-prop", ttl=5)
+    assert lock.acquire(timeout=1)
+    try:
+        _expect("ttl", value, lambda: lock.extend(value))
+        assert lock.owned()
+        if ttl_ok(value):
+            assert lock.validity <= float(value) + 0.01
+    finally:
+        if lock.owned():
+            lock.release()
+
+
+@RUNS
+@given(value=values)
+def test_async_acquire_and_extend(mgr: Any, value: Any) -> None:
+    async def scenario() -> None:
+        lock = mgr.alock("aprop", ttl=5)
+        if timeout_ok(value):  # the lock is free: any accepted wait ends at once
+            assert await lock.acquire(timeout=value) is True
+        else:
+            with pytest.raises(ValueError, match="timeout"):
+                await lock.acquire(timeout=value)
+            assert await lock.acquire(timeout=1) is True
+        try:
+            if ttl_ok(value):
+                await lock.extend(value)
+                assert lock.owned()
+            else:
+                with pytest.raises(ValueError, match="ttl"):
+                    await lock.extend(value)
+                assert lock.owned()
+        finally:
+            if lock.owned():
+                await lock.release()
+
+    asyncio.run(scenario())
