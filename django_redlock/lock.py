@@ -129,16 +129,19 @@ class Pause(NamedTuple):
     seconds: float
 
 
-#: How many times one acquire() asks again after a round that reached no
-#: quorum because some node did not answer in time (a slow reply, not a
-#: refusal): once, and only after a round that took at most
-#: ``SHORT_ROUND`` node timeouts (a round that already waited for connection
-#: set-ups, up to CONNECT_TIMEOUT, gave every node its chance). The second
-#: round waits for a connection no longer than the node timeout, so a
-#: majority that is really gone costs at most 2 + 2 node timeouts more than
-#: nothing: the bound in docs/reliability.rst.
-UNAVAILABLE_RETRIES = 1
-SHORT_ROUND = 2.0
+#: How many rounds in a row that reached no quorum one acquire() asks again,
+#: when some node was asked and did not answer in time (a slow reply, not a
+#: refusal or a skipped node) and the round took at most ``SHORT_ROUND`` node
+#: timeouts (a round that already waited for connection set-ups, up to
+#: CONNECT_TIMEOUT, gave every node its chance). A round that reached a quorum
+#: (busy or not) starts the count again: a contended waiter makes many rounds,
+#: and each may meet one slow reply under load. The rounds asked again wait
+#: for a connection no longer than the node timeout, and a node that stopped
+#: answering loses its connection on the first miss, so its next round says
+#: "no connection", not a slow reply: a majority that is really gone costs one
+#: round more, the bound in docs/reliability.rst.
+UNAVAILABLE_RETRIES = 2
+SHORT_ROUND = 3.0
 
 #: The reason the transports give for a node that was asked and did not
 #: answer within its node timeout.
@@ -281,9 +284,10 @@ class LockBase:
             except QuorumUnavailable as exc:
                 # Issue 25: with a minority down, one slow reply from a live
                 # node left the round short of a quorum, and the call ended
-                # although it could still wait. Ask again (once, jittered)
-                # while the caller has time; the retry waits for connections no
-                # longer than the node timeout, which bounds a real outage.
+                # although it could still wait. Ask again (jittered, at most
+                # UNAVAILABLE_RETRIES rounds in a row) while the caller has
+                # time; those rounds wait for connections no longer than the
+                # node timeout, which bounds a real outage.
                 now = mgr.clock()
                 remaining = None if deadline is None else deadline - now
                 if (unavailable_retries >= UNAVAILABLE_RETRIES or not _slow_reply(exc)
@@ -299,6 +303,9 @@ class LockBase:
                 if pause > 0:
                     yield Pause(pause)
                 continue
+            if unavailable_retries:  # a quorum answered: connection waits as before
+                unavailable_retries = 0
+                call_deadline.set(math.inf if deadline is None else deadline)
             remaining = None if deadline is None else deadline - mgr.clock()
             if result.acquired:
                 return result
