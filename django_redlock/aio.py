@@ -65,11 +65,21 @@ from . import rounds, signals
 from .core.arguments import check_ttl
 from .exceptions import (
     LockLost,
-    LockNotOwned,
     QuorumUnavailable,
     RedlockError,
 )
-from .lock import _HELD, _LOST, _UNLOCKED, Attempt, Lock, LockBase, Pause, Subscribe
+from .lock import (
+    _HELD,
+    _UNLOCKED,
+    Attempt,
+    ExtendRound,
+    HoldPlan,
+    Lock,
+    LockBase,
+    Pause,
+    ReleaseRound,
+    Subscribe,
+)
 from .rounds import AcquireResult, ExtendResult, ReleaseResult
 
 if TYPE_CHECKING:
@@ -396,6 +406,28 @@ class AsyncLock(LockBase):
         if due is not None and self._state == _HELD:
             self._schedule_renewal(due)
 
+    # -- the hold's plans (LockBase), run with the asyncio transport ------------------
+    async def _run_plan(self, plan: HoldPlan, answer: Any = None) -> Any:
+        """Run a hold plan from here on (see ``Lock._run_plan``)."""
+        mgr = self.manager
+        try:
+            step = plan.send(answer)
+            while True:
+                if type(step) is ReleaseRound:
+                    answer = await _release_round(mgr, self.transport, self._key_b,
+                                                  self._fence_key_b, self._waiters_key_b,
+                                                  step.token, step.fence)
+                elif type(step) is ExtendRound:
+                    answer = await _extend_round(mgr, self.transport, self._key_b,
+                                                 self._fence_key_b, step.token, step.fence,
+                                                 step.ttl)
+                else:
+                    await _send(step.signal, **step.kwargs)
+                    answer = None
+                step = plan.send(answer)
+        except StopIteration as done:
+            return done.value
+
     # -- release ---------------------------------------------------------------
     async def release(self) -> None:
         """Release the lock on every node; the round completes even if cancelled.
@@ -407,55 +439,30 @@ class AsyncLock(LockBase):
         section was not protected to the end. A cancellation that arrives during
         the release is re-raised once the nodes have been told.
         """
-        mgr = self.manager
-        if self._state == _UNLOCKED or self._pid != os.getpid():
-            raise LockNotOwned(f"lock {self.name!r} is not held by this object",
-                               lock_name=self.name)
-        # Judged before anything can yield to the loop: a renewal task that runs
-        # late must not make an expired lease look valid.
-        was_lost = self._state == _LOST or self._valid_until <= mgr.clock()
-        reason = self._lost_reason or "the lease ran out before release"
-        already_marked = self._lost_reason != ""
-        token, fence = self._token, self.fence
-        self._state = _UNLOCKED
-        self._token = ""
-        self._valid_until = 0.0
-        held = mgr.clock() - self._acquired_at
+        plan = self._release_plan()
+        step = next(plan)  # the state changes here, before anything yields to the loop
+        assert type(step) is ReleaseRound
         timer, self._renewal_timer = self._renewal_timer, None
         if timer is not None:
             timer.cancel()
         renewal, self._renewal = self._renewal, None
-        result, cancelled = await _complete(self._release_nodes(renewal, token, fence))
-        if result.lost and not was_lost:
-            # Taken or expired although our clock still gave it time (a node's
-            # clock jumped, an operator's force release).
-            was_lost = True
-            reason = (f"{result.not_ours} of {len(mgr.nodes)} nodes no longer had this "
-                      f"holder's key at release (it expired or was taken)")
-        if was_lost:
-            if not already_marked:
-                await self._report_lost(reason, held)
-        elif result.released:  # only a release some node confirmed (see signals)
-            await _send(signals.lock_released, lock=self, name=self.name, fence=fence,
-                        held=held, nodes=result.released)
-        else:
-            logger.warning("release of lock %r reached no node; the key expires with its "
-                           "lease (%.3f s at most)", self.name, self.ttl)
-        if cancelled:
-            raise asyncio.CancelledError  # the caller's, held back until the nodes were told
-        if was_lost:
-            raise LockLost(f"lock {self.name!r} was lost before release: {reason}",
-                           lock_name=self.name, fence=fence)
+        result, cancelled = await _complete(self._release_nodes(renewal, step.token,
+                                                                step.fence))
+        try:
+            await self._run_plan(plan, result)
+        finally:
+            if cancelled:
+                # The caller's, held back until the nodes were told (and before
+                # a LockLost, which the cancelled caller would not look at).
+                raise asyncio.CancelledError
 
     async def _release_nodes(self, renewal: asyncio.Task[None] | None, token: str,
                              fence: int) -> ReleaseResult:
         if renewal is not None and not renewal.done():
             renewal.cancel()
             await asyncio.wait([renewal])  # no renewal outlives release()
-        result = await _release_round(self.manager, self.transport, self._key_b,
-                                      self._fence_key_b, self._waiters_key_b, token, fence)
-        self.manager._note_release(self._key_b, result.woken)
-        return result
+        return await _release_round(self.manager, self.transport, self._key_b,
+                                    self._fence_key_b, self._waiters_key_b, token, fence)
 
     # -- extend / renew --------------------------------------------------------
     async def extend(self, ttl: float | EllipsisType = ...) -> None:
@@ -468,38 +475,7 @@ class AsyncLock(LockBase):
         """
         new_ttl = self.ttl if ttl is ... else check_ttl(ttl)  # before anything is sent
         async with self._io:
-            if self._state != _HELD or self._pid != os.getpid():
-                raise LockNotOwned(f"lock {self.name!r} is not held by this object",
-                                   lock_name=self.name)
-            status, reason = await self._extend_locked(new_ttl)
-        if status == "lost":
-            raise LockLost(f"lock {self.name!r} could not be extended: {reason}",
-                           lock_name=self.name, fence=self.fence)
-        if status == "retry":
-            raise QuorumUnavailable(f"lock {self.name!r} was not extended: {reason}",
-                                    lock_name=self.name, needed=self.manager.quorum)
-
-    async def _extend_locked(self, ttl: float) -> tuple[str, str]:
-        """Extend while holding ``_io``: ("ok", ""), ("lost", why) or ("retry", why)."""
-        mgr = self.manager
-        if self._valid_until <= mgr.clock():
-            reason = "the lease ran out before it could be extended"
-            await self._mark_lost(reason)
-            return "lost", reason
-        token = self._token
-        result = await _extend_round(mgr, self.transport, self._key_b, self._fence_key_b,
-                                     token, self.fence, ttl)
-        if self._token != token or self._state == _UNLOCKED:
-            return "lost", "released while the extension ran"
-        if result.extended:
-            self._valid_until = result.valid_until
-            return "ok", ""
-        if result.valid_until:  # some node took a shorter lease (rounds.tally_extend)
-            self._valid_until = min(self._valid_until, result.valid_until)
-        if result.lost or self._valid_until <= mgr.clock():
-            await self._mark_lost(result.reason)
-            return "lost", result.reason
-        return "retry", result.reason
+            await self._run_plan(self._extend_call_plan(new_ttl))
 
     async def _renew_tick(self) -> float | None:
         """One renewal (the twin of ``Lock._watchdog_tick``); returns the next due time."""
@@ -507,39 +483,10 @@ class AsyncLock(LockBase):
         if self._io.locked():
             return mgr.clock() + min(0.05, self.ttl / 10)  # an extend() is running
         async with self._io:
-            if self._state != _HELD or self._pid != os.getpid():
-                return None
-            now = mgr.clock()
-            ttl = self.ttl
-            if self.max_hold is not None:
-                cap_left = self._acquired_at + self.max_hold - now
-                if cap_left <= 0:
-                    if self._valid_until <= now:
-                        await self._mark_lost(f"MAX_HOLD ({self.max_hold:g} s) reached")
-                        return None
-                    return self._valid_until  # come back to report the expiry
-                ttl = min(ttl, cap_left)
-            status, _ = await self._extend_locked(ttl)
-            if status == "ok":
-                return now + self.ttl / 3.0
-            if status == "lost":
-                return None
-            # Transient failure: try again soon, while the lease lasts.
-            left = self._valid_until - mgr.clock()
-            return mgr.clock() + max(0.01, min(ttl / 10, left / 3))
-
-    async def _mark_lost(self, reason: str) -> None:
-        if self._state != _HELD:
-            return
-        self._state = _LOST
-        self._lost_reason = reason
-        await self._report_lost(reason, self.manager.clock() - self._acquired_at)
+            return await self._run_plan(self._renew_plan())
 
     async def _report_lost(self, reason: str, held: float) -> None:
-        logger.warning("lock %r (fence %d) lost after %.3f s: %s", self.name, self.fence, held,
-                       reason)
-        await _send(signals.lock_lost, lock=self, name=self.name, fence=self.fence, held=held,
-                    reason=reason)
+        await self._run_plan(self._report_lost_plan(reason, held))
 
     # -- context manager -------------------------------------------------------
     async def __aenter__(self) -> AsyncLock:

@@ -155,6 +155,36 @@ def _slow_reply(exc: QuorumUnavailable) -> bool:
 
 
 Step = Union[Attempt, Subscribe, Wait, Pause]
+
+
+# What the hold's plans (release, extend, renewal) ask their flavour to do.
+class ReleaseRound(NamedTuple):
+    """Release ``token`` on every node; answer with its ``ReleaseResult``."""
+
+    token: str
+    fence: int
+
+
+class ExtendRound(NamedTuple):
+    """Set the lease of ``token`` to ``ttl`` s on a quorum; answer with its
+    ``ExtendResult``."""
+
+    token: str
+    fence: int
+    ttl: float
+
+
+class Report(NamedTuple):
+    """Send ``signal`` (sender ``Lock``; a failing receiver is logged) with
+    ``kwargs``; answer with anything."""
+
+    signal: Any
+    kwargs: dict[str, Any]
+
+
+HoldStep = Union[ReleaseRound, ExtendRound, Report]
+#: A plan for a held lock: yields HoldSteps, receives their answers, returns T.
+HoldPlan = Generator[HoldStep, Any, Any]
 #: Yields steps, receives their answers, returns the winning result or None
 #: when the wait ran out.
 AcquirePlan = Generator[Step, Any, "AcquireResult | None"]
@@ -360,6 +390,123 @@ class LockBase:
             + (f"; {self._obstacle}" if self._obstacle else ""),
             lock_name=self.name, retry_after=self.retry_after)
 
+    # -- the hold's plans: written once, run by Lock (threads) and AsyncLock ---------
+    # Each plan holds every rule (state, what counts as lost, which signal) and
+    # no I/O: it yields ReleaseRound / ExtendRound / Report and gets the answers.
+    # A flavour runs it with its own transport and its own locking (Lock._run_plan,
+    # AsyncLock._run_plan), so the two cannot drift apart.
+
+    def _release_plan(self) -> HoldPlan:
+        """``release()``: see :meth:`Lock.release` for what it raises and when."""
+        mgr = self.manager
+        if self._state == _UNLOCKED or self._pid != os.getpid():
+            raise LockNotOwned(f"lock {self.name!r} is not held by this object",
+                               lock_name=self.name)
+        # Judged before the first yield (under the sync lock's _io; before the
+        # asyncio flavour can yield to the loop): a renewal that runs late
+        # must not make an expired lease look valid.
+        was_lost = self._state == _LOST or self._valid_until <= mgr.clock()
+        reason = self._lost_reason or "the lease ran out before release"
+        already_marked = self._lost_reason != ""
+        token, fence = self._token, self.fence
+        self._state = _UNLOCKED
+        self._token = ""
+        self._valid_until = 0.0
+        held = mgr.clock() - self._acquired_at
+        result = yield ReleaseRound(token, fence)
+        mgr._note_release(self._key_b, result.woken)
+        if result.lost and not was_lost:
+            # Taken or expired although our clock still gave it time (a node's
+            # clock jumped, an operator's force release).
+            was_lost = True
+            reason = (f"{result.not_ours} of {len(mgr.nodes)} nodes no longer had this "
+                      f"holder's key at release (it expired or was taken)")
+        if was_lost:
+            if not already_marked:
+                yield from self._report_lost_plan(reason, held)
+            raise LockLost(f"lock {self.name!r} was lost before release: {reason}",
+                           lock_name=self.name, fence=fence)
+        if result.released:  # only a release some node confirmed (see signals)
+            yield Report(signals.lock_released, dict(lock=self, name=self.name, fence=fence,
+                                                     held=held, nodes=result.released))
+        else:
+            logger.warning("release of lock %r reached no node; the key expires with its "
+                           "lease (%.3f s at most)", self.name, self.ttl)
+
+    def _extend_call_plan(self, ttl: float) -> HoldPlan:
+        """``extend(ttl)`` once its argument was checked: raises as documented."""
+        if self._state != _HELD or self._pid != os.getpid():
+            raise LockNotOwned(f"lock {self.name!r} is not held by this object",
+                               lock_name=self.name)
+        status, reason = yield from self._extend_plan(ttl)
+        if status == "lost":
+            raise LockLost(f"lock {self.name!r} could not be extended: {reason}",
+                           lock_name=self.name, fence=self.fence)
+        if status == "retry":
+            raise QuorumUnavailable(f"lock {self.name!r} was not extended: {reason}",
+                                    lock_name=self.name, needed=self.manager.quorum)
+
+    def _extend_plan(self, ttl: float) -> HoldPlan:
+        """One extension: returns ("ok", ""), ("lost", why) or ("retry", why)."""
+        mgr = self.manager
+        if self._valid_until <= mgr.clock():
+            reason = "the lease ran out before it could be extended"
+            yield from self._mark_lost_plan(reason)
+            return "lost", reason
+        token = self._token
+        result = yield ExtendRound(token, self.fence, ttl)
+        if self._token != token or self._state == _UNLOCKED:
+            return "lost", "released while the extension ran"
+        if result.extended:
+            self._valid_until = result.valid_until
+            return "ok", ""
+        if result.valid_until:  # some node took a shorter lease (rounds.tally_extend)
+            self._valid_until = min(self._valid_until, result.valid_until)
+        if result.lost or self._valid_until <= mgr.clock():
+            yield from self._mark_lost_plan(result.reason)
+            return "lost", result.reason
+        return "retry", result.reason
+
+    def _renew_plan(self) -> HoldPlan:
+        """One renewal of a held lock; returns the next due time, or None to stop."""
+        mgr = self.manager
+        if self._state != _HELD or self._pid != os.getpid():
+            return None
+        now = mgr.clock()
+        ttl = self.ttl
+        if self.max_hold is not None:
+            cap_left = self._acquired_at + self.max_hold - now
+            if cap_left <= 0:
+                if self._valid_until <= now:
+                    yield from self._mark_lost_plan(f"MAX_HOLD ({self.max_hold:g} s) reached")
+                    return None
+                return self._valid_until  # come back to report the expiry
+            ttl = min(ttl, cap_left)
+        status, _ = yield from self._extend_plan(ttl)
+        if status == "ok":
+            return self._next_renewal(now)
+        if status == "lost":
+            return None  # the plan reported it
+        # Transient failure: try again soon, while the lease lasts.
+        left = self._valid_until - mgr.clock()
+        return mgr.clock() + max(0.01, min(ttl / 10, left / 3))
+
+    def _next_renewal(self, now: float) -> float:
+        return now + self.ttl / 3.0
+
+    def _mark_lost_plan(self, reason: str) -> HoldPlan:
+        if self._state != _HELD:
+            return
+        self._state = _LOST
+        self._lost_reason = reason
+        yield from self._report_lost_plan(reason, self.manager.clock() - self._acquired_at)
+
+    def _report_lost_plan(self, reason: str, held: float) -> HoldPlan:
+        logger.warning("lock %r (fence %d) lost after %.3f s: %s", self.name, self.fence, held,
+                       reason)
+        yield Report(signals.lock_lost, dict(lock=self, name=self.name, fence=self.fence,
+                                             held=held, reason=reason))
+
     def _remember_held(self) -> None:
         """Enrol this lock for the release at exit (:func:`release_held_locks`)."""
         with _acquired_guard:
@@ -512,8 +659,26 @@ class Lock(LockBase):
         signals.send(signals.lock_acquired, Lock, lock=self, name=self.name, fence=fence,
                      wait=self._acquired_at - started)
 
-    def _next_renewal(self, now: float) -> float:
-        return now + self.ttl / 3.0
+    # -- the hold's plans, run with the sync transport ------------------------
+    def _run_plan(self, plan: HoldPlan, answer: Any = None) -> Any:
+        """Run a hold plan (``LockBase``) from here on; ``answer``: the reply to
+        the step the caller already took from it (None for a new plan)."""
+        mgr = self.manager
+        try:
+            step = plan.send(answer)
+            while True:
+                if type(step) is ReleaseRound:
+                    answer = mgr._release_round(self._key_b, self._fence_key_b,
+                                                self._waiters_key_b, step.token, step.fence)
+                elif type(step) is ExtendRound:
+                    answer = mgr._extend_round(self._key_b, self._fence_key_b, step.token,
+                                               step.fence, step.ttl)
+                else:
+                    signals.send(step.signal, Lock, **step.kwargs)
+                    answer = None
+                step = plan.send(answer)
+        except StopIteration as done:
+            return done.value
 
     # -- release ---------------------------------------------------------------
     def release(self) -> None:
@@ -525,35 +690,13 @@ class Lock(LockBase):
         this call: the key is still deleted wherever it is ours, but the caller
         learns that its critical section was not protected to the end.
         """
-        mgr = self.manager
-        with self._io:
-            if self._state == _UNLOCKED or self._pid != os.getpid():
-                raise LockNotOwned(f"lock {self.name!r} is not held by this object",
-                                   lock_name=self.name)
-            was_lost = self._state == _LOST or self._valid_until <= mgr.clock()
-            reason = self._lost_reason or "the lease ran out before release"
-            token, fence = self._token, self.fence
-            self._state = _UNLOCKED
-            self._token = ""
-            self._valid_until = 0.0
-            held = mgr.clock() - self._acquired_at
-        result = mgr._release_round(self._key_b, self._fence_key_b, self._waiters_key_b, token,
-                                    fence)
-        mgr._note_release(self._key_b, result.woken)
-        if result.lost and not was_lost:
-            was_lost = True
-            reason = (f"{result.not_ours} of {len(mgr.nodes)} nodes no longer had this holder's "
-                      f"key at release (it expired or was taken)")
-        if was_lost:
-            self._report_lost(reason, held, already_marked=self._lost_reason != "")
-            raise LockLost(f"lock {self.name!r} was lost before release: {reason}",
-                           lock_name=self.name, fence=fence)
-        if result.released:  # only a release some node confirmed (see signals)
-            signals.send(signals.lock_released, Lock, lock=self, name=self.name, fence=fence,
-                         held=held, nodes=result.released)
-        else:
-            logger.warning("release of lock %r reached no node; the key expires with its "
-                           "lease (%.3f s at most)", self.name, self.ttl)
+        plan = self._release_plan()
+        with self._io:  # the state changes before the first step (the renewal reads it)
+            step = next(plan)
+        assert type(step) is ReleaseRound
+        result = self.manager._release_round(self._key_b, self._fence_key_b,
+                                             self._waiters_key_b, step.token, step.fence)
+        self._run_plan(plan, result)
 
     # -- extend / renew --------------------------------------------------------
     def extend(self, ttl: float | EllipsisType = ...) -> None:
@@ -566,34 +709,7 @@ class Lock(LockBase):
         """
         new_ttl = self.ttl if ttl is ... else check_ttl(ttl)  # before anything is sent
         with self._io:
-            if self._state != _HELD or self._pid != os.getpid():
-                raise LockNotOwned(f"lock {self.name!r} is not held by this object",
-                                   lock_name=self.name)
-            status, reason = self._extend_locked(new_ttl)
-        if status == "lost":
-            raise LockLost(f"lock {self.name!r} could not be extended: {reason}",
-                           lock_name=self.name, fence=self.fence)
-        if status == "retry":
-            raise QuorumUnavailable(f"lock {self.name!r} was not extended: {reason}",
-                                    lock_name=self.name, needed=self.manager.quorum)
-
-    def _extend_locked(self, ttl: float) -> tuple[str, str]:
-        """Extend while holding ``_io``: ("ok", ""), ("lost", why) or ("retry", why)."""
-        mgr = self.manager
-        if self._valid_until <= mgr.clock():
-            reason = "the lease ran out before it could be extended"
-            self._mark_lost(reason)
-            return "lost", reason
-        result = mgr._extend_round(self._key_b, self._fence_key_b, self._token, self.fence, ttl)
-        if result.extended:
-            self._valid_until = result.valid_until
-            return "ok", ""
-        if result.valid_until:  # some node took a shorter lease (rounds.tally_extend)
-            self._valid_until = min(self._valid_until, result.valid_until)
-        if result.lost or self._valid_until <= mgr.clock():
-            self._mark_lost(result.reason)
-            return "lost", result.reason
-        return "retry", result.reason
+            self._run_plan(self._extend_call_plan(new_ttl))
 
     def _watchdog_tick(self) -> float | None:
         """Called by the watchdog thread; returns the next due time or None."""
@@ -601,44 +717,12 @@ class Lock(LockBase):
         if not self._io.acquire(blocking=False):
             return mgr.clock() + min(0.05, self.ttl / 10)  # a release/extend is running
         try:
-            if self._state != _HELD or self._pid != os.getpid():
-                return None
-            now = mgr.clock()
-            ttl = self.ttl
-            if self.max_hold is not None:
-                cap_left = self._acquired_at + self.max_hold - now
-                if cap_left <= 0:
-                    if self._valid_until <= now:
-                        self._mark_lost(f"MAX_HOLD ({self.max_hold:g} s) reached")
-                        return None
-                    return self._valid_until  # come back to report the expiry
-                ttl = min(ttl, cap_left)
-            status, _ = self._extend_locked(ttl)
-            if status == "ok":
-                return self._next_renewal(now)
-            if status == "lost":
-                return None  # _mark_lost reported it
-            # Transient failure: try again soon, while the lease lasts.
-            left = self._valid_until - mgr.clock()
-            return mgr.clock() + max(0.01, min(ttl / 10, left / 3))
+            return self._run_plan(self._renew_plan())
         finally:
             self._io.release()
 
-    def _mark_lost(self, reason: str) -> None:
-        if self._state != _HELD:
-            return
-        self._state = _LOST
-        self._lost_reason = reason
-        held = self.manager.clock() - self._acquired_at
-        self._report_lost(reason, held)
-
-    def _report_lost(self, reason: str, held: float, *, already_marked: bool = False) -> None:
-        if already_marked:
-            return
-        logger.warning("lock %r (fence %d) lost after %.3f s: %s", self.name, self.fence, held,
-                       reason)
-        signals.send(signals.lock_lost, Lock, lock=self, name=self.name, fence=self.fence,
-                     held=held, reason=reason)
+    def _report_lost(self, reason: str, held: float) -> None:
+        self._run_plan(self._report_lost_plan(reason, held))
 
     # -- context manager -------------------------------------------------------
     def __enter__(self) -> "Lock":
