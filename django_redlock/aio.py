@@ -379,17 +379,9 @@ class AsyncLock(LockBase):
                                              self._entries(waiter.sub)))
 
     def _on_acquired(self, token: str, fence: int, valid_until: float) -> None:
-        mgr = self.manager
-        self._token = token
-        self.fence = fence
-        self._valid_until = valid_until
-        self._acquired_at = mgr.clock()
-        self._pid = os.getpid()
-        self._state = _HELD
-        self._lost_reason = ""
-        self._remember_held()
+        self._enter_hold(token, fence, valid_until)
         if self.auto_renew:
-            self._schedule_renewal(self._acquired_at + self.ttl / 3.0)
+            self._schedule_renewal(self._next_renewal(self._acquired_at))
 
     def _schedule_renewal(self, due: float) -> None:
         # A timer, not a sleeping task: nothing to create or tear down per

@@ -507,8 +507,16 @@ class LockBase:
         yield Report(signals.lock_lost, dict(lock=self, name=self.name, fence=self.fence,
                                              held=held, reason=reason))
 
-    def _remember_held(self) -> None:
-        """Enrol this lock for the release at exit (:func:`release_held_locks`)."""
+    def _enter_hold(self, token: str, fence: int, valid_until: float) -> None:
+        """The state of a lock just acquired; enrolled for the release at exit
+        (:func:`release_held_locks`)."""
+        self._token = token
+        self.fence = fence
+        self._valid_until = valid_until
+        self._acquired_at = self.manager.clock()
+        self._pid = os.getpid()
+        self._state = _HELD
+        self._lost_reason = ""
         with _acquired_guard:
             _acquired.add(self)
 
@@ -646,14 +654,7 @@ class Lock(LockBase):
     def _on_acquired(self, token: str, fence: int, valid_until: float, started: float) -> None:
         mgr = self.manager
         with self._io:
-            self._token = token
-            self.fence = fence
-            self._valid_until = valid_until
-            self._acquired_at = mgr.clock()
-            self._pid = os.getpid()
-            self._state = _HELD
-            self._lost_reason = ""
-        self._remember_held()
+            self._enter_hold(token, fence, valid_until)
         if self.auto_renew:
             mgr.watchdog.schedule(self, self._next_renewal(self._acquired_at))
         signals.send(signals.lock_acquired, Lock, lock=self, name=self.name, fence=fence,
