@@ -504,7 +504,7 @@ class AsyncLock(LockBase):
 def alock(name: str, *, ttl: float | EllipsisType = ...,
           timeout: float | None | EllipsisType = ..., auto_renew: bool | EllipsisType = ...,
           fencing: bool = True, max_hold: float | None | EllipsisType = ...,
-          label: str | None = None) -> AsyncLock:
+          label: str | None = None, reentrant: bool = False) -> Any:
     """An :class:`AsyncLock` on ``name`` from the settings' manager; not yet acquired.
 
     ``async with alock("stock:42") as held: ...``. Options left out fall back to
@@ -514,4 +514,5 @@ def alock(name: str, *, ttl: float | EllipsisType = ...,
     from .conf import get_manager
 
     return get_manager().alock(name, ttl=ttl, timeout=timeout, auto_renew=auto_renew,
-                               fencing=fencing, max_hold=max_hold, label=label)
+                               fencing=fencing, max_hold=max_hold, label=label,
+                               reentrant=reentrant)

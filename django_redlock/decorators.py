@@ -128,8 +128,9 @@ class _Target:
     def __init__(self, func: Callable[..., Any], template: LockNameTemplate, *, ttl: Any,
                  timeout: Any, auto_renew: Any, atomic: bool, on_busy: Any, fencing: bool,
                  max_hold: Any, label: str | None, using: str | None, manager: Any,
-                 view: bool | None) -> None:
+                 view: bool | None, reentrant: bool = False) -> None:
         self.func = func
+        self.reentrant = reentrant
         self.template = template
         self.ttl = ttl
         self.timeout = timeout
@@ -284,8 +285,11 @@ class _Target:
         if auto_renew is ... and is_view:
             auto_renew = True  # a slow request keeps its lock unless told otherwise
         label = self.label or f"{'view' if is_view else 'func'}:{self._where_called()}"
-        return {"ttl": self.ttl, "timeout": self.timeout, "auto_renew": auto_renew,
-                "fencing": self.fencing, "max_hold": self.max_hold, "label": label}
+        options = {"ttl": self.ttl, "timeout": self.timeout, "auto_renew": auto_renew,
+                   "fencing": self.fencing, "max_hold": self.max_hold, "label": label}
+        if self.reentrant:
+            options["reentrant"] = True
+        return options
 
     def _manager(self) -> Any:
         return self.manager if self.manager is not None else get_manager()
@@ -479,7 +483,7 @@ def with_lock(template: str, *, ttl: float | EllipsisType = ...,
               on_busy: Callable[[Any, LockNotAcquired], Any] | None = None,
               fencing: bool = True, max_hold: float | None | EllipsisType = ...,
               label: str | None = None, using: str | None = None, manager: Any = None,
-              view: bool | None = None) -> Callable[[F], F]:
+              view: bool | None = None, reentrant: bool = False) -> Callable[[F], F]:
     """Hold the lock named by ``template`` while the decorated callable runs.
 
     ``ttl``, ``timeout``, ``max_hold``: as for :func:`django_redlock.lock`; left
@@ -521,6 +525,8 @@ def with_lock(template: str, *, ttl: float | EllipsisType = ...,
         max_hold = check_max_hold(max_hold)
     if auto_renew is not ... and not isinstance(auto_renew, bool):
         raise ValueError(f"with_lock(auto_renew=...) must be True or False, not {auto_renew!r}")
+    if not isinstance(reentrant, bool):
+        raise ValueError(f"with_lock(reentrant=...) must be True or False, not {reentrant!r}")
 
     def decorator(func: F) -> F:
         if isinstance(func, (staticmethod, classmethod)):
@@ -536,7 +542,8 @@ def with_lock(template: str, *, ttl: float | EllipsisType = ...,
                 f"sync_to_async) instead")
         target = _Target(func, parsed, ttl=ttl, timeout=timeout, auto_renew=auto_renew,
                          atomic=atomic, on_busy=on_busy, fencing=fencing, max_hold=max_hold,
-                         label=label, using=using, manager=manager, view=view)
+                         label=label, using=using, manager=manager, view=view,
+                         reentrant=reentrant)
         if is_async:
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:

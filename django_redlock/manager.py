@@ -35,6 +35,9 @@ from .core.arguments import check_max_hold, check_timeout, check_ttl
 from .core.config import DEFAULTS, NodeSpec, check_options, parse_nodes, resolve_options
 from .core.keys import lock_key, validate_name
 from .core.retry import next_wait
+from .engine.multilock import AsyncMultiLock, MultiLock, check_names
+from .engine.reentrant import AsyncReentrantLock, HoldTable, ReentrantLock
+from .engine.segments import AsyncSegments, Segments, check_count, segment_name
 from .lock import Lock
 from .rounds import AcquireResult, ExtendResult, ReleaseResult
 from .transport.notify import ReleaseNotifier
@@ -43,7 +46,7 @@ from .transport.sync import NodeClient, SyncTransport
 from .watchdog import Watchdog
 
 if TYPE_CHECKING:
-    from .aio import AsyncLock
+    pass
 
 T = TypeVar("T")
 
@@ -153,6 +156,8 @@ class LockManager:
         self._async_transport: Any = None  # transport.aio.AsyncTransport, made by alock()
         self._lazy_lock = threading.Lock()
         self._closed = False
+        #: reentrant holds: (key, thread or task) -> engine.reentrant.Hold
+        self._reentrant = HoldTable()
         #: lock key -> until when this process lets woken waiters go first
         self._handoff: dict[bytes, float] = {}
         self._handoff_lock = threading.Lock()
@@ -165,13 +170,23 @@ class LockManager:
     def lock(self, name: str, *, ttl: float | EllipsisType = ...,
              timeout: float | None | EllipsisType = ..., auto_renew: bool | EllipsisType = ...,
              fencing: bool = True, max_hold: float | None | EllipsisType = ...,
-             label: str | None = None) -> Lock:
+             label: str | None = None, reentrant: bool = False) -> "Lock | ReentrantLock":
         """A lock on ``name`` (not yet acquired). Options left out use the manager's.
 
         Every argument is checked here, before anything is sent
         (:mod:`django_redlock.core.arguments`): a bad one raises ``ValueError``
-        naming it and its range.
+        naming it and its range. ``reentrant=True``: a
+        :class:`~django_redlock.engine.reentrant.ReentrantLock`, which the same
+        thread may acquire again without waiting.
         """
+        if not isinstance(reentrant, bool):
+            raise ValueError(f"reentrant must be True or False, not {reentrant!r}")
+        if reentrant:
+            proto = self.lock(name, ttl=ttl, timeout=timeout, auto_renew=auto_renew,
+                              fencing=fencing, max_hold=max_hold, label=label)
+            return ReentrantLock(self, lambda: self.lock(
+                name, ttl=proto.ttl, timeout=proto.timeout, auto_renew=proto.auto_renew,
+                fencing=fencing, max_hold=proto.max_hold, label=label), proto.timeout)
         if not isinstance(fencing, bool):
             raise ValueError(f"fencing must be True or False, not {fencing!r}")
         if auto_renew is not ... and not isinstance(auto_renew, bool):
@@ -187,13 +202,20 @@ class LockManager:
     def alock(self, name: str, *, ttl: float | EllipsisType = ...,
               timeout: float | None | EllipsisType = ..., auto_renew: bool | EllipsisType = ...,
               fencing: bool = True, max_hold: float | None | EllipsisType = ...,
-              label: str | None = None) -> AsyncLock:
-        """An :class:`~django_redlock.aio.AsyncLock` on ``name``, for asyncio code."""
+              label: str | None = None, reentrant: bool = False) -> "Lock | ReentrantLock":
+        """An :class:`~django_redlock.aio.AsyncLock` on ``name``, for asyncio code
+        (``reentrant=True``: an ``AsyncReentrantLock``, per asyncio task)."""
         from .aio import AsyncLock
         from .transport.aio import AsyncTransport
 
         opts = self.lock(name, ttl=ttl, timeout=timeout, auto_renew=auto_renew, fencing=fencing,
                          max_hold=max_hold, label=label)  # validates like lock(); no I/O
+        if not isinstance(reentrant, bool):
+            raise ValueError(f"reentrant must be True or False, not {reentrant!r}")
+        if reentrant:
+            return AsyncReentrantLock(self, lambda: self.alock(
+                name, ttl=opts.ttl, timeout=opts.timeout, auto_renew=opts.auto_renew,
+                fencing=fencing, max_hold=opts.max_hold, label=label), opts.timeout)
         if self._async_transport is None:
             with self._lazy_lock:
                 if self._async_transport is None:
@@ -201,6 +223,54 @@ class LockManager:
         return AsyncLock(self, self._async_transport, opts.name, ttl=opts.ttl,
                          timeout=opts.timeout, auto_renew=opts.auto_renew, fencing=fencing,
                          max_hold=opts.max_hold, label=label)
+
+    def multi_lock(self, names: Iterable[str], *, ttl: float | EllipsisType = ...,
+                   timeout: float | None | EllipsisType = ...,
+                   auto_renew: bool | EllipsisType = ..., fencing: bool = True,
+                   max_hold: float | None | EllipsisType = ...,
+                   label: str | None = None) -> MultiLock:
+        """All of ``names`` or none, deadlock-free (:mod:`django_redlock.engine.multilock`)."""
+        names = check_names(names)
+        locks = [self.lock(n, ttl=ttl, timeout=timeout, auto_renew=auto_renew, fencing=fencing,
+                           max_hold=max_hold, label=label) for n in names]
+        return MultiLock(self, names, locks, locks[0].timeout)
+
+    def amulti_lock(self, names: Iterable[str], *, ttl: float | EllipsisType = ...,
+                    timeout: float | None | EllipsisType = ...,
+                    auto_renew: bool | EllipsisType = ..., fencing: bool = True,
+                    max_hold: float | None | EllipsisType = ...,
+                    label: str | None = None) -> AsyncMultiLock:
+        """The asyncio twin of :meth:`multi_lock`."""
+        names = check_names(names)
+        locks = [self.alock(n, ttl=ttl, timeout=timeout, auto_renew=auto_renew,
+                            fencing=fencing, max_hold=max_hold, label=label) for n in names]
+        return AsyncMultiLock(self, names, locks, locks[0].timeout)
+
+    def segments(self, name: str, count: int, *, ttl: float | EllipsisType = ...,
+                 timeout: float | None | EllipsisType = ...,
+                 auto_renew: bool | EllipsisType = ..., fencing: bool = True,
+                 max_hold: float | None | EllipsisType = ...,
+                 label: str | None = None) -> Segments:
+        """Any one free segment of ``count`` (:mod:`django_redlock.engine.segments`)."""
+        count = check_count(count)
+        validate_name(name)
+        locks = [self.lock(segment_name(name, i), ttl=ttl, timeout=timeout,
+                           auto_renew=auto_renew, fencing=fencing, max_hold=max_hold,
+                           label=label) for i in range(count)]
+        return Segments(self, name, locks, locks[0].timeout, rng=random.Random(self.rng.random()))
+
+    def asegments(self, name: str, count: int, *, ttl: float | EllipsisType = ...,
+                  timeout: float | None | EllipsisType = ...,
+                  auto_renew: bool | EllipsisType = ..., fencing: bool = True,
+                  max_hold: float | None | EllipsisType = ...,
+                  label: str | None = None) -> AsyncSegments:
+        """The asyncio twin of :meth:`segments`."""
+        count = check_count(count)
+        validate_name(name)
+        locks = [self.alock(segment_name(name, i), ttl=ttl, timeout=timeout,
+                            auto_renew=auto_renew, fencing=fencing, max_hold=max_hold,
+                            label=label) for i in range(count)]
+        return AsyncSegments(self, name, locks, locks[0].timeout, rng=random.Random(self.rng.random()))
 
     def close(self) -> None:
         """Stop the renewal and listener threads and close our connection pools."""

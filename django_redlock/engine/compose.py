@@ -1,0 +1,123 @@
+"""Primitives made of plain locks: their plans, written once, and two drivers.
+
+A multi-lock or a set of segments is a sequence of plain acquisitions and
+releases. Its rules (in which order, how long each may wait, what to give back
+when one fails or the call is interrupted) are a *plan*: a generator that
+yields :class:`Take` and :class:`Drop` steps and gets their answers, with no
+I/O of its own. :func:`run` drives a plan with ``Lock`` objects from a thread,
+:func:`arun` with ``AsyncLock`` objects from a coroutine; neither knows the
+rules, so the two flavours cannot drift apart (the sans-I/O style of h11).
+
+An exception raised by a step (``QuorumUnavailable``, ``KeyboardInterrupt``,
+``CancelledError``) is thrown into the plan, which gives back what it took
+before the exception goes on.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import Any, Generator, NamedTuple, Sequence, Union
+
+from ..exceptions import LockLost, LockNotOwned, RedlockError
+
+logger = logging.getLogger("django_redlock.engine")
+
+
+class Take(NamedTuple):
+    """Acquire lock ``index`` waiting up to ``timeout`` s (None: no limit, 0:
+    once); answer True or False."""
+
+    index: int
+    timeout: float | None
+
+
+class Drop(NamedTuple):
+    """Release lock ``index``; answer None, or the ``LockLost`` it raised
+    (the plan decides what a loss means for the whole)."""
+
+    index: int
+
+
+Step = Union[Take, Drop]
+Plan = Generator[Step, Any, Any]
+
+
+def run(locks: Sequence[Any], plan: Plan) -> Any:
+    """Drive ``plan`` with sync ``locks``; return what the plan returns."""
+    try:
+        step = next(plan)
+        while True:
+            try:
+                if type(step) is Take:
+                    answer: Any = locks[step.index].acquire(timeout=step.timeout)
+                else:
+                    answer = _drop(locks[step.index])
+            except BaseException as exc:  # noqa: BLE001 - the plan gives back what it took, re-raises
+                step = plan.throw(exc)
+                continue
+            step = plan.send(answer)
+    except StopIteration as done:
+        return done.value
+
+
+async def arun(locks: Sequence[Any], plan: Plan) -> Any:
+    """Drive ``plan`` with ``AsyncLock`` objects (see :func:`run`)."""
+    try:
+        step = next(plan)
+        while True:
+            try:
+                if type(step) is Take:
+                    answer: Any = await locks[step.index].acquire(timeout=step.timeout)
+                else:
+                    answer = await _adrop(locks[step.index])
+            except BaseException as exc:  # noqa: BLE001 - see run()
+                step = plan.throw(exc)
+                continue
+            step = plan.send(answer)
+    except StopIteration as done:
+        return done.value
+
+
+def _drop(lock: Any) -> LockLost | None:
+    try:
+        lock.release()
+    except LockLost as lost:
+        return lost
+    except LockNotOwned:
+        pass
+    except RedlockError:  # unreachable nodes: the key expires with its lease
+        logger.warning("lock %r could not be released; it expires with its lease", lock.name,
+                       exc_info=True)
+    return None
+
+
+async def _adrop(lock: Any) -> LockLost | None:
+    try:
+        await lock.release()
+    except LockLost as lost:
+        return lost
+    except LockNotOwned:
+        pass
+    except RedlockError:
+        logger.warning("lock %r could not be released; it expires with its lease", lock.name,
+                       exc_info=True)
+    return None
+
+
+def give_back(taken: Sequence[int]) -> Plan:
+    """Release the locks ``taken`` (newest first), whatever happens to each."""
+    for index in reversed(taken):
+        yield Drop(index)
+
+
+def release_all(count: int, what: str, name: str) -> Plan:
+    """Release locks ``0 .. count-1`` (newest first); then raise ``LockLost``
+    naming every lock that was lost, if any was (each was still released)."""
+    lost = []
+    for index in reversed(range(count)):
+        result = yield Drop(index)
+        if result is not None:
+            lost.append(result)
+    if lost:
+        raise LockLost(f"{what} {name}: " + "; ".join(str(e) for e in lost),
+                       lock_name=lost[0].lock_name, lost=lost)

@@ -1,0 +1,240 @@
+"""``lock(name, reentrant=True)``: the same thread (or asyncio task) may take it again.
+
+Why: a decorated view calls a decorated helper that locks the same row::
+
+    @with_lock("stock:<pk>", reentrant=True)
+    def buy(request, pk): ... reserve(pk) ...
+
+    @with_lock("stock:<pk>", reentrant=True)
+    def reserve(pk): ...
+
+With a plain lock, ``reserve`` waits for the lock its own caller holds until
+its timeout: a self-deadlock. A reentrant lock lets the holder's thread in at
+once. The nodes see one hold: one key, one fence, one renewal; the holder's
+thread counts how often it entered, and the lock is released on the nodes by
+the matching last release, whichever object makes it.
+
+How: each manager keeps a table ``(key, owner) -> hold`` (owner: the thread,
+or the asyncio task). The first acquisition makes a plain lock for the hold
+and acquires it; the others join the hold while it is still owned. A hold whose
+lease was lost is not joined: the caller acquires anew (and the holders of the
+old hold learn about the loss at their release, as with any lost lock).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from types import EllipsisType, TracebackType
+from typing import TYPE_CHECKING, Any, Callable
+
+from ..core.arguments import check_timeout
+from ..exceptions import LockLost, LockNotAcquired, LockNotOwned
+
+if TYPE_CHECKING:
+    from ..manager import LockManager
+
+
+class Hold:
+    """One reentrant hold on the nodes: the plain lock that took it, and how many
+    acquisitions of its owner it serves."""
+
+    __slots__ = ("lock", "count", "table_key")
+
+    def __init__(self, lock: Any, table_key: tuple[str, int]) -> None:
+        self.lock = lock
+        self.count = 1
+        self.table_key = table_key
+
+
+class HoldTable:
+    """The manager's table of reentrant holds (``(key, owner) -> Hold``)."""
+
+    def __init__(self) -> None:
+        self._holds: dict[tuple[str, int], Hold] = {}
+        self._guard = threading.Lock()
+
+    def join(self, table_key: tuple[str, int]) -> Hold | None:
+        """The owner's live hold on this key, its count raised; None if there is none."""
+        with self._guard:
+            hold = self._holds.get(table_key)
+            if hold is None or not hold.lock.owned():
+                return None
+            hold.count += 1
+            return hold
+
+    def add(self, hold: Hold) -> None:
+        with self._guard:
+            self._holds[hold.table_key] = hold
+
+    def leave(self, hold: Hold) -> bool:
+        """One acquisition of ``hold`` ends; True when it was the last (release it)."""
+        with self._guard:
+            hold.count -= 1
+            if hold.count > 0:
+                return False
+            if self._holds.get(hold.table_key) is hold:
+                del self._holds[hold.table_key]
+            return True
+
+
+class ReentrantBase:
+    """The rules; :class:`ReentrantLock` and :class:`AsyncReentrantLock` run them."""
+
+    def __init__(self, manager: "LockManager", make: Callable[[], Any], timeout: float | None,
+                 ) -> None:
+        self.manager = manager
+        self._make = make  # a new plain lock with this lock's options
+        self._proto = make()  # for name, key, ttl...: never acquired
+        self.name: str = self._proto.name
+        self.key: str = self._proto.key
+        self.ttl: float = self._proto.ttl
+        self.timeout = timeout
+        self.retry_after = 0.0
+        #: The holds this object entered, innermost last.
+        self._holds: list[Hold] = []
+
+    def __repr__(self) -> str:
+        state = f"held x{len(self._holds)}" if self._holds else "unlocked"
+        return f"<{type(self).__name__} {self.name!r} {state} fence={self.fence}>"
+
+    @property
+    def fence(self) -> int:
+        return self._holds[-1].lock.fence if self._holds else 0
+
+    @property
+    def validity(self) -> float:
+        return self._holds[-1].lock.validity if self._holds else 0.0
+
+    def owned(self) -> bool:
+        return bool(self._holds) and self._holds[-1].lock.owned()
+
+    def _table_key(self) -> tuple[str, int]:
+        raise NotImplementedError
+
+    def _enter(self, blocking: bool, timeout: float | None | EllipsisType
+               ) -> tuple[Hold | None, float | None]:
+        """Join the owner's hold (no I/O), or say how long a new one may wait."""
+        wait = self.timeout if timeout is ... else check_timeout(timeout)
+        if not isinstance(blocking, bool):
+            raise ValueError(f"blocking must be True or False, not {blocking!r}")
+        hold = self.manager._reentrant.join(self._table_key())
+        if hold is not None:
+            self._holds.append(hold)
+        return hold, (0.0 if not blocking else wait)
+
+    def _took(self, lock: Any) -> None:
+        hold = Hold(lock, self._table_key())
+        self.manager._reentrant.add(hold)
+        self._holds.append(hold)
+
+    def _leave(self) -> Hold | None:
+        """End one acquisition; the hold to release on the nodes when it was the last."""
+        if not self._holds:
+            raise LockNotOwned(f"lock {self.name!r} is not held by this object",
+                               lock_name=self.name)
+        hold = self._holds.pop()
+        return hold if self.manager._reentrant.leave(hold) else None
+
+    def _busy(self) -> LockNotAcquired:
+        return LockNotAcquired(f"lock {self.name!r} is busy: not acquired within "
+                               f"{'no' if self.timeout is None else format(self.timeout, 'g')} s",
+                               lock_name=self.name, retry_after=self.retry_after)
+
+
+class ReentrantLock(ReentrantBase):
+    """A lock its own thread may take again; from ``lock(name, reentrant=True)``."""
+
+    def _table_key(self) -> tuple[str, int]:
+        return self.key, threading.get_ident()
+
+    def locked(self) -> bool:
+        return self._proto.locked()
+
+    def acquire(self, blocking: bool = True, timeout: float | None | EllipsisType = ...) -> bool:
+        """Join this thread's hold at once, or acquire like :meth:`Lock.acquire`."""
+        hold, wait = self._enter(blocking, timeout)
+        if hold is not None:
+            return True
+        lock = self._make()
+        if not lock.acquire(timeout=wait):
+            self.retry_after = lock.retry_after
+            return False
+        self._took(lock)
+        return True
+
+    def release(self) -> None:
+        """End one acquisition; the last one releases on the nodes (and may raise
+        ``LockLost``, as :meth:`Lock.release` does)."""
+        hold = self._leave()
+        if hold is not None:
+            hold.lock.release()
+
+    def extend(self, ttl: float | EllipsisType = ...) -> None:
+        if not self._holds:
+            raise LockNotOwned(f"lock {self.name!r} is not held by this object",
+                               lock_name=self.name)
+        self._holds[-1].lock.extend(ttl)
+
+    def __enter__(self) -> "ReentrantLock":
+        if not self.acquire():
+            raise self._busy()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if not self._holds:
+            return
+        try:
+            self.release()
+        except LockLost:
+            if exc_type is None:
+                raise
+
+
+class AsyncReentrantLock(ReentrantBase):
+    """A lock its own asyncio task may take again; from ``alock(name, reentrant=True)``."""
+
+    def _table_key(self) -> tuple[str, int]:
+        return self.key, id(asyncio.current_task())
+
+    async def locked(self) -> bool:
+        return bool(await self._proto.locked())
+
+    async def acquire(self, blocking: bool = True,
+                      timeout: float | None | EllipsisType = ...) -> bool:
+        hold, wait = self._enter(blocking, timeout)
+        if hold is not None:
+            return True
+        lock = self._make()
+        if not await lock.acquire(timeout=wait):
+            self.retry_after = lock.retry_after
+            return False
+        self._took(lock)
+        return True
+
+    async def release(self) -> None:
+        hold = self._leave()
+        if hold is not None:
+            await hold.lock.release()
+
+    async def extend(self, ttl: float | EllipsisType = ...) -> None:
+        if not self._holds:
+            raise LockNotOwned(f"lock {self.name!r} is not held by this object",
+                               lock_name=self.name)
+        await self._holds[-1].lock.extend(ttl)
+
+    async def __aenter__(self) -> "AsyncReentrantLock":
+        if not await self.acquire():
+            raise self._busy()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        if not self._holds:
+            return
+        try:
+            await self.release()
+        except LockLost:
+            if exc_type is None:
+                raise

@@ -1,0 +1,174 @@
+"""``segments(name, count)``: any one of ``count`` locks on one hot resource.
+
+Lock segmentation (lock striping): one item whose stock is split over
+``count`` rows, each with its own lock, serves ``count`` buyers at once where
+one lock would serve one. ``acquire()`` takes whichever segment is free;
+``index`` says which one (0 to count - 1), and the caller works on that
+segment's row. Segment ``i`` is the plain lock ``"<name>[<i>]"``, so
+``manage.py locks`` shows each one.
+
+How it waits: it tries every segment once, in a random order (so callers
+spread over the segments instead of all trying segment 0 first); when all are
+busy, it queues on one segment chosen at random for a short slice (woken by
+that segment's release notice), then tries them all again, until the timeout.
+A release of another segment is found on the next pass, at most one slice
+later.
+"""
+
+from __future__ import annotations
+
+import random
+from types import EllipsisType, TracebackType
+from typing import TYPE_CHECKING, Any, Sequence
+
+from ..core.arguments import check_timeout
+from ..exceptions import LockNotAcquired, LockNotOwned
+from . import compose
+from .compose import Drop, Plan, Take
+
+if TYPE_CHECKING:
+    from ..manager import LockManager
+
+#: The longest a waiter queues on one segment before it tries the others again.
+SLICE = 0.05
+
+
+def check_count(count: Any) -> int:
+    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+        raise ValueError(f"segments(name, count): count must be an int of at least 1, "
+                         f"not {count!r}")
+    return count
+
+
+def segment_name(name: str, index: int) -> str:
+    """The plain lock name of segment ``index`` of ``name``."""
+    return f"{name}[{index}]"
+
+
+class SegmentsBase:
+    """The rules; :class:`Segments` and :class:`AsyncSegments` run them."""
+
+    def __init__(self, manager: "LockManager", name: str, locks: Sequence[Any],
+                 timeout: float | None, rng: random.Random | None = None) -> None:
+        self.manager = manager
+        self.name = name
+        self.count = len(locks)
+        self.timeout = timeout
+        self._locks = list(locks)
+        self._rng = rng or random.Random()
+        #: The segment held (0 to count - 1), or None.
+        self.index: int | None = None
+        self.retry_after = 0.0
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name!r} x{self.count} index={self.index}>"
+
+    @property
+    def lock(self) -> Any:
+        """The plain lock of the segment held (None when none is)."""
+        return None if self.index is None else self._locks[self.index]
+
+    @property
+    def fence(self) -> int:
+        return 0 if self.index is None else self._locks[self.index].fence
+
+    @property
+    def validity(self) -> float:
+        return 0.0 if self.index is None else self._locks[self.index].validity
+
+    def owned(self) -> bool:
+        return self.index is not None and self._locks[self.index].owned()
+
+    def _wait(self, blocking: bool, timeout: float | None | EllipsisType) -> float | None:
+        wait = self.timeout if timeout is ... else check_timeout(timeout)
+        if not isinstance(blocking, bool):
+            raise ValueError(f"blocking must be True or False, not {blocking!r}")
+        if self.index is not None:
+            raise LockNotOwned(f"segments {self.name!r}: this object already holds segment "
+                               f"{self.index}", lock_name=self.name)
+        return 0.0 if not blocking else wait
+
+    def _acquire_plan(self, wait: float | None) -> Plan:
+        clock = self.manager.clock
+        deadline = None if wait is None else clock() + wait
+        order = list(range(self.count))
+        while True:
+            self._rng.shuffle(order)
+            for index in order:
+                if (yield Take(index, 0)):
+                    self.index = index
+                    return True
+            left = None if deadline is None else deadline - clock()
+            if left is not None and left <= 0:
+                self.retry_after = min(lock.retry_after for lock in self._locks)
+                return False
+            queue_on = self._rng.choice(order)
+            piece = SLICE * self._rng.uniform(0.5, 1.0)
+            if (yield Take(queue_on, piece if left is None else min(piece, left))):
+                self.index = queue_on
+                return True
+
+    def _release_plan(self) -> Plan:
+        if self.index is None:
+            raise LockNotOwned(f"segments {self.name!r}: no segment held by this object",
+                               lock_name=self.name)
+        index, self.index = self.index, None
+        lost = yield Drop(index)
+        if lost is not None:
+            raise lost
+
+    def _busy(self) -> LockNotAcquired:
+        return LockNotAcquired(f"segments {self.name!r}: all {self.count} busy",
+                               lock_name=self.name, retry_after=self.retry_after)
+
+
+class Segments(SegmentsBase):
+    """Any one free segment of ``name``; from :meth:`LockManager.segments`."""
+
+    def acquire(self, blocking: bool = True, timeout: float | None | EllipsisType = ...) -> bool:
+        """Take one free segment within ``timeout``; True (see :attr:`index`) or False."""
+        return compose.run(self._locks, self._acquire_plan(self._wait(blocking, timeout)))
+
+    def release(self) -> None:
+        compose.run(self._locks, self._release_plan())
+
+    def extend(self, ttl: float | EllipsisType = ...) -> None:
+        if self.index is None:
+            raise LockNotOwned(f"segments {self.name!r}: no segment held", lock_name=self.name)
+        self._locks[self.index].extend(ttl)
+
+    def __enter__(self) -> "Segments":
+        if not self.acquire():
+            raise self._busy()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self.index is not None:
+            self.release()
+
+
+class AsyncSegments(SegmentsBase):
+    """The asyncio twin of :class:`Segments`; from :meth:`LockManager.asegments`."""
+
+    async def acquire(self, blocking: bool = True,
+                      timeout: float | None | EllipsisType = ...) -> bool:
+        return await compose.arun(self._locks, self._acquire_plan(self._wait(blocking, timeout)))
+
+    async def release(self) -> None:
+        await compose.arun(self._locks, self._release_plan())
+
+    async def extend(self, ttl: float | EllipsisType = ...) -> None:
+        if self.index is None:
+            raise LockNotOwned(f"segments {self.name!r}: no segment held", lock_name=self.name)
+        await self._locks[self.index].extend(ttl)
+
+    async def __aenter__(self) -> "AsyncSegments":
+        if not await self.acquire():
+            raise self._busy()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        if self.index is not None:
+            await self.release()

@@ -1,0 +1,285 @@
+"""The lock family made of plain locks: reentrant holds, multi-locks, segments.
+
+On real nodes (1 and 3), sync and asyncio. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any, Callable
+
+import pytest
+
+from django_redlock import LockLost, LockNotAcquired, QuorumUnavailable
+from django_redlock.decorators import with_lock
+from django_redlock.testing import RedisNodes
+from tests.polling import run_in_threads
+
+MakeManager = Callable[..., Any]
+
+pytestmark = pytest.mark.slow
+
+
+def _holders(nodes: RedisNodes, key: str) -> int:
+    return sum(bool(server.client().exists(key)) for server in nodes)
+
+
+# -- reentrant ---------------------------------------------------------------------
+
+def test_reentrant_lock_is_taken_again_by_its_thread_at_once(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+    outer = mgr.lock("re", reentrant=True, timeout=5)
+    inner = mgr.lock("re", reentrant=True, timeout=5)
+    assert outer.acquire()
+    started = time.monotonic()
+    assert inner.acquire()  # the same thread: no wait, no second hold
+    assert time.monotonic() - started < 0.05
+    assert inner.fence == outer.fence and inner.owned() and outer.owned()
+    assert outer.acquire()  # the same object again: counted too
+    # Another thread waits until the matching last release.
+    seen: list[bool] = []
+    other = threading.Thread(target=lambda: seen.append(
+        mgr.lock("re", reentrant=True).acquire(timeout=0)))
+    other.start()
+    other.join(5)
+    assert seen == [False]
+    outer.release()
+    inner.release()  # inner first: the hold stays
+    assert _holders(nodes3, outer.key) == 3
+    assert outer.owned()
+    outer.release()  # the last one: released on the nodes
+    assert _holders(nodes3, outer.key) == 0
+    assert not outer.owned() and not inner.owned()
+    with pytest.raises(Exception, match="not held"):
+        outer.release()
+
+
+def test_a_plain_lock_would_deadlock_where_a_reentrant_one_does_not(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """The reason for reentrant=True: nested decorated functions on one name."""
+    mgr = make_manager(nodes3)
+
+    def nested(reentrant: bool) -> int:
+        @with_lock("row:<pk>", manager=mgr, timeout=0.3, reentrant=reentrant)
+        def reserve(pk: int) -> int:
+            return pk
+
+        @with_lock("row:<pk>", manager=mgr, timeout=0.3, reentrant=reentrant)
+        def buy(pk: int) -> int:
+            return reserve(pk) + 1
+
+        return buy(7)
+
+    with pytest.raises(LockNotAcquired):
+        nested(False)
+    assert nested(True) == 8
+    assert _holders(nodes3, mgr.key("row:7")) == 0
+
+
+def test_async_reentrant_is_per_task(nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+
+    async def scenario() -> None:
+        outer = mgr.alock("are", reentrant=True, timeout=5)
+        async with outer:
+            async with mgr.alock("are", reentrant=True, timeout=0) as inner:
+                assert inner.fence == outer.fence
+            # Another task is another owner: it waits.
+            other = asyncio.ensure_future(mgr.alock("are", reentrant=True).acquire(timeout=0))
+            assert await other is False
+            assert outer.owned()
+        assert _holders(nodes3, outer.key) == 0
+
+    asyncio.run(scenario())
+
+
+def test_reentrant_hold_lost_is_reported_at_the_last_release(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3, auto_renew=False)
+    outer = mgr.lock("re-lost", reentrant=True, ttl=0.3)
+    inner = mgr.lock("re-lost", reentrant=True, ttl=0.3)
+    assert outer.acquire() and inner.acquire()
+    time.sleep(0.5)  # the lease runs out
+    inner.release()  # not the last: nothing to report yet
+    with pytest.raises(LockLost):
+        outer.release()
+
+
+# -- multi_lock --------------------------------------------------------------------
+
+def test_multi_lock_takes_all_or_none(nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+    blocker = mgr.lock("m:c")
+    assert blocker.acquire()
+    multi = mgr.multi_lock(["m:a", "m:c", "m:b"], timeout=0.3)
+    started = time.monotonic()
+    assert multi.acquire() is False
+    assert time.monotonic() - started < 0.3 + 1.0
+    # None left behind: a and b were given back.
+    for name in ("m:a", "m:b"):
+        assert _holders(nodes3, mgr.key(name)) == 0
+    blocker.release()
+    with mgr.multi_lock(["m:a", "m:c", "m:b"], timeout=1) as held:
+        assert held.owned()
+        assert set(held.fences) == {"m:a", "m:b", "m:c"}
+        assert all(f > 0 for f in held.fences.values())
+        assert held.fence == max(held.fences.values())
+        assert all(_holders(nodes3, mgr.key(n)) == 3 for n in held.fences)
+    assert all(_holders(nodes3, mgr.key(n)) == 0 for n in ("m:a", "m:b", "m:c"))
+
+
+def test_multi_lock_in_opposite_orders_never_deadlocks(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """P asks a, b; Q asks b, a, over and over, with no timeout at all."""
+    mgr = make_manager(nodes3, retry_delay=0.02)
+    inside = []
+    overlap = []
+
+    def worker(names: list[str]) -> None:
+        for _ in range(15):
+            with mgr.multi_lock(names, timeout=None):
+                inside.append(1)
+                if len(inside) > 1:
+                    overlap.append(1)
+                time.sleep(0.002)
+                inside.pop()
+
+    threads = [threading.Thread(target=worker, args=(order,), daemon=True)
+               for order in (["d:a", "d:b"], ["d:b", "d:a"], ["d:a", "d:b"])]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads), "deadlock: a worker is still waiting"
+    assert not overlap
+
+
+def test_multi_lock_gives_back_what_it_took_when_a_round_fails(
+        redis_nodes_factory: Callable[..., RedisNodes], make_manager: MakeManager) -> None:
+    nodes = redis_nodes_factory(3)
+    mgr = make_manager(nodes, node_timeout=0.2)
+    multi = mgr.multi_lock(["f:a", "f:b"], timeout=1)
+    original = multi._locks[1].acquire
+
+    def failing(**kwargs: Any) -> bool:
+        raise QuorumUnavailable("simulated for the second name", lock_name="f:b")
+
+    multi._locks[1].acquire = failing
+    with pytest.raises(QuorumUnavailable):
+        multi.acquire()
+    multi._locks[1].acquire = original
+    assert _holders(nodes, mgr.key("f:a")) == 0  # the first one was given back
+    assert not multi.owned()
+
+
+@pytest.mark.parametrize("bad", [[], ["x", "x"], "abc", None])
+def test_multi_lock_bad_names_are_clear_errors(nodes3: RedisNodes, make_manager: MakeManager,
+                                                bad: Any) -> None:
+    mgr = make_manager(nodes3)
+    with pytest.raises(ValueError, match="multi_lock"):
+        mgr.multi_lock(bad)
+
+
+def test_async_multi_lock(nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+
+    async def scenario() -> None:
+        async with mgr.amulti_lock(["am:b", "am:a"], timeout=1) as held:
+            assert held.owned() and len(held.fences) == 2
+            other = mgr.amulti_lock(["am:a", "am:z"], timeout=0.1)
+            assert await other.acquire() is False
+            assert _holders(nodes3, mgr.key("am:z")) == 0
+        assert _holders(nodes3, mgr.key("am:a")) == 0
+
+    asyncio.run(scenario())
+
+
+# -- segments --------------------------------------------------------------------
+
+def test_segments_hand_out_distinct_segments(nodes3: RedisNodes,
+                                             make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3, retry_delay=0.02)
+    held = [mgr.segments("stock:9", 3, timeout=0) for _ in range(3)]
+    assert all(s.acquire() for s in held)
+    assert sorted(s.index for s in held) == [0, 1, 2]
+    fourth = mgr.segments("stock:9", 3, timeout=0.2)
+    started = time.monotonic()
+    assert fourth.acquire() is False and fourth.index is None
+    assert time.monotonic() - started < 0.2 + 1.0
+    freed = held[1].index
+    held[1].release()
+    assert fourth.acquire(timeout=1) and fourth.index == freed
+    assert _holders(nodes3, mgr.key(f"stock:9[{freed}]")) == 3
+
+
+def test_segments_never_give_one_segment_to_two(nodes3: RedisNodes,
+                                                make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3, retry_delay=0.02)
+    inside: dict[int, int] = {0: 0, 1: 0}
+    twice = []
+    guard = threading.Lock()
+
+    def work() -> None:
+        for _ in range(10):
+            with mgr.segments("hot", 2, timeout=10) as seg:
+                with guard:
+                    inside[seg.index] += 1
+                    if inside[seg.index] > 1:
+                        twice.append(seg.index)
+                time.sleep(0.003)
+                with guard:
+                    inside[seg.index] -= 1
+
+    run_in_threads(work, 4, timeout=60)
+    assert not twice
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_segments_bad_count_is_a_clear_error(nodes3: RedisNodes, make_manager: MakeManager,
+                                             bad: Any) -> None:
+    mgr = make_manager(nodes3)
+    with pytest.raises(ValueError, match="count"):
+        mgr.segments("x", bad)
+
+
+def test_async_segments(nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+
+    async def scenario() -> None:
+        first = mgr.asegments("aseg", 2, timeout=0)
+        second = mgr.asegments("aseg", 2, timeout=0)
+        assert await first.acquire() and await second.acquire()
+        assert {first.index, second.index} == {0, 1}
+        assert await mgr.asegments("aseg", 2, timeout=0.1).acquire() is False
+        await first.release()
+        await second.release()
+
+    asyncio.run(scenario())
+
+
+def test_one_node_family(redis_nodes_factory: Callable[..., RedisNodes],
+                         make_manager: MakeManager) -> None:
+    nodes = redis_nodes_factory(1)
+    mgr = make_manager(nodes)
+    with mgr.multi_lock(["one:a", "one:b"]) as held, mgr.segments("one", 2) as seg:
+        assert held.owned() and seg.owned()
+        # A reentrant lock joins only a reentrant hold of its own thread: a name
+        # held by a plain lock (here the multi-lock's) is busy for it.
+        assert mgr.lock("one:a", reentrant=True).acquire(timeout=0) is False
+    assert _holders(nodes, mgr.key("one:a")) == 0 and _holders(nodes, mgr.key("one[0]")) == 0
+
+
+def test_the_docs_examples_run() -> None:
+    """Every Python block of the family how-to, executed on the session's nodes."""
+    import re
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parent.parent / "docs/howto/lock-family.rst").read_text()
+    blocks = re.findall(r"\.\. code-block:: python\n\n((?:   .*\n|\n)+)", text)
+    assert len(blocks) == 3
+    for block in blocks:
+        code = "\n".join(line[3:] for line in block.splitlines())
+        exec(compile(code, "lock-family.rst", "exec"), {})  # noqa: S102 - our own docs
