@@ -722,6 +722,49 @@ class Lock(LockBase):
         finally:
             self._io.release()
 
+    def _renewal_begin(self) -> "tuple[HoldPlan, ExtendRound] | float | None":
+        """A batched renewal's first half (the watchdog thread, see
+        ``Watchdog._renew``): the renewal plan run up to its extension round.
+
+        Returns that plan and round, holding ``_io`` until :meth:`_renewal_end`;
+        or, when no round is needed, the next due time (None: stop renewing).
+        """
+        mgr = self.manager
+        if not self._io.acquire(blocking=False):
+            return mgr.clock() + min(0.05, self.ttl / 10)  # a release/extend is running
+        plan = self._renew_plan()
+        answer: Any = None
+        try:
+            while True:
+                try:
+                    step = plan.send(answer)
+                except StopIteration as done:
+                    self._io.release()
+                    return done.value  # type: ignore[no-any-return]
+                if type(step) is ExtendRound:
+                    return plan, step
+                if type(step) is Report:
+                    signals.send(step.signal, Lock, **step.kwargs)
+                    answer = None
+                else:  # pragma: no cover - a renewal releases nothing
+                    raise AssertionError(f"unexpected renewal step {step!r}")
+        except BaseException:
+            self._io.release()
+            raise
+
+    def _renewal_end(self, plan: HoldPlan, result: Any) -> float | None:
+        """The second half: the plan gets its round's result; ``_io`` is let go."""
+        try:
+            return self._run_plan(plan, result)  # type: ignore[no-any-return]
+        finally:
+            self._io.release()
+
+    def _renewal_abort(self, plan: HoldPlan) -> None:
+        """The batch failed before this lock's result: drop the plan, let ``_io`` go
+        (the watchdog tries again soon)."""
+        plan.close()
+        self._io.release()
+
     def _report_lost(self, reason: str, held: float) -> None:
         self._run_plan(self._report_lost_plan(reason, held))
 

@@ -304,7 +304,7 @@ class LockManager:
         if self._watchdog is None:
             with self._lazy_lock:
                 if self._watchdog is None:
-                    self._watchdog = Watchdog(self.clock)
+                    self._watchdog = Watchdog(self.clock, extend_many=self._extend_many)
         return self._watchdog
 
     @property
@@ -401,6 +401,10 @@ class LockManager:
     def _extend_round(self, key: bytes, fkey: bytes, token: str, fence: int,
                       ttl: float) -> ExtendResult:
         return self._run(rounds.extend_steps(self, key, fkey, token, fence, ttl))
+
+    def _extend_many(self, items: Sequence[rounds.Extension]) -> list[ExtendResult]:
+        """The renewal thread's batch (``rounds.extend_many_steps``)."""
+        return self._run(rounds.extend_many_steps(self, items))
 
     def _holders(self, key: bytes) -> int:
         """How many nodes have ``key``; raises QuorumUnavailable when too few answer."""

@@ -23,7 +23,7 @@ from typing import Any, Generator, NamedTuple, Protocol, Sequence, TypeVar
 
 from .core import quorum as q
 from .exceptions import QuorumUnavailable
-from .transport.resp import ACQUIRE, EXTEND, RELEASE, Call, Command
+from .transport.resp import ACQUIRE, EXTEND, EXTEND_MANY, RELEASE, Call, Command
 from .transport.sync import NOT_AWAITED, NodeError, Settle
 
 logger = logging.getLogger("django_redlock.manager")
@@ -655,6 +655,48 @@ def extend_steps(mgr: RoundContext, key: bytes, fkey: bytes, token: str, fence: 
     replies = yield Ask([call] * len(mgr.nodes), tag=token)
     return tally_extend(replies, start=start, elapsed=mgr.clock() - start, ttl=ttl,
                         drift_factor=mgr.drift_factor)
+
+
+class Extension(NamedTuple):
+    """One lock of a batched extension (:func:`extend_many_steps`)."""
+
+    key: bytes
+    fkey: bytes
+    token: str
+    fence: int
+    ttl: float
+
+
+#: Locks per EXTEND_MANY call: a call runs alone on its node, so a batch stays
+#: short (about a millisecond of the node's time for 1,000 locks).
+EXTEND_BATCH = 1000
+
+
+def extend_many_steps(mgr: RoundContext, items: Sequence[Extension]
+                      ) -> Steps[list[ExtendResult]]:
+    """Extend many locks with one call per node (per :data:`EXTEND_BATCH`
+    locks): the renewal thread's round trips per period grow with the nodes,
+    not with the locks held. Each lock's result is counted exactly as
+    :func:`extend_steps` counts its own round (a node that failed failed for
+    every lock of the call)."""
+    n = len(mgr.nodes)
+    results: list[ExtendResult] = []
+    for at in range(0, len(items), EXTEND_BATCH):
+        chunk = items[at:at + EXTEND_BATCH]
+        keys: list[bytes] = []
+        args: list[Any] = [_FENCE_GRACE_B]
+        for item in chunk:
+            keys += (item.key, item.fkey)
+            args += (item.token, max(1, int(item.ttl * 1000)), item.fence)
+        call = Call(EXTEND_MANY, tuple(keys), tuple(args))
+        start = mgr.clock()
+        replies = yield Ask([call] * n)
+        elapsed = mgr.clock() - start
+        for k, item in enumerate(chunk):
+            own = [r[k] if isinstance(r, list) and k < len(r) else r for r in replies]
+            results.append(tally_extend(own, start=start, elapsed=elapsed, ttl=item.ttl,
+                                        drift_factor=mgr.drift_factor))
+    return results
 
 
 def holders_steps(mgr: RoundContext, key: bytes) -> Steps[int]:

@@ -15,7 +15,9 @@ import logging
 import threading
 import time
 import weakref
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol, Sequence
+
+from .rounds import Extension
 
 logger = logging.getLogger("django_redlock.watchdog")
 
@@ -23,14 +25,40 @@ logger = logging.getLogger("django_redlock.watchdog")
 _MAX_WAIT = 3600.0
 
 
+#: A lock due within this share of its TTL is renewed in the same batch as
+#: the locks due now (a renewal a little early costs nothing; a batch saves a
+#: round trip per lock), but never more than BATCH_AHEAD_MAX seconds early.
+BATCH_AHEAD_SHARE = 0.1
+BATCH_AHEAD_MAX = 0.05
+
+
 class Renewable(Protocol):
+    ttl: float
+    _key_b: bytes
+    _fence_key_b: bytes
+
     def _watchdog_tick(self) -> float | None:
         """Renew if due; return the next due time (monotonic) or None to stop."""
 
+    def _renewal_begin(self) -> Any:
+        """See ``Lock._renewal_begin``."""
+
+    def _renewal_end(self, plan: Any, result: Any) -> float | None:
+        """See ``Lock._renewal_end``."""
+
+    def _renewal_abort(self, plan: Any) -> None:
+        """See ``Lock._renewal_abort``."""
+
 
 class Watchdog:
-    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+    """``extend_many``: the manager's batched extension (``rounds.extend_many_steps``):
+    the locks due together are renewed with one call per node, so the round
+    trips per renewal period grow with the nodes, not with the locks held."""
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic,
+                 extend_many: Callable[[Sequence[Any]], list[Any]] | None = None) -> None:
         self._clock = clock
+        self._extend_many = extend_many
         self._heap: list[tuple[float, int, weakref.ref[Renewable]]] = []
         self._seq = itertools.count()
         self._cond = threading.Condition()
@@ -77,17 +105,76 @@ class Watchdog:
                     self._cond.wait(timeout=min(delay, _MAX_WAIT))
                 if self._stopping:
                     return
-                _, _, ref = heapq.heappop(self._heap)
+                refs = self._pop_due()
+            dues = self._renew([ref() for ref in refs])
+            with self._cond:
+                if not self._stopping:
+                    for ref, due in zip(refs, dues):
+                        if due is not None:
+                            heapq.heappush(self._heap, (due, next(self._seq), ref))
+
+    def _pop_due(self) -> list[weakref.ref[Renewable]]:
+        """Every entry due now, and those due a little later (BATCH_AHEAD_*)."""
+        now = self._clock()
+        refs = []
+        while self._heap:
+            due, _, ref = self._heap[0]
             lock = ref()
             if lock is None:
+                heapq.heappop(self._heap)
                 continue
+            if due > now and due > now + min(BATCH_AHEAD_MAX, lock.ttl * BATCH_AHEAD_SHARE):
+                break
+            heapq.heappop(self._heap)
+            refs.append(ref)
+        return refs
+
+    def _renew(self, locks: list[Renewable | None]) -> list[float | None]:
+        """Renew ``locks`` (None: dropped); the next due time of each."""
+        dues: list[float | None] = [None] * len(locks)
+        live = [i for i, lock in enumerate(locks) if lock is not None]
+        if len(live) == 1 or self._extend_many is None:
+            for i in live:
+                dues[i] = self._tick(locks[i])
+            return dues
+        batch = []
+        for i in live:
             try:
-                due = lock._watchdog_tick()
+                begun = locks[i]._renewal_begin()  # type: ignore[union-attr]
             except Exception:  # noqa: BLE001 - one lock's failure must not stop the others' renewal
                 logger.exception("renewal of a lock failed unexpectedly")
-                due = None
-            del lock
-            if due is not None:
-                with self._cond:
-                    if not self._stopping:
-                        heapq.heappush(self._heap, (due, next(self._seq), ref))
+                continue
+            if isinstance(begun, tuple):
+                batch.append((i, begun))
+            else:
+                dues[i] = begun
+        if not batch:
+            return dues
+        try:
+            results = self._extend_many([
+                Extension(locks[i]._key_b, locks[i]._fence_key_b,  # type: ignore[union-attr]
+                          step.token, step.fence, step.ttl)
+                for i, (_, step) in batch])
+        except Exception as exc:  # noqa: BLE001 - each plan hears of it
+            logger.exception("batched renewal failed unexpectedly")
+            results = [exc] * len(batch)
+        for (i, (plan, _)), result in zip(batch, results):
+            lock = locks[i]
+            assert lock is not None
+            if isinstance(result, Exception):
+                lock._renewal_abort(plan)
+                dues[i] = self._clock() + 0.05  # try again soon, while the lease lasts
+                continue
+            try:
+                dues[i] = lock._renewal_end(plan, result)
+            except Exception:  # noqa: BLE001 - one lock's failure must not stop the others'
+                logger.exception("renewal of a lock failed unexpectedly")
+        return dues
+
+    @staticmethod
+    def _tick(lock: Renewable | None) -> float | None:
+        try:
+            return lock._watchdog_tick() if lock is not None else None
+        except Exception:  # noqa: BLE001 - one lock's failure must not stop the others' renewal
+            logger.exception("renewal of a lock failed unexpectedly")
+            return None

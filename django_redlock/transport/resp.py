@@ -137,6 +137,7 @@ class Command:
 ACQUIRE = Script("acquire")
 RELEASE = Script("release")
 EXTEND = Script("extend")
+EXTEND_MANY = Script("extend_many")
 FORCE_RELEASE = Script("force_release")
 
 #: Sent ahead of the first request on every new connection: the engine's
@@ -144,5 +145,5 @@ FORCE_RELEASE = Script("force_release")
 #: a settled round does not wait for (a server that restarted empty is reached
 #: through new connections). ``EVALSHA`` then ``EVAL`` after ``NOSCRIPT``
 #: remains for a script cache flushed under a live connection.
-PRELOAD_SCRIPTS = (ACQUIRE, RELEASE, EXTEND)
+PRELOAD_SCRIPTS = (ACQUIRE, RELEASE, EXTEND, EXTEND_MANY)
 PRELOAD = b"".join(pack(b"SCRIPT", b"LOAD", script.source) for script in PRELOAD_SCRIPTS)

@@ -1,0 +1,23 @@
+-- Extend many locks on one node in one call: the renewal thread's batch.
+-- KEYS: lock key 1, fencing counter key 1, lock key 2, counter key 2, ...
+-- ARGV[1] counter grace in ms, then per lock: holder token, new lease in ms,
+-- the holder's fence.
+-- Returns one integer per lock, in order: 1 when the key was ours and now has
+-- the new lease, 0 otherwise (exactly what extend.lua returns for each).
+--#include fence_writeback
+local grace = ARGV[1]
+local out = {}
+for i = 1, #KEYS / 2 do
+  local key, counter = KEYS[2 * i - 1], KEYS[2 * i]
+  local token, lease, fence = ARGV[3 * i - 1], ARGV[3 * i], ARGV[3 * i + 1]
+  local mine = token .. '|'
+  local current = redis.call('GET', key)
+  if current and string.sub(current, 1, #mine) == mine then
+    redis.call('PEXPIRE', key, lease)
+    write_back_fence(counter, fence, grace)
+    out[i] = 1
+  else
+    out[i] = 0
+  end
+end
+return out

@@ -1,0 +1,66 @@
+"""Renewals are batched per node: many held locks, few round trips (issue 23).
+
+The renewal thread renews the locks that are due together with one script call
+per node, so its round trips per renewal period grow with the nodes, not with
+the locks held. Each lock's result is still its own: a lock whose key is gone
+is reported lost, the others keep renewing.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import pytest
+
+from django_redlock import LockLost, signals
+from django_redlock.testing import RedisNodes
+from tests.polling import wait_until
+
+MakeManager = Callable[..., Any]
+
+pytestmark = pytest.mark.slow
+
+HELD = 300
+TTL = 0.9  # renewed every 0.3 s
+
+
+def _script_calls(server: Any) -> int:
+    stats = server.client().info("commandstats")
+    return sum(v["calls"] for k, v in stats.items()
+               if k in ("cmdstat_evalsha", "cmdstat_eval"))
+
+
+def test_many_held_locks_renew_in_few_calls_and_each_loss_is_its_own(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3, auto_renew=True)
+    locks = [mgr.lock(f"batch:{i}", ttl=TTL) for i in range(HELD)]
+    for lock in locks:
+        assert lock.acquire(timeout=1)
+    lost: list[str] = []
+
+    def on_lost(name: str, **kwargs: Any) -> None:
+        lost.append(name)
+
+    signals.lock_lost.connect(on_lost)
+    try:
+        before = [_script_calls(s) for s in nodes3]
+        time.sleep(3 * TTL)  # about nine renewal periods
+        calls = [_script_calls(s) - b for s, b in zip(nodes3, before)]
+        # One call per lock and period would be 300 x 9 = 2,700 per node.
+        assert max(calls) < HELD, calls
+        assert all(lock.owned() for lock in locks)
+        # One lock's key disappears from a majority: only that lock is lost.
+        victim = locks[7]
+        for server in nodes3.servers[:2]:
+            server.client().delete(victim.key)
+        assert wait_until(lambda: not victim.owned(), timeout=3 * TTL)
+        assert lost == [victim.name]
+        assert all(lock.owned() for lock in locks if lock is not victim)
+    finally:
+        signals.lock_lost.disconnect(on_lost)
+    with pytest.raises(LockLost):
+        victim.release()
+    for lock in locks:
+        if lock is not victim:
+            lock.release()
