@@ -83,8 +83,8 @@ class _RawScripts:
         return [self._reply(i) for i in range(len(self.socks))]
 
     def op(self) -> None:
-        from django_redlock import rounds
         from django_redlock.core.owner import new_token
+        from django_redlock.engine import rounds
 
         token = new_token()
         replies = self._round(
@@ -118,7 +118,7 @@ def _measure(ops: dict[str, Callable[[], None]], rounds: int, per: int) -> dict[
 
 def _pure_python_us(ops: int = 20000) -> float:
     """The Lock layer alone: every round answered at once by a fake transport."""
-    from django_redlock.manager import LockManager
+    from django_redlock.engine.manager import LockManager
 
     mgr = LockManager(["redis://127.0.0.1:1/0"], auto_renew=False)
     acquired = [[1, b"1795310000000"]]
@@ -154,8 +154,8 @@ def _server_us(url: str) -> dict[str, float]:
 
 def run(n: int, rounds: int, per: int) -> None:
     from django_redlock.core.owner import new_token, owner_json
-    from django_redlock.manager import LockManager
-    from django_redlock.rounds import acquire_call, release_requests
+    from django_redlock.engine.manager import LockManager
+    from django_redlock.engine.rounds import acquire_call, release_requests
 
     with running_nodes(n) as urls:
         floor = RawFloor(urls, "bench:layers:floor")

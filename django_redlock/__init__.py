@@ -16,6 +16,8 @@ from typing import Any
 from .aio import AsyncLock, alock
 from .conf import get_manager
 from .decorators import current_lock, with_lock
+from .engine.lock import Lock, release_held_locks
+from .engine.manager import LockManager
 from .exceptions import (
     FencedWriteRejected,
     LockLost,
@@ -24,8 +26,6 @@ from .exceptions import (
     QuorumUnavailable,
     RedlockError,
 )
-from .lock import Lock, release_held_locks
-from .manager import LockManager
 
 __version__ = "0.1.0"
 

@@ -61,7 +61,7 @@ def check_node_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.C
     from django.core.exceptions import ImproperlyConfigured
 
     from .conf import get_manager
-    from .inspection import eviction_verdict, read_node_settings
+    from .engine.inspection import eviction_verdict, read_node_settings
 
     try:
         manager = get_manager()

@@ -55,7 +55,7 @@ def get_manager() -> Any:
         return manager
     with _lock:
         if _manager is None:
-            from .manager import LockManager
+            from .engine.manager import LockManager
 
             errors = _settings_errors()
             if errors:

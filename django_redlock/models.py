@@ -54,7 +54,7 @@ from .exceptions import FencedWriteRejected
 from .fencedwrites import note_fenced_write
 
 if TYPE_CHECKING:
-    from .lock import Lock
+    from .engine.lock import Lock
 
 __all__ = ["FenceField", "LockableModel", "LockingManager", "LockingQuerySet"]
 

@@ -26,7 +26,7 @@ from django_redlock import (
 )
 from django_redlock.aio import AsyncLock, alock
 from django_redlock.core.owner import parse_value
-from django_redlock.lock import Lock
+from django_redlock.engine.lock import Lock
 from django_redlock.testing import RedisNodes
 
 MakeManager = Callable[..., Any]

@@ -28,7 +28,7 @@ from django.core.management.base import CommandError
 from django_redlock import LockManager
 from django_redlock.core.keys import fence_key, waiters_key
 from django_redlock.core.owner import new_token, owner_json, parse_value
-from django_redlock.inspection import PatternError, merge, validate_pattern
+from django_redlock.engine.inspection import PatternError, merge, validate_pattern
 from django_redlock.management.commands.locks import CLEAR
 from django_redlock.testing import RedisNodes
 from tests.polling import wait_until

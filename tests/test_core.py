@@ -150,7 +150,7 @@ def test_script_sha_matches_source() -> None:
 
 
 def test_fences_disagree_only_when_granting_nodes_are_far_apart() -> None:
-    from django_redlock.rounds import fences_disagree, tally_acquire
+    from django_redlock.engine.rounds import fences_disagree, tally_acquire
 
     names = ["a", "b", "c"]
     near = tally_acquire([[1, 1_000_000], [1, 1_000_003], [0, 500]], names)
@@ -163,7 +163,7 @@ def test_fences_disagree_only_when_granting_nodes_are_far_apart() -> None:
 
 
 def test_gate_node_is_stable_per_name_and_skips_a_failing_node() -> None:
-    from django_redlock.rounds import busy_at_gate, gate_node
+    from django_redlock.engine.rounds import busy_at_gate, gate_node
 
     class Node:
         def __init__(self, down: bool = False) -> None:
@@ -210,7 +210,7 @@ def test_a_woken_waiter_keeps_the_front_of_the_line_at_the_gate_only() -> None:
     """Its place at the front is where the release popped it: the gate. On the
     other nodes it joins at the back, so a release that reaches one of them
     late wakes whoever stands first there, not this waiter (served by then)."""
-    from django_redlock.rounds import Ask, acquire_steps, gate_node
+    from django_redlock.engine.rounds import Ask, acquire_steps, gate_node
 
     Ctx = _Ctx3
 
@@ -234,7 +234,7 @@ def test_a_woken_waiter_keeps_the_front_of_the_line_at_the_gate_only() -> None:
 
 
 def test_only_the_hand_over_node_gets_the_hand_over_form_of_an_entry() -> None:
-    from django_redlock.rounds import acquire_steps, hand_over_node, waiter_entries
+    from django_redlock.engine.rounds import acquire_steps, hand_over_node, waiter_entries
 
     key = b"redlock:forms"
     h = hand_over_node(key, 3)
@@ -250,7 +250,7 @@ def test_only_the_hand_over_node_gets_the_hand_over_form_of_an_entry() -> None:
 
 
 def test_a_gate_handover_asks_only_the_other_nodes_and_keeps_the_earlier_lease() -> None:
-    from django_redlock.rounds import AcquireResult, acquire_steps, gate_node
+    from django_redlock.engine.rounds import AcquireResult, acquire_steps, gate_node
 
     key = b"redlock:handed"
     ctx = _Ctx3()
@@ -284,7 +284,7 @@ def test_a_gate_handover_asks_only_the_other_nodes_and_keeps_the_earlier_lease()
 def test_a_release_goes_to_the_hand_over_node_last() -> None:
     """The gate's release hands the lock to a waiter that then asks the other
     nodes at once: their releases are sent first, so they are not behind it."""
-    from django_redlock.rounds import gate_node, release_steps
+    from django_redlock.engine.rounds import gate_node, release_steps
 
     key = b"redlock:order"
     ask = next(release_steps(_Ctx3(), key, b"f", b"w", "tok", 7))
@@ -293,7 +293,7 @@ def test_a_release_goes_to_the_hand_over_node_last() -> None:
 
 
 def test_a_lost_round_after_a_gate_handover_hands_the_gates_lock_on() -> None:
-    from django_redlock.rounds import AcquireResult, acquire_steps, gate_node
+    from django_redlock.engine.rounds import AcquireResult, acquire_steps, gate_node
 
     key = b"redlock:handed-lost"
     ctx = _Ctx3()
@@ -341,7 +341,7 @@ def test_a_handover_is_timed_from_the_waiters_last_attempt() -> None:
 
 
 def test_a_handover_is_used_only_when_it_is_provably_fresh_and_long_enough() -> None:
-    from django_redlock.rounds import handed_over
+    from django_redlock.engine.rounds import handed_over
 
     def take(notice: bytes, *, now: float = 102.5, queued_ms: int = 5_000,
              ttl: float = 10.0, drift: float = 0.01) -> Any:
@@ -370,7 +370,7 @@ def test_a_handover_is_used_only_when_it_is_provably_fresh_and_long_enough() -> 
 
 
 def test_a_hand_over_entry_carries_lease_fencing_and_owner() -> None:
-    from django_redlock.rounds import hand_over_entry
+    from django_redlock.engine.rounds import hand_over_entry
 
     owner = owner_json("with|bar")
     assert hand_over_entry(1500, True, owner) == b"1500|1|" + owner.encode()
@@ -399,8 +399,8 @@ def plan_manager() -> Iterator[tuple[Any, _PlanClock]]:
 
 def test_the_acquire_plan_subscribes_before_its_final_attempt_then_waits(
         plan_manager: tuple[Any, _PlanClock]) -> None:
-    from django_redlock.lock import Attempt, Subscribe, Wait
-    from django_redlock.rounds import AcquireResult
+    from django_redlock.engine.protocol import Attempt, Subscribe, Wait
+    from django_redlock.engine.rounds import AcquireResult
 
     mgr, clock = plan_manager
     lock = mgr.lock("plan", timeout=1.0)
@@ -428,8 +428,8 @@ def test_the_acquire_plan_subscribes_before_its_final_attempt_then_waits(
 
 def test_the_acquire_plan_goes_straight_into_line_and_returns_the_win(
         plan_manager: tuple[Any, _PlanClock]) -> None:
-    from django_redlock.lock import Attempt, Subscribe
-    from django_redlock.rounds import AcquireResult
+    from django_redlock.engine.protocol import Attempt, Subscribe
+    from django_redlock.engine.rounds import AcquireResult
 
     mgr, _ = plan_manager
     plan = mgr.lock("plan")._acquire_plan(deadline=None, in_line=True)
@@ -442,8 +442,8 @@ def test_the_acquire_plan_goes_straight_into_line_and_returns_the_win(
 
 
 def test_a_plan_that_may_not_wait_tries_once(plan_manager: tuple[Any, _PlanClock]) -> None:
-    from django_redlock.lock import Attempt
-    from django_redlock.rounds import AcquireResult
+    from django_redlock.engine.protocol import Attempt
+    from django_redlock.engine.rounds import AcquireResult
 
     mgr, _ = plan_manager
     lock = mgr.lock("plan")

@@ -549,7 +549,7 @@ def test_renewal_thread_does_not_wake_once_per_dropped_lock(
 
 def test_step_back_entries_of_keys_never_acquired_again_are_swept(
         nodes3: RedisNodes, make_manager: MakeManager) -> None:
-    from django_redlock import manager as manager_module
+    from django_redlock.engine import manager as manager_module
 
     mgr = make_manager(nodes3)
     for i in range(manager_module._HANDOFF_KEYS_MAX * 3):

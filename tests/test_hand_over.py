@@ -24,7 +24,7 @@ import redis
 
 from django_redlock.core.keys import fence_key, waiters_key
 from django_redlock.core.owner import parse_value
-from django_redlock.rounds import hand_over_node
+from django_redlock.engine.rounds import hand_over_node
 from django_redlock.testing import RedisNodes
 from django_redlock.transport.aio import AsyncTransport
 from django_redlock.transport.resp import ACQUIRE, Call
@@ -322,7 +322,7 @@ def test_an_async_waiter_that_gives_up_hands_on_a_lock_handed_to_it(
         one_node: Any, make_manager: MakeManager, monkeypatch: pytest.MonkeyPatch) -> None:
     """As for a thread (above): the release lands just before the asyncio
     waiter, out of time, leaves the line."""
-    from django_redlock import aio
+    from django_redlock.engine import aio
 
     holder = make_manager(one_node)
     impatient = make_manager(one_node, retry_delay=SLOW_RETRY, ttl=30.0)

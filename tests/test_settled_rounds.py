@@ -235,7 +235,7 @@ def test_a_failed_gate_does_not_turn_one_busy_answer_into_an_outage(
     while the third node was up and busy. Now a round that ends on refusals
     waits for as many answers as it needed grants: the lock is busy."""
     from django_redlock.core.keys import waiters_key
-    from django_redlock.rounds import hand_over_node
+    from django_redlock.engine.rounds import hand_over_node
 
     mgr = make_manager(nodes3)
     holder = mgr.lock("gate-fails", auto_renew=False, ttl=30)

@@ -26,7 +26,7 @@ from . import compose
 from .compose import Plan, Take
 
 if TYPE_CHECKING:
-    from ..manager import LockManager
+    from .protocol import LockHost
 
 
 def check_names(names: Any) -> list[str]:
@@ -47,7 +47,7 @@ def check_names(names: Any) -> list[str]:
 class MultiLockBase:
     """The rules; :class:`MultiLock` and :class:`AsyncMultiLock` run them."""
 
-    def __init__(self, manager: "LockManager", names: Sequence[str], locks: Sequence[Any],
+    def __init__(self, manager: "LockHost", names: Sequence[str], locks: Sequence[Any],
                  timeout: float | None) -> None:
         self.manager = manager
         self.names = list(names)
@@ -120,7 +120,7 @@ class MultiLockBase:
 
 
 class MultiLock(MultiLockBase):
-    """All of ``names`` or none; from :meth:`LockManager.multi_lock`."""
+    """All of ``names`` or none; from :meth:`LockHost.multi_lock`."""
 
     def acquire(self, blocking: bool = True, timeout: float | None | EllipsisType = ...) -> bool:
         """Take every lock (in the global order) within ``timeout``; True when
@@ -148,7 +148,7 @@ class MultiLock(MultiLockBase):
 
 
 class AsyncMultiLock(MultiLockBase):
-    """The asyncio twin of :class:`MultiLock`; from :meth:`LockManager.amulti_lock`."""
+    """The asyncio twin of :class:`MultiLock`; from :meth:`LockHost.amulti_lock`."""
 
     async def acquire(self, blocking: bool = True,
                       timeout: float | None | EllipsisType = ...) -> bool:

@@ -32,7 +32,7 @@ from ..core.arguments import check_timeout
 from ..exceptions import LockLost, LockNotAcquired, LockNotOwned
 
 if TYPE_CHECKING:
-    from ..manager import LockManager
+    from .protocol import LockHost
 
 
 class Hold:
@@ -81,7 +81,7 @@ class HoldTable:
 class ReentrantBase:
     """The rules; :class:`ReentrantLock` and :class:`AsyncReentrantLock` run them."""
 
-    def __init__(self, manager: "LockManager", make: Callable[[], Any], timeout: float | None,
+    def __init__(self, manager: "LockHost", make: Callable[[], Any], timeout: float | None,
                  ) -> None:
         self.manager = manager
         self._make = make  # a new plain lock with this lock's options

@@ -27,7 +27,7 @@ from . import compose
 from .compose import Drop, Plan, Take
 
 if TYPE_CHECKING:
-    from ..manager import LockManager
+    from .protocol import LockHost
 
 #: The longest a waiter queues on one segment before it tries the others again.
 SLICE = 0.05
@@ -48,7 +48,7 @@ def segment_name(name: str, index: int) -> str:
 class SegmentsBase:
     """The rules; :class:`Segments` and :class:`AsyncSegments` run them."""
 
-    def __init__(self, manager: "LockManager", name: str, locks: Sequence[Any],
+    def __init__(self, manager: "LockHost", name: str, locks: Sequence[Any],
                  timeout: float | None, rng: random.Random | None = None) -> None:
         self.manager = manager
         self.name = name
@@ -123,7 +123,7 @@ class SegmentsBase:
 
 
 class Segments(SegmentsBase):
-    """Any one free segment of ``name``; from :meth:`LockManager.segments`."""
+    """Any one free segment of ``name``; from :meth:`LockHost.segments`."""
 
     def acquire(self, blocking: bool = True, timeout: float | None | EllipsisType = ...) -> bool:
         """Take one free segment within ``timeout``; True (see :attr:`index`) or False."""
@@ -149,7 +149,7 @@ class Segments(SegmentsBase):
 
 
 class AsyncSegments(SegmentsBase):
-    """The asyncio twin of :class:`Segments`; from :meth:`LockManager.asegments`."""
+    """The asyncio twin of :class:`Segments`; from :meth:`LockHost.asegments`."""
 
     async def acquire(self, blocking: bool = True,
                       timeout: float | None | EllipsisType = ...) -> bool:

@@ -35,7 +35,7 @@ from django.core.management.base import (
 from django.core.management.color import color_style, no_style
 
 from ...core.keys import InvalidLockName, validate_name
-from ...inspection import (
+from ...engine.inspection import (
     CLOCK_OFFSET_WARN_MS,
     ForeignKey,
     HealthReport,

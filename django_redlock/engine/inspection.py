@@ -49,7 +49,7 @@ from urllib.parse import unquote, urlsplit
 import redis
 from redis.exceptions import InvalidResponse, ResponseError
 
-from .core.keys import (
+from ..core.keys import (
     MAX_NAME_LENGTH,
     fence_key,
     legacy_internal_role,
@@ -57,12 +57,12 @@ from .core.keys import (
     name_from_key,
     waiters_key,
 )
-from .core.owner import parse_value
-from .transport.sync import NODE_DOWN_ERRORS
+from ..core.owner import parse_value
+from ..transport.sync import NODE_DOWN_ERRORS
 
 if TYPE_CHECKING:
-    from .manager import LockManager
-    from .transport.sync import NodeClient
+    from ..transport.sync import NodeClient
+    from .protocol import LockHost
 
 #: Keys asked per ``SCAN`` call (a hint to Redis; it bounds the work per call).
 SCAN_COUNT = 500
@@ -650,7 +650,7 @@ def _scan_node(node: NodeClient, match: bytes, deadline: float) -> _NodeScan:
     return _NodeScan(values=values, truncated=truncated, waiters=waiters, foreign=foreign)
 
 
-def scan_locks(manager: LockManager, pattern: str = "*", *,
+def scan_locks(manager: "LockHost", pattern: str = "*", *,
                now: Callable[[], float] = time.time, deadline: float = SCAN_DEADLINE) -> Inventory:
     """Every lock under the manager's key prefix whose name matches ``pattern``, sorted by name."""
     validate_pattern(pattern)
@@ -718,7 +718,7 @@ class LockDetail:
     foreign: ForeignKey | None = None
 
 
-def inspect_lock(manager: LockManager, name: str, *, now: Callable[[], float] = time.time,
+def inspect_lock(manager: "LockHost", name: str, *, now: Callable[[], float] = time.time,
                  deadline: float | None = None) -> LockDetail:
     """One lock node by node: value, PTTL, fencing counter and waiter queue of every node.
 
@@ -796,9 +796,9 @@ class ReleaseReport:
         return len(self.deleted) + len(self.absent)
 
 
-def force_release(manager: LockManager, name: str) -> ReleaseReport:
+def force_release(manager: "LockHost", name: str) -> ReleaseReport:
     """Delete lock ``name`` on every node (and wake its waiters); report who held it."""
-    from .transport.sync import NodeError
+    from ..transport.sync import NodeError
 
     replies = manager.force_release(name)
     deleted: list[tuple[str, Any]] = []
@@ -983,7 +983,7 @@ def _read_settings(node: NodeClient) -> NodeSettings:
     return found
 
 
-def read_node_settings(manager: LockManager, *, deadline: float) -> list[NodeSettings]:
+def read_node_settings(manager: "LockHost", *, deadline: float) -> list[NodeSettings]:
     """Role and eviction settings of every node, in parallel, within ``deadline`` s."""
     nodes = manager.nodes
     outcomes = _each_node(nodes, _read_settings, deadline)
@@ -1080,7 +1080,7 @@ def _warnings(health: NodeHealth) -> list[str]:
     return found
 
 
-def check_health(manager: LockManager, *, deadline: float | None = None) -> HealthReport:
+def check_health(manager: "LockHost", *, deadline: float | None = None) -> HealthReport:
     """Ping, ``INFO``, ``CONFIG GET`` and ``TIME`` every node, in parallel.
 
     ``ok`` means the node answered and keeps its keys: a node whose eviction

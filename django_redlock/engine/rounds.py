@@ -21,10 +21,10 @@ import zlib
 from dataclasses import dataclass, field
 from typing import Any, Generator, NamedTuple, Protocol, Sequence, TypeVar
 
-from .core import quorum as q
-from .exceptions import QuorumUnavailable
-from .transport.resp import ACQUIRE, EXTEND, EXTEND_MANY, RELEASE, Call, Command
-from .transport.sync import NOT_AWAITED, NodeError, Settle
+from ..core import quorum as q
+from ..exceptions import QuorumUnavailable
+from ..transport.resp import ACQUIRE, EXTEND, EXTEND_MANY, RELEASE, Call, Command
+from ..transport.sync import NOT_AWAITED, NodeError, Settle
 
 logger = logging.getLogger("django_redlock.manager")
 

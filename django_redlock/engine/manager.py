@@ -29,20 +29,20 @@ from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, Ty
 
 from django.core.exceptions import ImproperlyConfigured
 
+from ..core import quorum as q
+from ..core.arguments import check_max_hold, check_timeout, check_ttl
+from ..core.config import DEFAULTS, NodeSpec, check_options, parse_nodes, resolve_options
+from ..core.keys import lock_key, validate_name
+from ..core.retry import next_wait
+from ..transport.notify import ReleaseNotifier
+from ..transport.resp import FORCE_RELEASE, Call
+from ..transport.sync import NodeClient, SyncTransport
 from . import rounds
-from .core import quorum as q
-from .core.arguments import check_max_hold, check_timeout, check_ttl
-from .core.config import DEFAULTS, NodeSpec, check_options, parse_nodes, resolve_options
-from .core.keys import lock_key, validate_name
-from .core.retry import next_wait
-from .engine.multilock import AsyncMultiLock, MultiLock, check_names
-from .engine.reentrant import AsyncReentrantLock, HoldTable, ReentrantLock
-from .engine.segments import AsyncSegments, Segments, check_count, segment_name
 from .lock import Lock
+from .multilock import AsyncMultiLock, MultiLock, check_names
+from .reentrant import AsyncReentrantLock, HoldTable, ReentrantLock
 from .rounds import AcquireResult, ExtendResult, ReleaseResult
-from .transport.notify import ReleaseNotifier
-from .transport.resp import FORCE_RELEASE, Call
-from .transport.sync import NodeClient, SyncTransport
+from .segments import AsyncSegments, Segments, check_count, segment_name
 from .watchdog import Watchdog
 
 if TYPE_CHECKING:
@@ -205,8 +205,8 @@ class LockManager:
               label: str | None = None, reentrant: bool = False) -> "Lock | ReentrantLock":
         """An :class:`~django_redlock.aio.AsyncLock` on ``name``, for asyncio code
         (``reentrant=True``: an ``AsyncReentrantLock``, per asyncio task)."""
+        from ..transport.aio import AsyncTransport
         from .aio import AsyncLock
-        from .transport.aio import AsyncTransport
 
         opts = self.lock(name, ttl=ttl, timeout=timeout, auto_renew=auto_renew, fencing=fencing,
                          max_hold=max_hold, label=label)  # validates like lock(); no I/O

@@ -1,0 +1,503 @@
+"""The asyncio flavour: :class:`AsyncLock`, with the semantics of the sync :class:`Lock`.
+
+>>> async with manager.alock("stock:42") as held:   # or django_redlock.alock(...)
+...     ...                                          # held.fence, held.validity
+
+It shares everything that is not I/O with the sync engine: the manager's nodes,
+options, quorum, node back-off and settings; the Lua scripts and their packing;
+the quorum, validity, retry and owner code in ``core/``. Only the rounds run on
+:class:`~django_redlock.transport.aio.AsyncTransport`.
+
+The event loop is a clock that can stop. Timeline of the failure this module is
+built around (aioredlock's renewal task has it, and its holder never learns)::
+
+    t0    task A acquires "report" (TTL 1 s); its renewal task is due at t0+0.33
+    t0.1  A calls a blocking function (time.sleep, a sync ORM call, CPU work)
+          for 2 s: the event loop is stuck, the renewal task cannot run
+    t1    A's lease expires on the nodes; B acquires "report" (fence higher)
+    t2.1  A's call returns and its ``async with`` block ends
+
+So validity is never taken from "the renewal did not complain": it is the
+monotonic deadline ``valid_until`` measured when the lease was last granted.
+``owned()`` and ``validity`` read it, a late renewal checks it before extending,
+and ``release()`` (hence the end of ``async with``) raises :class:`LockLost` when
+it has passed, although no renewal ever ran to notice. A's release compares
+tokens and leaves B's key alone.
+
+Cancellation: a release, once begun, always reaches the nodes. ``release()`` (and
+so the exit of an ``async with`` whose body was cancelled) runs its round in a
+shielded task and waits for it; a cancellation that arrives meanwhile is
+re-raised afterwards. An ``acquire()`` cancelled in the middle of a round
+releases whatever that round may have taken on the nodes, the same way.
+
+Renewal (``auto_renew``): a loop timer per held lock, due at TTL/3, which starts
+a renewal task only for the round itself; a failed renewal is retried while the
+lease lasts, and the lock is marked lost when the lease ran out or a majority no
+longer has the key. The timer holds the lock only weakly (a lock dropped without
+release stops renewing and simply expires). ``release()`` cancels the timer and
+cancels and awaits a round in flight, so no renewal outlives ``release()``.
+
+Wake-ups: a waiter reuses the manager's :class:`ReleaseNotifier` (shared with
+the sync locks). The blocking subscribe runs in the loop's default executor; the
+subscription is then *passive*: a waiting sync thread, or else the notifier's
+own thread, reads the notices and wakes the waiter through
+``loop.call_soon_threadsafe`` on an ``asyncio.Event``. One notifier per manager,
+whatever the number of loops, and none of redis-py's RESP3 push-handler quirks.
+
+An ``AsyncLock`` belongs to the event loop (task) that acquires it. The manager
+may be shared by any number of loops and threads.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import threading
+import weakref
+from collections.abc import Awaitable, Sequence
+from types import EllipsisType, TracebackType
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from django.dispatch import Signal
+
+from .. import signals
+from ..core.arguments import check_ttl
+from ..exceptions import (
+    LockLost,
+    QuorumUnavailable,
+    RedlockError,
+)
+from . import rounds
+from .lock import Lock  # the sender of every lock signal
+from .protocol import (
+    _HELD,
+    _UNLOCKED,
+    Attempt,
+    ExtendRound,
+    HoldPlan,
+    LockBase,
+    Pause,
+    ReleaseRound,
+    Subscribe,
+)
+from .rounds import AcquireResult, ExtendResult, ReleaseResult
+
+if TYPE_CHECKING:
+    from ..transport.aio import AsyncTransport
+    from ..transport.notify import Subscription
+    from .protocol import LockHost
+
+__all__ = ["AsyncLock"]
+
+logger = logging.getLogger("django_redlock.lock")
+
+
+T = TypeVar("T")
+
+
+# -- helpers -----------------------------------------------------------------
+async def _complete(aw: Awaitable[T]) -> tuple[T, bool]:
+    """Run ``aw`` to its end even if the caller is cancelled meanwhile.
+
+    Returns ``(result, cancelled)``; the caller re-raises ``CancelledError`` after
+    its own bookkeeping when ``cancelled``. Only the loop shutting down (which
+    cancels every task, this inner one too) can cut ``aw`` short.
+    """
+    inner = asyncio.ensure_future(aw)
+    cancelled = False
+    while True:
+        try:
+            return await asyncio.shield(inner), cancelled
+        except asyncio.CancelledError:
+            if inner.done():
+                raise
+            cancelled = True
+
+
+async def _send(signal: Signal, **kwargs: Any) -> None:
+    """Send like :func:`signals.send` (sender=Lock, failures logged), from a coroutine.
+
+    Django 5's ``asend_robust`` is used when present: ``send_robust`` would call
+    async receivers through ``async_to_sync``, which refuses to run inside a loop.
+    """
+    if not signal.has_listeners(Lock):
+        return
+    asend = getattr(signal, "asend_robust", None)
+    if asend is None:
+        signals.send(signal, Lock, **kwargs)
+        return
+    for receiver, result in await asend(Lock, **kwargs):
+        if isinstance(result, Exception):
+            signals.logger.error("receiver %r of %s failed", receiver, kwargs.get("name"),
+                                 exc_info=result)
+
+
+class _LoopEvent(threading.Event):
+    """A ``threading.Event`` whose ``set()``, from any thread, also wakes an asyncio waiter."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, target: asyncio.Event) -> None:
+        super().__init__()
+        self._loop = loop
+        self._target = target
+
+    def set(self) -> None:
+        super().set()
+        try:
+            self._loop.call_soon_threadsafe(self._target.set)
+        except RuntimeError:  # the loop is closed: nobody waits any more
+            pass
+
+
+class _Waiter:
+    """An asyncio waiter's release-notice subscription (see the module docstring)."""
+
+    def __init__(self, sub: Subscription, event: asyncio.Event) -> None:
+        self.sub = sub
+        self.event = event
+
+    async def wait(self, timeout: float) -> bool:
+        if self.event.is_set():
+            return True
+        try:
+            await asyncio.wait_for(self.event.wait(), timeout)
+        except asyncio.TimeoutError:  # not the builtin one on Python 3.10
+            return False
+        return True
+
+    def clear(self) -> None:
+        self.event.clear()
+        self.sub.clear()
+
+    def close(self) -> None:
+        self.sub.close()
+
+
+def _close_subscription(fut: asyncio.Future[Subscription]) -> None:
+    if not fut.cancelled() and fut.exception() is None:
+        fut.result().close()
+
+
+async def _subscribe(manager: LockHost, channel: bytes, confirm: float,
+                     waiter: bytes, hand_over: bytes) -> _Waiter:
+    loop = asyncio.get_running_loop()
+    notifier = manager.notifier
+    fut = loop.run_in_executor(None, notifier.subscribe, channel, confirm, waiter, hand_over)
+    try:
+        sub = await asyncio.shield(fut)
+    except asyncio.CancelledError:
+        fut.add_done_callback(_close_subscription)
+        raise
+    event = asyncio.Event()
+    # Swap in an event that reaches this loop. A notice that set the old event
+    # just before the swap is not lost: the caller makes one more attempt right
+    # after subscribing, and that attempt sees the release the notice announced.
+    old, sub.event = sub.event, _LoopEvent(loop, event)
+    if old.is_set() or sub.notified:
+        event.set()
+    sub.make_passive()  # this thread cannot read for it while the loop runs
+    return _Waiter(sub, event)
+
+
+# -- rounds (the rules live in rounds.py, shared with the sync manager) --------
+async def _run(transport: AsyncTransport, steps: rounds.Steps[T]) -> T:
+    """Drive a round's steps (rounds.py) with the asyncio transport, which reads
+    every reply: of each exchange's options it uses ``skip_backoff`` and ``last``."""
+    try:
+        ask = next(steps)
+        while True:
+            ask = steps.send(await transport.round(ask.requests, skip_backoff=ask.skip_backoff,
+                                                   last=ask.last))
+    except StopIteration as done:
+        return done.value
+
+
+async def _acquire_round(mgr: LockHost, transport: AsyncTransport, key: bytes, fkey: bytes,
+                         wkey: bytes, token: str, ttl_ms: int, owner: str, fencing: bool,
+                         ttl: float, *, lock_name: str, waiter: bytes = b"",
+                         hand_over: bytes = b"", woken: bool = False, ask_all: bool = False,
+                         handed: AcquireResult | None = None) -> AcquireResult:
+    return await _run(transport, rounds.acquire_steps(
+        mgr, key, fkey, wkey, token, ttl_ms, owner, fencing, ttl, lock_name=lock_name,
+        waiter=waiter, hand_over=hand_over, woken=woken, ask_all=ask_all, handed=handed))
+
+
+async def _release_round(mgr: LockHost, transport: AsyncTransport, key: bytes, fkey: bytes,
+                         wkey: bytes, token: str, fence: int, *,
+                         only: Sequence[bool] | None = None) -> ReleaseResult:
+    return await _run(transport, rounds.release_steps(mgr, key, fkey, wkey, token, fence,
+                                                      only=only))
+
+
+async def _leave_queue(mgr: LockHost, transport: AsyncTransport, wkey: bytes,
+                       entries: Sequence[bytes], *, only: Sequence[bool] | None = None) -> None:
+    """See :meth:`LockHost._leave_queue`."""
+    await _run(transport, rounds.leave_queue_steps(mgr, wkey, entries, only=only))
+
+
+async def _give_up(mgr: LockHost, transport: AsyncTransport, key: bytes, fkey: bytes,
+                   wkey: bytes, token: str, entries: Sequence[bytes]) -> None:
+    """See :meth:`LockHost._give_up`."""
+    await _run(transport, rounds.give_up_steps(mgr, key, fkey, wkey, token, entries))
+
+
+async def _extend_round(mgr: LockHost, transport: AsyncTransport, key: bytes, fkey: bytes,
+                        token: str, fence: int, ttl: float) -> ExtendResult:
+    return await _run(transport, rounds.extend_steps(mgr, key, fkey, token, fence, ttl))
+
+
+async def _holders(mgr: LockHost, transport: AsyncTransport, key: bytes) -> int:
+    return await _run(transport, rounds.holders_steps(mgr, key))
+
+
+def _renewal_due(ref: weakref.ref[AsyncLock]) -> None:
+    """Timer callback: start one renewal round (the lock is held only weakly until then)."""
+    lock = ref()
+    if lock is None or lock._state != _HELD:
+        return
+    lock._renewal_timer = None
+    lock._renewal = asyncio.get_running_loop().create_task(lock._renewal_round())
+
+
+# -- the lock ------------------------------------------------------------------
+class AsyncLock(LockBase):
+    """A distributed lock on ``name`` for asyncio code; from :meth:`LockHost.alock`.
+
+    Same semantics as :class:`~django_redlock.Lock`, with coroutines:
+    ``await acquire()``, ``await release()``, ``await extend()``, ``await locked()``,
+    ``async with``. ``owned()``, ``validity``, ``fence``, ``name``, ``key`` and
+    ``retry_after`` are plain attributes: they need no round trip. One object is
+    one holder, used from one event loop; locks are not reentrant.
+    """
+
+    def __init__(self, manager: LockHost, transport: AsyncTransport, name: str,
+                 **options: Any) -> None:
+        super().__init__(manager, name, **options)
+        self.transport = transport
+        self._io = asyncio.Lock()
+        self._renewal_timer: asyncio.TimerHandle | None = None
+        self._renewal: asyncio.Task[None] | None = None
+
+    async def locked(self) -> bool:
+        """Whether anyone holds the lock (its key is on a quorum of nodes); one round trip."""
+        return await _holders(self.manager, self.transport, self._key_b) >= self.manager.quorum
+
+    # -- acquire ---------------------------------------------------------------
+    async def acquire(self, blocking: bool = True,
+                      timeout: float | None | EllipsisType = ...) -> bool:
+        """Acquire the lock; True when held, False when the wait ran out.
+
+        ``timeout``: None waits forever, 0 tries once, a number waits that many
+        seconds; left out, the lock's (then the manager's) timeout applies.
+        ``blocking=False`` is the same as ``timeout=0``. Raises
+        :class:`QuorumUnavailable` when fewer than a quorum of nodes answer.
+        """
+        mgr = self.manager
+        started, deadline, token, owner, ttl_ms, pause = self._start_acquire(blocking, timeout)
+        stale = self._end_stale_hold()
+        if stale is not None:
+            await self._report_lost(*stale)
+        if pause:
+            # We just handed the lock over: go straight into the line (Lock.acquire).
+            await asyncio.sleep(pause)
+        plan = self._acquire_plan(deadline, in_line=bool(pause))
+        waiter: _Waiter | None = None
+        served = False
+        refusal: AcquireResult | None = None  # the last refused attempt
+        try:
+            try:
+                step = next(plan)
+                while True:
+                    if type(step) is Attempt:
+                        sub = waiter.sub if waiter else None
+                        try:
+                            answer: Any = await _acquire_round(
+                                mgr, self.transport, self._key_b, self._fence_key_b,
+                                self._waiters_key_b, token, ttl_ms, owner, self.fencing,
+                                self.ttl, lock_name=self.name,
+                                waiter=sub.entry if sub else b"",
+                                hand_over=sub.hand_over_entry if sub else b"",
+                                woken=step.woken, ask_all=step.ask_all,
+                                handed=self._take_handover(sub, refusal))
+                        except asyncio.CancelledError:
+                            # The round may have set our key on some nodes: take it back.
+                            await _complete(_release_round(mgr, self.transport, self._key_b,
+                                                           self._fence_key_b,
+                                                           self._waiters_key_b, token, 0))
+                            raise
+                        except QuorumUnavailable as exc:
+                            step = plan.throw(exc)  # re-raised, or the plan asks again
+                            continue
+                        if not answer.acquired:
+                            refusal = answer
+                    elif type(step) is Pause:
+                        await asyncio.sleep(step.seconds)
+                        answer = None
+                    elif type(step) is Subscribe:
+                        answer = waiter = await _subscribe(
+                            mgr, self._key_b, step.confirm, token.encode(),
+                            self._hand_over_entry(ttl_ms, owner))
+                    else:
+                        assert waiter is not None
+                        answer = await waiter.wait(step.seconds)
+                        waiter.clear()
+                    step = plan.send(answer)
+            except StopIteration as done:
+                result = done.value
+            if result is None:
+                return False
+            served = True  # the granting nodes' scripts took us out of the line
+            self._on_acquired(token, result.fence, result.valid_until)
+            try:
+                if waiter is not None and result.queued_at:
+                    # Nodes that answered busy put us in line: leave it there too.
+                    _, cancelled = await _complete(_leave_queue(
+                        mgr, self.transport, self._waiters_key_b, self._entries(waiter.sub),
+                        only=result.queued_at))
+                    if cancelled:
+                        raise asyncio.CancelledError
+                await _send(signals.lock_acquired, lock=self, name=self.name,
+                            fence=self.fence, wait=self._acquired_at - started)
+            except asyncio.CancelledError:
+                # Cancelled meanwhile (or in a signal receiver): the caller
+                # never learns it holds the lock, so it must not stay held.
+                try:
+                    await self.release()
+                except (RedlockError, asyncio.CancelledError):
+                    pass
+                raise
+            return True
+        finally:
+            if waiter is not None:
+                waiter.close()
+                if not served:
+                    # Timed out, failed or cancelled: out of the line, or the next
+                    # release would wake us in vain while others wait. Finished
+                    # even when cancelled; the CancelledError goes on afterwards.
+                    # A lock handed to us meanwhile is handed on (Lock.acquire).
+                    await _complete(_give_up(mgr, self.transport, self._key_b,
+                                             self._fence_key_b, self._waiters_key_b, token,
+                                             self._entries(waiter.sub)))
+
+    def _on_acquired(self, token: str, fence: int, valid_until: float) -> None:
+        self._enter_hold(token, fence, valid_until)
+        if self.auto_renew:
+            self._schedule_renewal(self._next_renewal(self._acquired_at))
+
+    def _schedule_renewal(self, due: float) -> None:
+        # A timer, not a sleeping task: nothing to create or tear down per
+        # acquisition, and the timer refers to the lock only weakly.
+        self._renewal_timer = asyncio.get_running_loop().call_later(
+            max(0.0, due - self.manager.clock()), _renewal_due, weakref.ref(self))
+
+    async def _renewal_round(self) -> None:
+        try:
+            due = await self._renew_tick()
+        except Exception:  # a renewal bug must be reported, never kill the loop
+            logger.exception("renewal of lock %r failed unexpectedly", self.name)
+            return
+        if due is not None and self._state == _HELD:
+            self._schedule_renewal(due)
+
+    # -- the hold's plans (LockBase), run with the asyncio transport ------------------
+    async def _run_plan(self, plan: HoldPlan, answer: Any = None) -> Any:
+        """Run a hold plan from here on (see ``Lock._run_plan``)."""
+        mgr = self.manager
+        try:
+            step = plan.send(answer)
+            while True:
+                if type(step) is ReleaseRound:
+                    answer = await _release_round(mgr, self.transport, self._key_b,
+                                                  self._fence_key_b, self._waiters_key_b,
+                                                  step.token, step.fence)
+                elif type(step) is ExtendRound:
+                    answer = await _extend_round(mgr, self.transport, self._key_b,
+                                                 self._fence_key_b, step.token, step.fence,
+                                                 step.ttl)
+                else:
+                    await _send(step.signal, **step.kwargs)
+                    answer = None
+                step = plan.send(answer)
+        except StopIteration as done:
+            return done.value
+
+    # -- release ---------------------------------------------------------------
+    async def release(self) -> None:
+        """Release the lock on every node; the round completes even if cancelled.
+
+        Raises :class:`LockNotOwned` when this object does not hold it, and
+        :class:`LockLost` when the lease had run out (by the monotonic clock, even
+        if no renewal noticed) or the lock was taken before this call: the key is
+        still deleted wherever it is ours, but the caller learns that its critical
+        section was not protected to the end. A cancellation that arrives during
+        the release is re-raised once the nodes have been told.
+        """
+        plan = self._release_plan()
+        step = next(plan)  # the state changes here, before anything yields to the loop
+        assert type(step) is ReleaseRound
+        timer, self._renewal_timer = self._renewal_timer, None
+        if timer is not None:
+            timer.cancel()
+        renewal, self._renewal = self._renewal, None
+        result, cancelled = await _complete(self._release_nodes(renewal, step.token,
+                                                                step.fence))
+        try:
+            await self._run_plan(plan, result)
+        finally:
+            if cancelled:
+                # The caller's, held back until the nodes were told (and before
+                # a LockLost, which the cancelled caller would not look at).
+                raise asyncio.CancelledError
+
+    async def _release_nodes(self, renewal: asyncio.Task[None] | None, token: str,
+                             fence: int) -> ReleaseResult:
+        if renewal is not None and not renewal.done():
+            renewal.cancel()
+            await asyncio.wait([renewal])  # no renewal outlives release()
+        return await _release_round(self.manager, self.transport, self._key_b,
+                                    self._fence_key_b, self._waiters_key_b, token, fence)
+
+    # -- extend / renew --------------------------------------------------------
+    async def extend(self, ttl: float | EllipsisType = ...) -> None:
+        """Reset the lease to ``ttl`` seconds (default: the lock's TTL) on a quorum.
+
+        Raises :class:`LockNotOwned` when not held; :class:`LockLost` when the
+        lease already ran out or a majority no longer has our key;
+        :class:`QuorumUnavailable` when too few nodes answered (the lock is still
+        held until its current lease ends; the renewal task keeps trying).
+        """
+        new_ttl = self.ttl if ttl is ... else check_ttl(ttl)  # before anything is sent
+        async with self._io:
+            await self._run_plan(self._extend_call_plan(new_ttl))
+
+    async def _renew_tick(self) -> float | None:
+        """One renewal (the twin of ``Lock._watchdog_tick``); returns the next due time."""
+        mgr = self.manager
+        if self._io.locked():
+            return mgr.clock() + min(0.05, self.ttl / 10)  # an extend() is running
+        async with self._io:
+            return await self._run_plan(self._renew_plan())
+
+    async def _report_lost(self, reason: str, held: float) -> None:
+        await self._run_plan(self._report_lost_plan(reason, held))
+
+    # -- context manager -------------------------------------------------------
+    async def __aenter__(self) -> AsyncLock:
+        if not await self.acquire():
+            raise self._busy_error()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        if self._state == _UNLOCKED or self._pid != os.getpid():
+            return  # released by hand inside the block, or a forked child
+        try:
+            await self.release()
+        except LockLost:
+            if exc_type is None:
+                raise
+            # The body already failed (or was cancelled): its exception propagates,
+            # the loss is logged.
+            logger.warning("lock %r was lost while the body raised %s", self.name,
+                           exc_type.__name__)
+

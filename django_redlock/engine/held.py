@@ -1,0 +1,77 @@
+"""Locks still held when the process exits are released, not left for a TTL.
+
+Every lock this process acquires is enrolled here, weakly (a lock object
+dropped without release just expires). :func:`release_held_locks` runs at
+normal interpreter exit (:mod:`atexit`); see its docstring for SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import atexit
+import contextlib
+import logging
+import os
+import threading
+import weakref
+from typing import Any
+
+logger = logging.getLogger("django_redlock.lock")
+
+#: Every lock this process acquired, held weakly (a lock dropped without
+#: release just expires): at interpreter exit the ones still held are
+#: released (:func:`release_held_locks`), not left to block others for a TTL.
+_acquired: "weakref.WeakSet[Any]" = weakref.WeakSet()
+_acquired_guard = threading.Lock()
+
+
+def release_held_locks() -> int:
+    """Release every lock this process still holds; return how many were released.
+
+    Runs by itself at normal interpreter exit (:mod:`atexit`), which covers
+    gunicorn's and uvicorn's graceful stop on SIGTERM (their workers exit
+    through ``sys.exit``). A process that dies on a bare SIGTERM runs no
+    atexit hook: such a program calls this from its own SIGTERM handler, or
+    turns SIGTERM into ``SystemExit`` (see the how-to on shutting down).
+
+    Both sync and asyncio locks are released here, through the manager's sync
+    transport (no event loop is needed, so a lock left held when
+    ``asyncio.run`` ended is released too). Each release is bounded by the node
+    timeouts; a node that cannot be reached keeps the key until its lease
+    ends. No ``lock_released`` signal is sent: receivers may be gone at exit.
+    Locks of a parent process are not touched from a forked child.
+    """
+    with _acquired_guard:
+        candidates = list(_acquired)
+    released = 0
+    pid = os.getpid()
+    for lock in candidates:
+        # A sync lock's renewal thread may be in a round: wait for it.
+        io = lock._io
+        with contextlib.nullcontext() if isinstance(io, asyncio.Lock) else io:
+            if lock._state == "unlocked" or lock._pid != pid or not lock._token:
+                continue
+            token, fence = lock._token, lock.fence
+            lock._state = "unlocked"
+            lock._token = ""
+            lock._valid_until = 0.0
+        try:
+            lock.manager._release_round(lock._key_b, lock._fence_key_b, lock._waiters_key_b,
+                                        token, fence)
+        except Exception:  # noqa: BLE001 - keep releasing the others
+            logger.warning("lock %r could not be released at exit; it expires with its "
+                           "lease (%.3f s at most)", lock.name, lock.ttl, exc_info=True)
+            continue
+        released += 1
+        logger.info("lock %r released at exit (it was still held)", lock.name)
+    return released
+
+
+atexit.register(release_held_locks)
+
+
+
+def enrol(lock: Any) -> None:
+    """Remember a lock just acquired (``LockBase._enter_hold``)."""
+    with _acquired_guard:
+        _acquired.add(lock)

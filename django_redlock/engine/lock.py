@@ -1,0 +1,306 @@
+"""``Lock``: the protocol (:mod:`.protocol`) run from a thread.
+
+A ``Lock`` performs the plans of :class:`~.protocol.LockBase` with the sync
+transport and the manager's renewal thread; it adds only the thread-side
+concerns: a reentrant ``_io`` lock shared with the renewal thread, taking back
+what an interrupted acquire may hold, and the batched renewal's two halves.
+Renewal happens on the manager's watchdog thread at about TTL/3; nothing about
+a loss is silent.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from types import EllipsisType, TracebackType
+from typing import TYPE_CHECKING, Any
+
+from .. import signals
+from ..core.arguments import check_ttl
+from ..exceptions import LockLost, QuorumUnavailable, RedlockError
+from .held import release_held_locks
+from .protocol import (
+    _UNLOCKED,
+    Attempt,
+    ExtendRound,
+    HoldPlan,
+    LockBase,
+    Pause,
+    ReleaseRound,
+    Report,
+    Subscribe,
+)
+
+if TYPE_CHECKING:
+    from .protocol import LockHost
+    from .rounds import AcquireResult
+
+logger = logging.getLogger("django_redlock.lock")
+
+__all__ = ["Lock", "release_held_locks"]
+
+
+class Lock(LockBase):
+    """A distributed lock on ``name``; created by :meth:`LockManager.lock`, not yet acquired.
+
+    One object is one holder: use it from one thread at a time (the manager and
+    its connections are shared safely between threads; create one ``Lock`` per
+    critical section). Locks are not reentrant.
+    """
+
+    def __init__(self, manager: "LockHost", name: str, **options: Any) -> None:
+        super().__init__(manager, name, **options)
+        self._io = threading.RLock()
+
+    def locked(self) -> bool:
+        """Whether anyone holds the lock (its key is on a quorum of nodes); one round trip."""
+        return self.manager._holders(self._key_b) >= self.manager.quorum
+
+    # -- acquire ---------------------------------------------------------------
+    def acquire(self, blocking: bool = True, timeout: float | None | EllipsisType = ...) -> bool:
+        """Acquire the lock; True when held, False when the wait ran out.
+
+        ``timeout``: None waits forever, 0 tries once, a number waits that many
+        seconds; left out, the lock's (then the manager's) timeout applies.
+        ``blocking=False`` is the same as ``timeout=0``. Raises
+        :class:`QuorumUnavailable` when fewer than a quorum of nodes answer.
+        """
+        mgr = self.manager
+        started, deadline, token, owner, ttl_ms, pause = self._start_acquire(blocking, timeout)
+        with self._io:  # the renewal thread reads the state under it
+            stale = self._end_stale_hold()
+        if stale is not None:
+            self._report_lost(*stale)
+        if pause:
+            # We just handed the lock over: the others are queued, so skip the
+            # attempt that would find it busy and go straight into the line.
+            time.sleep(pause)
+        plan = self._acquire_plan(deadline, in_line=bool(pause))
+        subscription = None
+        served = False
+        refusal: AcquireResult | None = None  # the last refused attempt
+        try:
+            try:
+                step = next(plan)
+                while True:
+                    if type(step) is Attempt:
+                        try:
+                            answer: Any = mgr._acquire_round(
+                                self._key_b, self._fence_key_b, self._waiters_key_b, token,
+                                ttl_ms, owner, self.fencing, self.ttl, lock_name=self.name,
+                                waiter=subscription.entry if subscription else b"",
+                                hand_over=subscription.hand_over_entry if subscription
+                                else b"",
+                                woken=step.woken, ask_all=step.ask_all,
+                                handed=self._take_handover(subscription, refusal))
+                        except QuorumUnavailable as exc:
+                            step = plan.throw(exc)  # re-raised, or the plan asks again
+                            continue
+                        if not answer.acquired:
+                            refusal = answer
+                    elif type(step) is Pause:
+                        time.sleep(step.seconds)
+                        answer = None
+                    elif type(step) is Subscribe:
+                        answer = subscription = mgr.notifier.subscribe(
+                            self._key_b, step.confirm, waiter=token.encode(),
+                            hand_over=self._hand_over_entry(ttl_ms, owner))
+                    else:
+                        assert subscription is not None
+                        answer = subscription.wait(step.seconds)
+                        subscription.clear()
+                    step = plan.send(answer)
+            except StopIteration as done:
+                result = done.value
+            if result is None:
+                return False
+            served = True  # the granting nodes' scripts took us out of the line
+            if subscription is not None and result.queued_at:
+                # Nodes that answered busy put us in line: leave it there
+                # too, or their next release wakes us in vain.
+                mgr._leave_queue(self._waiters_key_b, self._entries(subscription), token,
+                                 only=result.queued_at, wait=False)
+            self._on_acquired(token, result.fence, result.valid_until, started)
+            return True
+        except BaseException as exc:
+            # Interrupted (a signal handler such as Celery's soft time limit,
+            # KeyboardInterrupt) in the middle of a round, or after the grant:
+            # the nodes may have set our key, and the caller never learns it
+            # holds it. Take it back on every node now instead of leaving it
+            # for a whole TTL (tests/test_interrupted.py has the timeline). A
+            # waiter's give-up below already releases; a failed round
+            # (RedlockError) released what it took itself.
+            if served or (subscription is None and not isinstance(exc, RedlockError)):
+                self._take_back(token, exc)
+            raise
+        finally:
+            if subscription is not None:
+                subscription.close()
+                if not served:
+                    # Timed out or interrupted: out of the line, or the next
+                    # release would wake us in vain while others wait; and a
+                    # lock handed to us meanwhile is handed on.
+                    mgr._give_up(self._key_b, self._fence_key_b, self._waiters_key_b, token,
+                                 self._entries(subscription))
+            if not served:
+                mgr.transport.forget(token)  # no round of this token follows
+
+    def _take_back(self, token: str, exc: BaseException) -> None:
+        """Release whatever an interrupted acquire of ``token`` may hold.
+
+        The transport keeps the token's requests in order on each connection
+        (``NodeClient.checkout``), so this release reaches each node after the
+        acquire it follows, even when that acquire's reply was never read.
+        Bounded by the node timeouts; an error here is logged, and the
+        interrupting exception goes on.
+        """
+        with self._io:
+            if self._token == token:
+                self._state = _UNLOCKED
+                self._token = ""
+                self._valid_until = 0.0
+        try:
+            self.manager._release_round(self._key_b, self._fence_key_b, self._waiters_key_b,
+                                        token, 0)
+        except Exception:  # noqa: BLE001 - the interrupt matters more than this round
+            logger.warning("lock %r: acquire interrupted by %s; its key could not be taken "
+                           "back on every node and expires with its lease (%.3f s at most)",
+                           self.name, type(exc).__name__, self.ttl, exc_info=True)
+
+    def _on_acquired(self, token: str, fence: int, valid_until: float, started: float) -> None:
+        mgr = self.manager
+        with self._io:
+            self._enter_hold(token, fence, valid_until)
+        if self.auto_renew:
+            mgr.watchdog.schedule(self, self._next_renewal(self._acquired_at))
+        signals.send(signals.lock_acquired, Lock, lock=self, name=self.name, fence=fence,
+                     wait=self._acquired_at - started)
+
+    # -- the hold's plans, run with the sync transport ------------------------
+    def _run_plan(self, plan: HoldPlan, answer: Any = None) -> Any:
+        """Run a hold plan (``LockBase``) from here on; ``answer``: the reply to
+        the step the caller already took from it (None for a new plan)."""
+        mgr = self.manager
+        try:
+            step = plan.send(answer)
+            while True:
+                if type(step) is ReleaseRound:
+                    answer = mgr._release_round(self._key_b, self._fence_key_b,
+                                                self._waiters_key_b, step.token, step.fence)
+                elif type(step) is ExtendRound:
+                    answer = mgr._extend_round(self._key_b, self._fence_key_b, step.token,
+                                               step.fence, step.ttl)
+                else:
+                    signals.send(step.signal, Lock, **step.kwargs)
+                    answer = None
+                step = plan.send(answer)
+        except StopIteration as done:
+            return done.value
+
+    # -- release ---------------------------------------------------------------
+    def release(self) -> None:
+        """Release the lock on every node.
+
+        Raises :class:`LockNotOwned` when this object does not hold it (never
+        acquired, already released, or a child process after ``fork()``), and
+        :class:`LockLost` when the lease had run out or the lock was taken before
+        this call: the key is still deleted wherever it is ours, but the caller
+        learns that its critical section was not protected to the end.
+        """
+        plan = self._release_plan()
+        with self._io:  # the state changes before the first step (the renewal reads it)
+            step = next(plan)
+        assert type(step) is ReleaseRound
+        result = self.manager._release_round(self._key_b, self._fence_key_b,
+                                             self._waiters_key_b, step.token, step.fence)
+        self._run_plan(plan, result)
+
+    # -- extend / renew --------------------------------------------------------
+    def extend(self, ttl: float | EllipsisType = ...) -> None:
+        """Reset the lease to ``ttl`` seconds (default: the lock's TTL) on a quorum.
+
+        Raises :class:`LockNotOwned` when not held; :class:`LockLost` when the
+        lease already ran out or a majority no longer has our key;
+        :class:`QuorumUnavailable` when too few nodes answered (the lock is still
+        held until its current lease ends; the renewal thread keeps trying).
+        """
+        new_ttl = self.ttl if ttl is ... else check_ttl(ttl)  # before anything is sent
+        with self._io:
+            self._run_plan(self._extend_call_plan(new_ttl))
+
+    def _watchdog_tick(self) -> float | None:
+        """Called by the watchdog thread; returns the next due time or None."""
+        mgr = self.manager
+        if not self._io.acquire(blocking=False):
+            return mgr.clock() + min(0.05, self.ttl / 10)  # a release/extend is running
+        try:
+            return self._run_plan(self._renew_plan())
+        finally:
+            self._io.release()
+
+    def _renewal_begin(self) -> "tuple[HoldPlan, ExtendRound] | float | None":
+        """A batched renewal's first half (the watchdog thread, see
+        ``Watchdog._renew``): the renewal plan run up to its extension round.
+
+        Returns that plan and round, holding ``_io`` until :meth:`_renewal_end`;
+        or, when no round is needed, the next due time (None: stop renewing).
+        """
+        mgr = self.manager
+        if not self._io.acquire(blocking=False):
+            return mgr.clock() + min(0.05, self.ttl / 10)  # a release/extend is running
+        plan = self._renew_plan()
+        answer: Any = None
+        try:
+            while True:
+                try:
+                    step = plan.send(answer)
+                except StopIteration as done:
+                    self._io.release()
+                    return done.value  # type: ignore[no-any-return]
+                if type(step) is ExtendRound:
+                    return plan, step
+                if type(step) is Report:
+                    signals.send(step.signal, Lock, **step.kwargs)
+                    answer = None
+                else:  # pragma: no cover - a renewal releases nothing
+                    raise AssertionError(f"unexpected renewal step {step!r}")
+        except BaseException:
+            self._io.release()
+            raise
+
+    def _renewal_end(self, plan: HoldPlan, result: Any) -> float | None:
+        """The second half: the plan gets its round's result; ``_io`` is let go."""
+        try:
+            return self._run_plan(plan, result)  # type: ignore[no-any-return]
+        finally:
+            self._io.release()
+
+    def _renewal_abort(self, plan: HoldPlan) -> None:
+        """The batch failed before this lock's result: drop the plan, let ``_io`` go
+        (the watchdog tries again soon)."""
+        plan.close()
+        self._io.release()
+
+    def _report_lost(self, reason: str, held: float) -> None:
+        self._run_plan(self._report_lost_plan(reason, held))
+
+    # -- context manager -------------------------------------------------------
+    def __enter__(self) -> "Lock":
+        if not self.acquire():
+            raise self._busy_error()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._state == _UNLOCKED or self._pid != os.getpid():
+            return  # released by hand inside the block, or a forked child
+        try:
+            self.release()
+        except LockLost:
+            if exc_type is None:
+                raise
+            # The body already failed; its exception propagates, the loss is logged.
+            logger.warning("lock %r was lost while the body raised %s", self.name,
+                           exc_type.__name__)
