@@ -1,5 +1,9 @@
 """Validation of the ``REDLOCK_NODES`` and ``REDLOCK`` settings, without I/O.
 
+(Why one module of 750 lines: it is the single place where a setting is
+accepted or refused, for ``manage.py check`` and ``LockManager`` alike; one
+table of rules per setting, every message with its ``redlock.E0xx`` id.)
+
 One function per setting returns a list of :class:`Problem` with stable ids. The
 system checks (``django_redlock.checks``) report them through ``manage.py
 check``; :class:`~django_redlock.LockManager` raises on the errors. One source

@@ -1,5 +1,9 @@
 """What each Redlock round asks the nodes, and what their answers mean.
 
+(Why one module of 700 lines: every round of every lock shares the same
+vocabulary, the Ask exchange, the settle rules, the tallies and the hand-over
+node; split, each part would import all the others.)
+
 Sans-I/O: these functions build the requests and interpret the replies; the
 sync manager and the asyncio flavour only carry them to the nodes and back, so
 the two flavours cannot drift apart on the rules:

@@ -1,5 +1,9 @@
 """Release notices: waking blocked acquirers when a lock is released.
 
+(Why one module of 700 lines: the subscriptions, the read role that waiting
+threads pass between them, and the housekeeping thread share one lock and one
+set of connections; their hand-offs are the subtle part and are kept together.)
+
 Each lock manager (one per process) holds one pub/sub connection per node,
 subscribed to the manager's own *inbox* channel and to a channel named like
 each lock key someone in this process waits for. A waiter queues on the nodes

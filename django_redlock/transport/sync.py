@@ -1,5 +1,9 @@
 """The synchronous transport: every node asked in parallel, from the calling thread.
 
+(Why one module of 900 lines: the connection pool, the owed replies and the
+round are one state machine per node; the invariants between them, such as
+"a token's requests stay on one connection", must be read in one place.)
+
 A round sends one command to every node first and only then reads the replies, so
 the nodes work at the same time and a round costs about one round trip to the
 slowest node, not the sum over nodes (redlock-py and pottery's per-call thread

@@ -9,7 +9,7 @@ Forms (the contract in ``docs/commands.rst``)::
     locks health [--json]                  the nodes; exit 1 without a quorum
     locks watch [--interval S] [--count N] [--pattern GLOB]   ``list``, refreshed
 
-Reading is done by :mod:`django_redlock.inspection` (SCAN, never KEYS; bounded
+Reading is done by :mod:`django_redlock.engine.inspection` (SCAN, never KEYS; bounded
 by the node timeouts). Bad input is a one-line error and a non-zero exit, never
 a traceback, and nothing printed contains a node password.
 """

@@ -1,0 +1,574 @@
+"""Who holds which lock: ``locks list`` / ``show`` / ``release`` (see the package
+docstring for how the nodes are read and merged)."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import redis
+from redis.exceptions import ResponseError
+
+from ...core.keys import (
+    fence_key,
+    legacy_internal_role,
+    lock_key,
+    name_from_key,
+    waiters_key,
+)
+from ...core.owner import parse_value
+
+if TYPE_CHECKING:
+    from ...transport.sync import NodeClient
+    from ..protocol import LockHost
+from .common import (
+    MAX_KEYS_PER_NODE,
+    SCAN_COUNT,
+    SCAN_DEADLINE,
+    _client,
+    _each_node,
+    short_reason,
+    validate_pattern,
+)
+
+# ------------------------------------------------------------------- locks
+
+@dataclass
+class NodeLockValue:
+    """One node's view of one lock, for ``locks show``."""
+
+    node: str
+    state: str  # "held", "absent", "unreachable", "foreign"
+    token: str | None = None  # the first characters of the holder token
+    fence: int | None = None
+    pttl_ms: int | None = None
+    owner: dict[str, Any] = field(default_factory=dict)
+    fence_counter: int | None = None
+    error: str | None = None
+    agrees: bool = False  # holds the same token as the lock's main holder
+    waiters: int | None = None  # length of the node's waiter queue (None: not read)
+    foreign: ForeignValue | None = None  # what the key holds instead of a lock value
+
+    def as_json(self) -> dict[str, Any]:
+        return {"node": self.node, "state": self.state, "agrees": self.agrees,
+                "token": self.token, "fence": self.fence, "ttl_ms": self.pttl_ms,
+                "owner": self.owner or None, "fence_counter": self.fence_counter,
+                "error": self.error, "waiters": self.waiters,
+                "foreign": None if self.foreign is None else self.foreign.as_json()}
+
+
+@dataclass
+class LockInfo:
+    """One lock merged across the nodes."""
+
+    name: str
+    key: str
+    nodes: int  # nodes holding it for the main holder (k of k/N)
+    total: int  # configured nodes (N)
+    quorum_size: int
+    ttl_ms: int  # -1: a key without expiry (not written by us)
+    owner: dict[str, Any]
+    fence: int
+    token: str
+    others: int = 0  # nodes holding the key for a different holder
+    unread: int = 0  # nodes that did not answer: they may hold it too
+    since: float | None = None
+    age_s: float | None = None
+    per_node: list[NodeLockValue] = field(default_factory=list)
+    #: Acquirers queued for the lock: the longest waiter queue among the nodes
+    #: read (None when no node's queue was read).
+    waiters: int | None = None
+
+    @property
+    def quorum(self) -> bool:
+        return self.nodes >= self.quorum_size
+
+    @property
+    def state(self) -> str:
+        """How the lock stands across the nodes.
+
+        ``quorum``: held on a quorum. ``uncertain``: below a quorum on the nodes
+        that answered, but the silent ones could make up a quorum. ``split``:
+        several holders, none with a quorum (leftovers of competing attempts).
+        ``minority``: one holder on fewer nodes than a quorum.
+        """
+        if self.quorum:
+            return "quorum"
+        if self.nodes + self.unread >= self.quorum_size:
+            return "uncertain"
+        return "split" if self.others else "minority"
+
+    def as_json(self, *, per_node: bool = False) -> dict[str, Any]:
+        data: dict[str, Any] = {
+            "name": self.name,
+            "key": self.key,
+            "nodes": self.nodes,
+            "nodes_total": self.total,
+            "quorum": self.quorum,
+            "state": self.state,
+            "ttl_ms": self.ttl_ms,
+            "owner": self.owner,
+            "fence": self.fence,
+            "since": self.since,
+            "age_s": None if self.age_s is None else round(self.age_s, 3),
+            "other_holders": self.others,
+            "nodes_unread": self.unread,
+            "waiters": self.waiters,
+        }
+        if per_node:
+            data["per_node"] = [v.as_json() for v in self.per_node]
+        return data
+
+
+@dataclass
+class NodeFailure:
+    node: str
+    reason: str
+
+
+#: Characters of a foreign string value shown by ``locks list`` / ``show``.
+PREVIEW_CHARS = 40
+
+
+@dataclass
+class ForeignValue:
+    """Something at a lock key that is not a django-redlock lock value, on one node.
+
+    It still blocks the lock: the acquire script's ``SET NX`` (and its ``GET``)
+    sees a key there, so every acquire of the name is refused by this node until
+    the key goes. An operator needs to see it, not a lock list that skips it.
+    """
+
+    node: str
+    type: str  # Redis type: "string", "list", "hash", ...
+    ttl_ms: int | None  # -1: no expiry
+    preview: str | None = None  # first characters of a string value
+
+    def describe(self) -> str:
+        what = self.type if self.preview is None else f"{self.type} {self.preview!r}"
+        if self.ttl_ms is not None and self.ttl_ms < 0:
+            return what + ", no expiry"
+        return what + ("" if self.ttl_ms is None else f", {self.ttl_ms} ms left")
+
+    def as_json(self) -> dict[str, Any]:
+        return {"node": self.node, "type": self.type, "ttl_ms": self.ttl_ms,
+                "preview": self.preview}
+
+
+@dataclass
+class ForeignKey:
+    """A key under the prefix, named like a lock, that holds no lock value."""
+
+    name: str
+    key: str
+    per_node: list[ForeignValue]
+    total: int
+
+    @property
+    def legacy(self) -> tuple[str, str] | None:
+        """``(name, role)`` when this looks like an internal key of the previous layout."""
+        found = legacy_internal_role(self.name)
+        if found is None:
+            return None
+        want = "list" if found[1] == "waiters" else "string"
+        if all(v.type == want for v in self.per_node) and (
+                want == "list" or all((v.preview or "").isdigit() for v in self.per_node)):
+            return found
+        return None
+
+    def describe(self) -> str:
+        kinds: dict[str, int] = {}
+        for v in self.per_node:
+            kinds[v.describe()] = kinds.get(v.describe(), 0) + 1
+        text = "; ".join(f"{what} on {n} of {self.total} node(s)" for what, n in kinds.items())
+        legacy = self.legacy
+        if legacy is not None:
+            role = "fencing counter" if legacy[1] == "fence" else "waiter queue"
+            text += (f" (the {role} of lock {legacy[0]!r} in the previous key layout: a "
+                     f"process still running an older version, or a leftover that expires "
+                     f"on its own)")
+        return text
+
+    def as_json(self) -> dict[str, Any]:
+        legacy = self.legacy
+        return {"name": self.name, "key": self.key, "state": "foreign",
+                "nodes": len(self.per_node), "nodes_total": self.total,
+                "foreign": [v.as_json() for v in self.per_node],
+                "legacy_of": None if legacy is None else {"name": legacy[0], "role": legacy[1]}}
+
+
+@dataclass
+class Inventory:
+    """The result of a scan: the locks, and which nodes could not be read."""
+
+    locks: list[LockInfo]
+    total: int
+    answered: int
+    quorum_size: int
+    failures: list[NodeFailure] = field(default_factory=list)
+    truncated: bool = False
+    skipped: int = 0  # matching keys whose value is not a lock value
+    #: Keys named like locks that hold something else (sorted by name).
+    foreign: list[ForeignKey] = field(default_factory=list)
+
+    @property
+    def complete(self) -> bool:
+        """Every node was read."""
+        return self.answered == self.total
+
+    @property
+    def enough(self) -> bool:
+        """A quorum of nodes was read: a lock held on a quorum has a copy in what was read."""
+        return self.answered >= self.quorum_size
+
+
+def _short_token(token: str) -> str:
+    return token[:8]
+
+
+def _owner_of(stored: Any) -> dict[str, Any]:
+    owner = dict(stored.owner)
+    owner.setdefault("host", None)
+    owner.setdefault("pid", None)
+    return owner
+
+
+def merge(name: str, key: str, views: Sequence[tuple[str, Any, int | None] | None],
+          node_names: Sequence[str], quorum_size: int, *, now: float,
+          errors: Sequence[str | None] | None = None,
+          counters: Sequence[int | None] | None = None,
+          waiters: Sequence[int | None] | None = None,
+          foreign: Sequence[ForeignValue | None] | None = None) -> LockInfo | None:
+    """Merge the per-node views of one lock; None when no node holds it.
+
+    ``views[i]`` is ``(raw value, StoredLock, pttl_ms)`` for node i, or None when
+    node i does not hold the key (or did not answer: ``errors[i]`` then says why).
+    ``waiters[i]`` is the length of node i's waiter queue, None when not read
+    (ignored for a node with an error); the lock's count is the largest, since a
+    waiter may be queued on one node (the gate node) or on several.
+    Pure: no I/O, so the arithmetic is tested without Redis.
+    """
+    total = len(node_names)
+    groups: dict[str, list[int]] = {}
+    for i, view in enumerate(views):
+        if view is not None:
+            groups.setdefault(view[1].token, []).append(i)
+    if not groups:
+        return None
+
+    def weight(token: str) -> tuple[int, int]:
+        members = groups[token]
+        return len(members), max(views[i][1].fence for i in members)  # type: ignore[index]
+
+    main = max(groups, key=weight)
+    members = groups[main]
+    holders = sum(len(m) for m in groups.values())
+    ttls = sorted((views[i][2] for i in members), key=lambda t: float("inf") if t is None or t < 0
+                  else t, reverse=True)  # type: ignore[index]
+    pick = ttls[quorum_size - 1] if len(members) >= quorum_size else ttls[0]
+    ttl_ms = -1 if pick is None or pick < 0 else int(pick)
+    first = views[members[0]][1]  # type: ignore[index]
+    fence = max(views[i][1].fence for i in members)  # type: ignore[index]
+    owner = _owner_of(first)
+    since = owner.get("since")
+    since_f = None
+    if isinstance(since, (int, float)) and not isinstance(since, bool):
+        since_f = float(since)
+    per_node: list[NodeLockValue] = []
+    for i, view in enumerate(views):
+        error = errors[i] if errors is not None else None
+        counter = counters[i] if counters is not None else None
+        queued = waiters[i] if waiters is not None and not error else None
+        stranger = foreign[i] if foreign is not None else None
+        if view is None:
+            per_node.append(NodeLockValue(
+                node=node_names[i],
+                state="unreachable" if error else "foreign" if stranger else "absent",
+                error=error, fence_counter=counter, waiters=queued, foreign=stranger))
+            continue
+        _, stored, pttl = view
+        per_node.append(NodeLockValue(
+            node=node_names[i], state="held", token=_short_token(stored.token), fence=stored.fence,
+            pttl_ms=pttl, owner=_owner_of(stored), fence_counter=counter,
+            agrees=stored.token == main, waiters=queued))
+    return LockInfo(
+        name=name, key=key, nodes=len(members), total=total, quorum_size=quorum_size,
+        ttl_ms=ttl_ms, owner=owner, fence=fence, token=_short_token(main),
+        others=holders - len(members), since=since_f,
+        unread=sum(1 for e in (errors or ()) if e is not None),
+        age_s=None if since_f is None else max(0.0, now - since_f), per_node=per_node,
+        waiters=max((v.waiters for v in per_node if v.waiters is not None), default=None))
+
+
+def _queue_key(key: bytes) -> bytes:
+    """The waiter queue key of a lock key as SCAN returned it (bytes in, bytes out)."""
+    return waiters_key(key.decode("utf-8", "surrogateescape")).encode("utf-8", "surrogateescape")
+
+
+def _queue_length(reply: Any) -> int | None:
+    """An ``LLEN`` reply as a count; None for an error (a key of another type)."""
+    return reply if isinstance(reply, int) and not isinstance(reply, bool) else None
+
+
+def _preview(raw: bytes) -> str:
+    text = raw.decode("utf-8", "replace")
+    return text if len(text) <= PREVIEW_CHARS else text[:PREVIEW_CHARS] + "..."
+
+
+def _type_name(reply: Any) -> str:
+    if isinstance(reply, bytes):
+        return reply.decode("ascii", "replace")
+    return reply if isinstance(reply, str) else "unknown"
+
+
+def _read_values(client: redis.Redis, keys: Sequence[bytes]
+                 ) -> tuple[dict[bytes, tuple[Any, int | None]], dict[bytes, int],
+                            dict[bytes, tuple[str, int | None, str | None]]]:
+    """``GET`` + ``PTTL`` of ``keys`` and ``LLEN`` of their waiter queues, in pipelines
+    of SCAN_COUNT keys: ({key: (lock value, pttl)}, {key: queued waiters},
+    {key: (type, pttl, preview)} for keys that hold something else)."""
+    found: dict[bytes, tuple[Any, int | None]] = {}
+    queued: dict[bytes, int] = {}
+    foreign: dict[bytes, tuple[str, int | None, str | None]] = {}
+    for start in range(0, len(keys), SCAN_COUNT):
+        chunk = keys[start:start + SCAN_COUNT]
+        pipe = client.pipeline(transaction=False)
+        for k in chunk:
+            pipe.get(k)
+            pipe.pttl(k)
+            pipe.llen(_queue_key(k))
+        replies = pipe.execute(raise_on_error=False)
+        other_type: list[bytes] = []
+        for j, k in enumerate(chunk):
+            raw, pttl, length = replies[3 * j], replies[3 * j + 1], replies[3 * j + 2]
+            if isinstance(pttl, int) and pttl == -2:
+                continue  # expired (or deleted) meanwhile
+            ttl = pttl if isinstance(pttl, int) else None
+            if isinstance(raw, ResponseError):
+                other_type.append(k)  # WRONGTYPE: a list, hash, ... at a lock key
+                foreign[k] = ("?", ttl, None)
+                continue
+            if not isinstance(raw, bytes):
+                continue  # expired between the SCAN and the GET
+            if parse_value(raw) is None:
+                foreign[k] = ("string", ttl, _preview(raw))
+                continue
+            found[k] = (raw, ttl)
+            count = _queue_length(length)
+            if count is not None:
+                queued[k] = count
+        if other_type:
+            pipe = client.pipeline(transaction=False)
+            for k in other_type:
+                pipe.type(k)
+            for k, kind in zip(other_type, pipe.execute(raise_on_error=False), strict=True):
+                name = _type_name(kind)
+                if name == "none":
+                    del foreign[k]
+                else:
+                    foreign[k] = (name, foreign[k][1], None)
+    return found, queued, foreign
+
+
+@dataclass
+class _NodeScan:
+    values: dict[bytes, tuple[Any, int | None]]
+    truncated: bool
+    waiters: dict[bytes, int] = field(default_factory=dict)
+    foreign: dict[bytes, tuple[str, int | None, str | None]] = field(default_factory=dict)
+
+
+def _scan_node(node: NodeClient, match: bytes, deadline: float) -> _NodeScan:
+    client = _client(node)
+    keys: list[bytes] = []
+    seen: set[bytes] = set()
+    cursor: int = 0
+    truncated = False
+    end = time.monotonic() + deadline
+    while True:
+        cursor, batch = client.scan(cursor=cursor, match=match, count=SCAN_COUNT)
+        for k in batch:
+            if k not in seen:  # SCAN may return a key twice
+                seen.add(k)
+                keys.append(k)
+        if int(cursor) == 0:
+            break
+        if len(keys) >= MAX_KEYS_PER_NODE:
+            truncated = True
+            break
+        if time.monotonic() > end:
+            raise TimeoutError(f"scan did not finish within {deadline:g} s")
+    values, waiters, foreign = _read_values(client, keys)
+    return _NodeScan(values=values, truncated=truncated, waiters=waiters, foreign=foreign)
+
+
+def scan_locks(manager: "LockHost", pattern: str = "*", *,
+               now: Callable[[], float] = time.time, deadline: float = SCAN_DEADLINE) -> Inventory:
+    """Every lock under the manager's key prefix whose name matches ``pattern``, sorted by name."""
+    validate_pattern(pattern)
+    prefix = manager.key_prefix
+    match = f"{prefix}:{pattern}".encode()
+    nodes = manager.nodes
+    outcomes = _each_node(nodes, lambda node: _scan_node(node, match, deadline), deadline + 1.0)
+    node_names = [node.name for node in nodes]
+    per_key: dict[bytes, list[tuple[str, Any, int | None] | None]] = {}
+    queued: dict[bytes, list[int | None]] = {}
+    errors: list[str | None] = [o.error for o in outcomes]
+    strangers: dict[bytes, list[ForeignValue]] = {}
+    truncated = False
+    for i, outcome in enumerate(outcomes):
+        if outcome.error is not None:
+            continue
+        result: _NodeScan = outcome.value
+        truncated = truncated or result.truncated
+        for k, (raw, pttl) in result.values.items():
+            stored = parse_value(raw)
+            if stored is None:  # pragma: no cover - _read_values sorted these out
+                continue
+            per_key.setdefault(k, [None] * len(nodes))[i] = (raw, stored, pttl)
+            if k in result.waiters:
+                queued.setdefault(k, [None] * len(nodes))[i] = result.waiters[k]
+        for k, (kind, pttl, preview) in result.foreign.items():
+            strangers.setdefault(k, []).append(
+                ForeignValue(node=node_names[i], type=kind, ttl_ms=pttl, preview=preview))
+    wall = now()
+    locks: list[LockInfo] = []
+    for k, views in per_key.items():
+        key = k.decode("utf-8", "replace")
+        name = name_from_key(prefix, key)
+        if name is None:
+            continue
+        info = merge(name, key, views, node_names, manager.quorum, now=wall, errors=errors,
+                     waiters=queued.get(k))
+        if info is not None:
+            locks.append(info)
+    locks.sort(key=lambda lock: lock.name)
+    foreign: list[ForeignKey] = []
+    for k, values in strangers.items():
+        key = k.decode("utf-8", "replace")
+        name = name_from_key(prefix, key)
+        if name is not None:
+            foreign.append(ForeignKey(name=name, key=key, per_node=values, total=len(nodes)))
+    foreign.sort(key=lambda f: f.name)
+    return Inventory(
+        locks=locks, total=len(nodes),
+        answered=sum(1 for o in outcomes if o.error is None), quorum_size=manager.quorum,
+        failures=[NodeFailure(node_names[i], o.error) for i, o in enumerate(outcomes)
+                  if o.error is not None],
+        truncated=truncated, skipped=len(set(strangers) - set(per_key)), foreign=foreign)
+
+
+@dataclass
+class LockDetail:
+    """``locks show``: the merged lock (None when no node holds it) and the failures."""
+
+    lock: LockInfo | None
+    total: int
+    answered: int
+    failures: list[NodeFailure]
+    #: What the key holds on nodes where it is not a lock value (None: nothing).
+    foreign: ForeignKey | None = None
+
+
+def inspect_lock(manager: "LockHost", name: str, *, now: Callable[[], float] = time.time,
+                 deadline: float | None = None) -> LockDetail:
+    """One lock node by node: value, PTTL, fencing counter and waiter queue of every node.
+
+    ``name`` must already be valid (:func:`django_redlock.core.keys.validate_name`).
+    """
+    key = lock_key(manager.key_prefix, name)
+    kb, fb, wb = key.encode(), fence_key(key).encode(), waiters_key(key).encode()
+
+    def job(node: NodeClient) -> tuple[Any, Any, Any, Any, Any]:
+        pipe = _client(node).pipeline(transaction=False)
+        pipe.get(kb)
+        pipe.pttl(kb)
+        pipe.get(fb)
+        pipe.llen(wb)
+        pipe.type(kb)
+        raw, pttl, counter, length, kind = pipe.execute(raise_on_error=False)
+        return raw, pttl, counter, length, kind
+
+    nodes = manager.nodes
+    limit = deadline if deadline is not None else 2 * max(n.timeout for n in nodes) + 1.0
+    outcomes = _each_node(nodes, job, limit)
+    views: list[tuple[str, Any, int | None] | None] = []
+    counters: list[int | None] = []
+    queued: list[int | None] = []
+    strangers: list[ForeignValue | None] = []
+    node_names = [node.name for node in nodes]
+    for i, outcome in enumerate(outcomes):
+        view = None
+        counter = None
+        length = None
+        stranger = None
+        if outcome.error is None:
+            raw, pttl, counter_raw, length_raw, kind = outcome.value
+            length = _queue_length(length_raw)
+            stored = parse_value(raw) if isinstance(raw, bytes) else None
+            gone = isinstance(pttl, int) and pttl == -2
+            ttl = pttl if isinstance(pttl, int) else None
+            if stored is not None and not gone:
+                view = (raw, stored, ttl)
+            elif isinstance(raw, bytes) and not gone:
+                stranger = ForeignValue(node=node_names[i], type="string", ttl_ms=ttl,
+                                        preview=_preview(raw))
+            elif isinstance(raw, ResponseError) and _type_name(kind) not in ("none", "string"):
+                stranger = ForeignValue(node=node_names[i], type=_type_name(kind), ttl_ms=ttl)
+            if isinstance(counter_raw, bytes) and counter_raw.isdigit():
+                counter = int(counter_raw)
+        views.append(view)
+        counters.append(counter)
+        queued.append(length)
+        strangers.append(stranger)
+    errors = [o.error for o in outcomes]
+    info = merge(name, key, views, node_names, manager.quorum, now=now(), errors=errors,
+                 counters=counters, waiters=queued, foreign=strangers)
+    found = [v for v in strangers if v is not None]
+    return LockDetail(
+        lock=info, total=len(nodes), answered=sum(1 for e in errors if e is None),
+        failures=[NodeFailure(node_names[i], e) for i, e in enumerate(errors) if e is not None],
+        foreign=ForeignKey(name=name, key=key, per_node=found, total=len(nodes))
+        if found else None)
+
+
+@dataclass
+class ReleaseReport:
+    """What ``force_release`` found: the values it deleted, and the nodes it missed."""
+
+    name: str
+    deleted: list[tuple[str, Any]]  # (node, StoredLock or None for foreign data)
+    absent: list[str]
+    failures: list[NodeFailure]
+    total: int
+    quorum_size: int
+
+    @property
+    def answered(self) -> int:
+        return len(self.deleted) + len(self.absent)
+
+
+def force_release(manager: "LockHost", name: str) -> ReleaseReport:
+    """Delete lock ``name`` on every node (and wake its waiters); report who held it."""
+    from ...transport.sync import NodeError
+
+    replies = manager.force_release(name)
+    deleted: list[tuple[str, Any]] = []
+    absent: list[str] = []
+    failures: list[NodeFailure] = []
+    for node, reply in zip(manager.nodes, replies, strict=True):
+        if isinstance(reply, NodeError):
+            failures.append(NodeFailure(node.name, short_reason(node, Exception(reply.reason))))
+        elif isinstance(reply, Exception):
+            failures.append(NodeFailure(node.name, short_reason(node, reply)))
+        elif reply is None:
+            absent.append(node.name)
+        else:
+            raw = reply if isinstance(reply, (bytes, str)) else str(reply)
+            deleted.append((node.name, parse_value(raw)))
+    return ReleaseReport(name=name, deleted=deleted, absent=absent, failures=failures,
+                         total=len(manager.nodes), quorum_size=manager.quorum)
+
+
