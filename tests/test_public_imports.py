@@ -1,0 +1,64 @@
+"""Every documented name imports from its documented place (issue 19).
+
+The API reference (``docs/api.rst``) names each public object by its import
+path; the layout may move code, never those paths.
+"""
+
+from __future__ import annotations
+
+import importlib
+import re
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+DIRECTIVE = re.compile(r"^\.\. auto(?:function|class|exception|module|data):: ([\w.]+)", re.M)
+
+
+def _documented() -> list[str]:
+    return sorted(set(DIRECTIVE.findall((ROOT / "docs/api.rst").read_text())))
+
+
+def _resolve(path: str) -> object:
+    """Import ``path`` as a module, or as an attribute of the longest module prefix."""
+    parts = path.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj: object = importlib.import_module(".".join(parts[:cut]))
+        except ImportError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ImportError(path)
+
+
+def test_the_reference_names_enough() -> None:
+    assert len(_documented()) > 20
+
+
+@pytest.mark.parametrize("path", _documented())
+def test_documented_name_imports(path: str) -> None:
+    assert _resolve(path) is not None
+
+
+@pytest.mark.parametrize("name", [
+    "lock", "alock", "with_lock", "current_lock", "get_manager", "LockManager", "Lock",
+    "AsyncLock", "RedlockError", "LockNotAcquired", "LockLost", "LockNotOwned",
+    "QuorumUnavailable", "FencedWriteRejected", "multi_lock", "amulti_lock", "segments",
+    "asegments", "release_held_locks"])
+def test_the_package_face(name: str) -> None:
+    import django_redlock
+
+    assert getattr(django_redlock, name) is not None
+    assert name in django_redlock.__all__
+
+
+def test_module_paths_users_import() -> None:
+    from django_redlock.aio import AsyncLock, alock  # noqa: F401
+    from django_redlock.decorators import current_lock, with_lock  # noqa: F401
+    from django_redlock.exceptions import RedlockError  # noqa: F401
+    from django_redlock.models import FenceField, LockableModel, LockingQuerySet  # noqa: F401
+    from django_redlock.signals import lock_acquired, lock_lost, lock_released  # noqa: F401
+    from django_redlock.testing import FaultProxy, RedisNodes, RedisServer  # noqa: F401
