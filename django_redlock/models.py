@@ -56,7 +56,7 @@ from .fencedwrites import note_fenced_write
 if TYPE_CHECKING:
     from .lock import Lock
 
-__all__ = ["FenceField", "LockableModel", "LockingManager", "LockingQuerySet"]
+__all__ = ["FenceField", "LockableModel", "LockingManager", "LockingQuerySet", "RedisLock"]
 
 
 class FenceField(models.BigIntegerField):
@@ -559,3 +559,31 @@ class LockableModel(models.Model):
         await sync_to_async(self.fenced_save)(lock, update_fields, using)
 
     afenced_save.alters_data = True  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------------ the admin's model
+class RedisLock(models.Model):
+    """What the admin "Locks" page hangs on: no table, no migration.
+
+    ``managed = False`` and this app ships no migrations, so ``migrate`` creates
+    nothing for it; it exists so that the admin lists a "Locks" entry and so
+    that Django creates its permissions (``post_migrate``):
+
+    * ``django_redlock.view_redislock``: see the page (staff users);
+    * ``django_redlock.release_lock``: force-release a lock from it.
+
+    The page itself reads the Redis nodes (:mod:`django_redlock.admin`); no
+    query ever touches a table for this model.
+    """
+
+    name = models.CharField(max_length=1024, primary_key=True)
+
+    class Meta:
+        managed = False
+        default_permissions = ("view",)
+        permissions = [("release_lock", "Can force-release a Redis lock")]
+        verbose_name = "lock"
+        verbose_name_plural = "locks"
+
+    def __str__(self) -> str:
+        return self.name
