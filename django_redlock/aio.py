@@ -330,10 +330,14 @@ class AsyncLock(LockBase):
                         assert waiter is not None
                         answer = await waiter.wait(step.seconds)
                         waiter.clear()
+                        if answer:
+                            await _send(signals.lock_waiter_woken, lock=self, name=self.name)
                     step = plan.send(answer)
             except StopIteration as done:
                 result = done.value
             if result is None:
+                await _send(signals.lock_not_acquired, lock=self, name=self.name,
+                            wait=mgr.clock() - started, outcome="busy")
                 return False
             served = True  # the granting nodes' scripts took us out of the line
             self._on_acquired(token, result.fence, result.valid_until)
@@ -356,6 +360,10 @@ class AsyncLock(LockBase):
                     pass
                 raise
             return True
+        except QuorumUnavailable:
+            await _send(signals.lock_not_acquired, lock=self, name=self.name,
+                        wait=mgr.clock() - started, outcome="quorum_unavailable")
+            raise
         finally:
             if waiter is not None:
                 waiter.close()
@@ -493,6 +501,8 @@ class AsyncLock(LockBase):
             return "lost", "released while the extension ran"
         if result.extended:
             self._valid_until = result.valid_until
+            await _send(signals.lock_extended, lock=self, name=self.name, fence=self.fence,
+                        ttl=ttl)
             return "ok", ""
         if result.valid_until:  # some node took a shorter lease (rounds.tally_extend)
             self._valid_until = min(self._valid_until, result.valid_until)

@@ -312,6 +312,7 @@ class _Target:
         if request is not None:
             name = self.view_name(request, view_self, kwargs)
             lock = manager.lock(name, **self._options(True))
+            lock.metrics_label = self.template.source  # a bounded label (metrics)
             try:
                 lock.__enter__()
             except LockNotAcquired as exc:
@@ -331,6 +332,7 @@ class _Target:
                     request.redlock = previous
         name = self.call_name(args, kwargs)
         lock = manager.lock(name, **self._options(False))
+        lock.metrics_label = self.template.source
         try:
             lock.__enter__()
         except LockNotAcquired as exc:
@@ -397,6 +399,7 @@ class _Target:
         else:
             name = self.call_name(args, kwargs)
         lock = manager.alock(name, **self._options(is_view))
+        lock.metrics_label = self.template.source
         try:
             await lock.__aenter__()
         except LockNotAcquired as exc:

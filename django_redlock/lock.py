@@ -438,10 +438,15 @@ class Lock(LockBase):
                         assert subscription is not None
                         answer = subscription.wait(step.seconds)
                         subscription.clear()
+                        if answer:
+                            signals.send(signals.lock_waiter_woken, Lock, lock=self,
+                                         name=self.name)
                     step = plan.send(answer)
             except StopIteration as done:
                 result = done.value
             if result is None:
+                signals.send(signals.lock_not_acquired, Lock, lock=self, name=self.name,
+                             wait=mgr.clock() - started, outcome="busy")
                 return False
             served = True  # the granting nodes' scripts took us out of the line
             if subscription is not None and result.queued_at:
@@ -452,6 +457,9 @@ class Lock(LockBase):
             self._on_acquired(token, result.fence, result.valid_until, started)
             return True
         except BaseException as exc:
+            if isinstance(exc, QuorumUnavailable):
+                signals.send(signals.lock_not_acquired, Lock, lock=self, name=self.name,
+                             wait=mgr.clock() - started, outcome="quorum_unavailable")
             # Interrupted (a signal handler such as Celery's soft time limit,
             # KeyboardInterrupt) in the middle of a round, or after the grant:
             # the nodes may have set our key, and the caller never learns it
@@ -587,6 +595,8 @@ class Lock(LockBase):
         result = mgr._extend_round(self._key_b, self._fence_key_b, self._token, self.fence, ttl)
         if result.extended:
             self._valid_until = result.valid_until
+            signals.send(signals.lock_extended, Lock, lock=self, name=self.name,
+                         fence=self.fence, ttl=ttl)
             return "ok", ""
         if result.valid_until:  # some node took a shorter lease (rounds.tally_extend)
             self._valid_until = min(self._valid_until, result.valid_until)
