@@ -340,6 +340,7 @@ class AsyncLock(LockBase):
                             wait=mgr.clock() - started, outcome="busy")
                 return False
             served = True  # the granting nodes' scripts took us out of the line
+            self.granted_nodes = result.granted  # for the debug-toolbar panel
             self._on_acquired(token, result.fence, result.valid_until)
             try:
                 if waiter is not None and result.queued_at:

@@ -184,6 +184,9 @@ class LockBase:
         self.max_hold = max_hold
         self.label = label
         self.fence = 0
+        #: Nodes that had granted the last acquisition when it returned (0: not
+        #: counted, e.g. handed over by a release); shown by the debug-toolbar panel.
+        self.granted_nodes = 0
         self.retry_after = 0.0
         self._state = _UNLOCKED
         self._token = ""
@@ -454,6 +457,7 @@ class Lock(LockBase):
                 # too, or their next release wakes us in vain.
                 mgr._leave_queue(self._waiters_key_b, self._entries(subscription), token,
                                  only=result.queued_at, wait=False)
+            self.granted_nodes = result.granted  # for the debug-toolbar panel
             self._on_acquired(token, result.fence, result.valid_until, started)
             return True
         except BaseException as exc:

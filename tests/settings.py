@@ -47,3 +47,12 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDLOCK_NODES = ["redis://127.0.0.1:1/0"]  # replaced by the session fixture
 REDLOCK = {"NODE_TIMEOUT": 0.5}
 LOGGING_CONFIG = None
+
+try:  # in the test extra: the django_redlock.panels.LocksPanel tests (tests/test_panels.py)
+    import debug_toolbar  # noqa: F401
+except ImportError:  # pragma: no cover
+    pass
+else:
+    INSTALLED_APPS.append("debug_toolbar")
+    # The middleware is added by the panel tests only; never in other tests.
+    DEBUG_TOOLBAR_CONFIG = {"IS_RUNNING_TESTS": False}
