@@ -148,8 +148,21 @@ _RECEIVERS = (
     (signals.lock_waiter_woken, _woken),
     (signals.fenced_write_rejected, _rejected),
 )
-for _signal, _receiver in _RECEIVERS:
-    _signal.connect(_receiver, dispatch_uid=f"django_redlock.metrics.{_receiver.__name__}")
+
+
+def _connect() -> None:
+    """Connect the collectors to the signals (done on import; idempotent)."""
+    for signal, receiver in _RECEIVERS:
+        signal.connect(receiver, dispatch_uid=f"django_redlock.metrics.{receiver.__name__}")
+
+
+def _disconnect() -> None:
+    """Stop counting (the tests use it to leave other tests' locks alone)."""
+    for signal, receiver in _RECEIVERS:
+        signal.disconnect(receiver, dispatch_uid=f"django_redlock.metrics.{receiver.__name__}")
+
+
+_connect()
 
 
 def metrics_view(request: HttpRequest) -> HttpResponse:

@@ -92,12 +92,25 @@ def _on_lost(sender: Any, *, lock: Any, held: float, reason: str, **kwargs: Any)
         record["hold_ms"] = _ms(held)
 
 
-for _signal, _receiver in ((signals.lock_acquired, _on_acquired),
-                           (signals.lock_not_acquired, _on_not_acquired),
-                           (signals.lock_released, _on_released),
-                           (signals.lock_extended, _on_extended),
-                           (signals.lock_lost, _on_lost)):
-    _signal.connect(_receiver, dispatch_uid=f"django_redlock.panels.{_receiver.__name__}")
+_RECEIVERS = ((signals.lock_acquired, _on_acquired),
+              (signals.lock_not_acquired, _on_not_acquired),
+              (signals.lock_released, _on_released),
+              (signals.lock_extended, _on_extended),
+              (signals.lock_lost, _on_lost))
+
+
+def _connect() -> None:
+    """Connect the panel's receivers (done on import; idempotent)."""
+    for signal, receiver in _RECEIVERS:
+        signal.connect(receiver, dispatch_uid=f"django_redlock.panels.{receiver.__name__}")
+
+
+def _disconnect() -> None:
+    for signal, receiver in _RECEIVERS:
+        signal.disconnect(receiver, dispatch_uid=f"django_redlock.panels.{receiver.__name__}")
+
+
+_connect()
 
 
 class LocksPanel(Panel):

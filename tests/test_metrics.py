@@ -4,6 +4,7 @@ against the suite's real Redis nodes (deltas of the default registry)."""
 from __future__ import annotations
 
 import threading
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -18,6 +19,14 @@ from tests.testapp.models import Product
 
 prometheus_client = pytest.importorskip("prometheus_client")
 metrics = pytest.importorskip("django_redlock.metrics")
+metrics._disconnect()  # imported at collection: count only while this module runs
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _counting() -> Iterator[None]:
+    metrics._connect()
+    yield
+    metrics._disconnect()
 
 
 def value(name: str, **labels: str) -> float:

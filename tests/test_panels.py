@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import re
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -14,6 +15,15 @@ from django.test import Client
 pytest.importorskip("debug_toolbar", reason="django-debug-toolbar is not installed")
 
 pytestmark = pytest.mark.urls("tests.toolbar_urls")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _receivers() -> Iterator[None]:
+    from django_redlock import panels
+
+    panels._connect()
+    yield
+    panels._disconnect()  # leave other tests' locks alone
 
 
 @pytest.fixture(autouse=True)
