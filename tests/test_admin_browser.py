@@ -101,6 +101,14 @@ def assert_not_blank(png: bytes, where: Path) -> None:
         f"screenshot {where} looks blank: {len(counts)} colours, {most / len(pixels):.1%} {colour!r}"
 
 
+def wait_for(driver: Any, what: Any, timeout: float = 20.0) -> None:
+    """Wait (bounded) until ``what(driver)`` is true: a click returns before the
+    next page has loaded."""
+    from selenium.webdriver.support.ui import WebDriverWait
+
+    WebDriverWait(driver, timeout, poll_frequency=0.05).until(what)
+
+
 def log_in(driver: Any, base: str, username: str, password: str) -> None:
     from selenium.webdriver.common.by import By
 
@@ -109,6 +117,7 @@ def log_in(driver: Any, base: str, username: str, password: str) -> None:
     driver.find_element(By.ID, "id_username").send_keys(username)
     driver.find_element(By.ID, "id_password").send_keys(password)
     driver.find_element(By.CSS_SELECTOR, "input[type=submit]").click()
+    wait_for(driver, lambda d: "/login/" not in d.current_url and d.current_url.endswith(URL))
 
 
 def rows(driver: Any) -> dict[str, list[str]]:
@@ -125,7 +134,6 @@ def test_release_a_lock_from_the_admin(browser: Any, live_server: Any, hold: Any
     User.objects.create_superuser("boss", "boss@example.com", "boss-pw")
     fence = hold("stock:42")
     log_in(browser, live_server.url, "boss", "boss-pw")
-    assert browser.current_url.endswith(URL), browser.current_url
     seen = rows(browser)
     assert seen["stock:42"][1:3] == ["3/3", "quorum"], seen
     assert int(seen["stock:42"][5]) >= fence and seen["stock:42"][6] == "nightly-import"
@@ -135,18 +143,19 @@ def test_release_a_lock_from_the_admin(browser: Any, live_server: Any, hold: Any
     browser.get("data:text/html,<body></body>")  # the check itself sees a blank page
     with pytest.raises(AssertionError, match="looks blank"):
         assert_not_blank(browser.get_screenshot_as_png(), tmp_path / "blank.png")
-    browser.get(f"{live_server.url}{URL}")
+    browser.get(f"{live_server.url}{URL}")  # get() waits for the page to load
 
     # Node by node.
     browser.find_element(By.LINK_TEXT, "stock:42").click()
+    wait_for(browser, lambda d: "Lock stock:42" in d.title)
     assert len(browser.find_elements(By.CSS_SELECTOR, "#redlock-per-node tr.redlock-node")) == 3
 
     # Release: asks first, then deletes it on every node.
     browser.find_element(By.CSS_SELECTOR, "a.redlock-release").click()
-    assert "Release lock stock:42?" in browser.title
+    wait_for(browser, lambda d: "Release lock stock:42?" in d.title)
     assert all(server.execute("EXISTS", "redlock:stock:42") for server in session_nodes)
     browser.find_element(By.ID, "redlock-confirm").click()
-    assert browser.current_url.endswith(URL)
+    wait_for(browser, lambda d: d.current_url.endswith(URL))
     assert "Released lock 'stock:42'" in browser.find_element(By.CSS_SELECTOR, "ul.messagelist").text
     assert "stock:42" not in rows(browser)
     assert not any(server.execute("EXISTS", "redlock:stock:42") for server in session_nodes)
