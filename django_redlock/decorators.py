@@ -316,6 +316,7 @@ class _Target:
         if request is not None:
             name = self.view_name(request, view_self, kwargs)
             lock = manager.lock(name, **self._options(True))
+            lock.metrics_label = self.template.source  # a bounded label (metrics)
             try:
                 lock.__enter__()
             except LockNotAcquired as exc:
@@ -335,6 +336,7 @@ class _Target:
                     request.redlock = previous
         name = self.call_name(args, kwargs)
         lock = manager.lock(name, **self._options(False))
+        lock.metrics_label = self.template.source
         try:
             lock.__enter__()
         except LockNotAcquired as exc:
@@ -401,6 +403,7 @@ class _Target:
         else:
             name = self.call_name(args, kwargs)
         lock = manager.alock(name, **self._options(is_view))
+        lock.metrics_label = self.template.source
         try:
             await lock.__aenter__()
         except LockNotAcquired as exc:

@@ -52,11 +52,21 @@ from .core.templates import (
 )
 from .exceptions import FencedWriteRejected
 from .fencedwrites import note_fenced_write
+from .signals import fenced_write_rejected
+from .signals import send as _send_signal
 
 if TYPE_CHECKING:
     from .engine.lock import Lock
 
-__all__ = ["FenceField", "LockableModel", "LockingManager", "LockingQuerySet"]
+__all__ = ["FenceField", "LockableModel", "LockingManager", "LockingQuerySet", "RedisLock"]
+
+
+def _rejected(model: Any, message: str, **context: Any) -> FencedWriteRejected:
+    """The :class:`FencedWriteRejected` to raise, after the ``fenced_write_rejected`` signal."""
+    exc = FencedWriteRejected(message, **context)
+    _send_signal(fenced_write_rejected, model, model=model, lock_name=exc.lock_name,
+                 fence=exc.fence, stored_fence=context.get("stored_fence"))
+    return exc
 
 
 class FenceField(models.BigIntegerField):
@@ -242,7 +252,7 @@ class LockingQuerySet(models.QuerySet):
         newer = self.filter(**{f"{field.name}__gt": fence}).aggregate(
             newest=Max(field.name))["newest"]
         if newer is not None:
-            raise FencedWriteRejected(
+            raise _rejected(self.model,
                 f"claim of {self.model._meta.label} refused: a selected row carries fence "
                 f"{newer} > {fence} (a newer lock holder claimed it)",
                 lock_name=getattr(lock, "name", None), fence=fence, stored_fence=newer)
@@ -289,7 +299,7 @@ class LockingQuerySet(models.QuerySet):
         instance = target.get()
         stored = getattr(instance, field.attname)
         if stored != fence:  # a newer holder claimed it, before or right after our claim
-            raise FencedWriteRejected(
+            raise _rejected(self.model,
                 f"claim of {meta.label} pk={instance.pk!r} refused: a newer lock holder "
                 f"claimed it (fence {stored} > {fence})",
                 lock_name=getattr(lock, "name", None), fence=fence, stored_fence=stored)
@@ -349,7 +359,7 @@ class LockingQuerySet(models.QuerySet):
         else:
             why = (f"no selected row carries this lock's fence {fence}: claim the rows "
                    f"(locked(), claim_and_get() or claim()) before reading what you write")
-        raise FencedWriteRejected(
+        raise _rejected(self.model,
             f"fenced update of {self.model._meta.label} refused: {why}",
             lock_name=getattr(lock, "name", None), fence=fence, stored_fence=newest)
 
@@ -543,7 +553,7 @@ class LockableModel(models.Model):
             else:
                 why = (f"the row was written (fence {loaded} -> {stored}) since this instance "
                        f"was read: read it again under the lock and write once")
-            raise FencedWriteRejected(
+            raise _rejected(model,
                 f"fenced save of {meta.label} pk={self.pk!r} refused: {why}",
                 lock_name=getattr(lock, "name", None), fence=fence, stored_fence=stored)
         note_fenced_write(lock, fence)
@@ -559,3 +569,31 @@ class LockableModel(models.Model):
         await sync_to_async(self.fenced_save)(lock, update_fields, using)
 
     afenced_save.alters_data = True  # type: ignore[attr-defined]
+
+
+# ------------------------------------------------------------ the admin's model
+class RedisLock(models.Model):
+    """What the admin "Locks" page hangs on: no table, no migration.
+
+    ``managed = False`` and this app ships no migrations, so ``migrate`` creates
+    nothing for it; it exists so that the admin lists a "Locks" entry and so
+    that Django creates its permissions (``post_migrate``):
+
+    * ``django_redlock.view_redislock``: see the page (staff users);
+    * ``django_redlock.release_lock``: force-release a lock from it.
+
+    The page itself reads the Redis nodes (:mod:`django_redlock.admin`); no
+    query ever touches a table for this model.
+    """
+
+    name = models.CharField(max_length=1024, primary_key=True)
+
+    class Meta:
+        managed = False
+        default_permissions = ("view",)
+        permissions = [("release_lock", "Can force-release a Redis lock")]
+        verbose_name = "lock"
+        verbose_name_plural = "locks"
+
+    def __str__(self) -> str:
+        return self.name

@@ -12,6 +12,23 @@ All are sent with ``sender=Lock`` (the class) and these keyword arguments:
 ``lock_lost``
     ``lock``, ``name``, ``fence``, ``held``, ``reason`` (str). Sent from the thread
     that noticed: the renewal thread, or the caller at release time.
+``lock_not_acquired``
+    ``lock``, ``name``, ``wait`` (seconds spent), ``outcome``: ``"busy"`` (the wait
+    ran out; ``acquire()`` returns False or ``LockNotAcquired`` follows) or
+    ``"quorum_unavailable"`` (``QuorumUnavailable`` follows).
+``lock_extended``
+    ``lock``, ``name``, ``fence``, ``ttl`` (the new lease, seconds): a renewal by
+    the watchdog or an ``extend()`` that a quorum applied.
+``lock_waiter_woken``
+    ``lock``, ``name``: a waiting acquirer was woken by a release notice (then it
+    asks the nodes again).
+``fenced_write_rejected``
+    sent with ``sender=`` the model class: ``model``, ``lock_name``, ``fence``,
+    ``stored_fence``; right before :class:`~django_redlock.FencedWriteRejected`
+    is raised by a claim or a fenced write.
+
+These are what :mod:`django_redlock.metrics` counts; an OpenTelemetry (or any
+other) integration can connect to them the same way.
 
 A receiver that raises does not break the lock: exceptions are logged.
 """
@@ -26,6 +43,10 @@ from django.dispatch import Signal
 lock_acquired = Signal()
 lock_released = Signal()
 lock_lost = Signal()
+lock_not_acquired = Signal()
+lock_extended = Signal()
+lock_waiter_woken = Signal()
+fenced_write_rejected = Signal()
 
 logger = logging.getLogger("django_redlock.signals")
 

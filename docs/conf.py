@@ -65,6 +65,8 @@ pygments_style = "sphinx"
 autodoc_member_order = "bysource"
 autodoc_typehints = "signature"
 autodoc_preserve_defaults = True
+# Optional extras: the docs build without them (tox's docs env has only sphinx).
+autodoc_mock_imports = ["prometheus_client"]
 autodoc_default_options = {
     "members": True,
     "show-inheritance": True,

@@ -12,11 +12,29 @@ ALLOWED_HOSTS = ["*"]
 INSTALLED_APPS = [
     "django.contrib.contenttypes",
     "django.contrib.auth",
+    "django.contrib.sessions",
+    "django.contrib.messages",
+    "django.contrib.staticfiles",
+    "django.contrib.admin",  # the "Locks" admin page (tests/test_admin_locks.py)
     "django_redlock",
     "tests.testapp",
     "testproject.inventory",  # the demo app (tests/test_demo.py)
 ]
-MIDDLEWARE: list[str] = []
+MIDDLEWARE: list[str] = [
+    "django.contrib.sessions.middleware.SessionMiddleware",
+    "django.contrib.auth.middleware.AuthenticationMiddleware",
+    "django.contrib.messages.middleware.MessageMiddleware",
+]
+STATIC_URL = "/static/"
+TEMPLATES = [{
+    "BACKEND": "django.template.backends.django.DjangoTemplates",
+    "APP_DIRS": True,
+    "OPTIONS": {"context_processors": [
+        "django.template.context_processors.request",
+        "django.contrib.auth.context_processors.auth",
+        "django.contrib.messages.context_processors.messages",
+    ]},
+}]
 ROOT_URLCONF = "tests.urls"
 DATABASES = {
     "default": {
@@ -29,3 +47,12 @@ DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDLOCK_NODES = ["redis://127.0.0.1:1/0"]  # replaced by the session fixture
 REDLOCK = {"NODE_TIMEOUT": 0.5}
 LOGGING_CONFIG = None
+
+try:  # in the test extra: the django_redlock.panels.LocksPanel tests (tests/test_panels.py)
+    import debug_toolbar  # noqa: F401
+except ImportError:  # pragma: no cover
+    pass
+else:
+    INSTALLED_APPS.append("debug_toolbar")
+    # The middleware is added by the panel tests only; never in other tests.
+    DEBUG_TOOLBAR_CONFIG = {"IS_RUNNING_TESTS": False}

@@ -1,3 +1,4 @@
+from django.contrib import admin
 from django.urls import include, path
 
-urlpatterns: list = [path("", include("tests.testapp.urls"))]
+urlpatterns: list = [path("admin/", admin.site.urls), path("", include("tests.testapp.urls"))]

@@ -341,12 +341,17 @@ class AsyncLock(LockBase):
                         assert waiter is not None
                         answer = await waiter.wait(step.seconds)
                         waiter.clear()
+                        if answer:
+                            await _send(signals.lock_waiter_woken, lock=self, name=self.name)
                     step = plan.send(answer)
             except StopIteration as done:
                 result = done.value
             if result is None:
+                await _send(signals.lock_not_acquired, lock=self, name=self.name,
+                            wait=mgr.clock() - started, outcome="busy")
                 return False
             served = True  # the granting nodes' scripts took us out of the line
+            self.granted_nodes = result.granted  # for the debug-toolbar panel
             self._on_acquired(token, result.fence, result.valid_until)
             try:
                 if waiter is not None and result.queued_at:
@@ -367,6 +372,10 @@ class AsyncLock(LockBase):
                     pass
                 raise
             return True
+        except QuorumUnavailable:
+            await _send(signals.lock_not_acquired, lock=self, name=self.name,
+                        wait=mgr.clock() - started, outcome="quorum_unavailable")
+            raise
         finally:
             if waiter is not None:
                 waiter.close()

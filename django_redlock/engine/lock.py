@@ -111,10 +111,15 @@ class Lock(LockBase):
                         assert subscription is not None
                         answer = subscription.wait(step.seconds)
                         subscription.clear()
+                        if answer:
+                            signals.send(signals.lock_waiter_woken, Lock, lock=self,
+                                         name=self.name)
                     step = plan.send(answer)
             except StopIteration as done:
                 result = done.value
             if result is None:
+                signals.send(signals.lock_not_acquired, Lock, lock=self, name=self.name,
+                             wait=mgr.clock() - started, outcome="busy")
                 return False
             served = True  # the granting nodes' scripts took us out of the line
             if subscription is not None and result.queued_at:
@@ -122,9 +127,13 @@ class Lock(LockBase):
                 # too, or their next release wakes us in vain.
                 mgr._leave_queue(self._waiters_key_b, self._entries(subscription), token,
                                  only=result.queued_at, wait=False)
+            self.granted_nodes = result.granted  # for the debug-toolbar panel
             self._on_acquired(token, result.fence, result.valid_until, started)
             return True
         except BaseException as exc:
+            if isinstance(exc, QuorumUnavailable):
+                signals.send(signals.lock_not_acquired, Lock, lock=self, name=self.name,
+                             wait=mgr.clock() - started, outcome="quorum_unavailable")
             # Interrupted (a signal handler such as Celery's soft time limit,
             # KeyboardInterrupt) in the middle of a round, or after the grant:
             # the nodes may have set our key, and the caller never learns it

@@ -192,6 +192,9 @@ class LockBase:
         self.max_hold = max_hold
         self.label = label
         self.fence = 0
+        #: Nodes that had granted the last acquisition when it returned (0: not
+        #: counted, e.g. handed over by a release); shown by the debug-toolbar panel.
+        self.granted_nodes = 0
         self.retry_after = 0.0
         self._state = _UNLOCKED
         self._token = ""
@@ -437,6 +440,8 @@ class LockBase:
             return "lost", "released while the extension ran"
         if result.extended:
             self._valid_until = result.valid_until
+            yield Report(signals.lock_extended, dict(lock=self, name=self.name, fence=self.fence,
+                                                     ttl=ttl))
             return "ok", ""
         if result.valid_until:  # some node took a shorter lease (rounds.tally_extend)
             self._valid_until = min(self._valid_until, result.valid_until)

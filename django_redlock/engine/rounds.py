@@ -59,6 +59,9 @@ class AcquireResult:
     #: A refused round that found something no lock wrote at the key, or a
     #: key with no expiry: what is in the way, for the caller's error.
     obstacle: str = ""
+    #: A won round: how many nodes had granted it when the round was decided
+    #: (0: not counted, e.g. a lock handed over by a release).
+    granted: int = 0
 
 
 @dataclass
@@ -307,7 +310,8 @@ def granted(tally: AcquireTally, *, n_nodes: int, start: float, elapsed: float, 
     valid = q.validity(ttl, elapsed, drift_factor)
     if tally.ok >= q.quorum(n_nodes) and valid > 0:
         return AcquireResult(True, fence=tally.fence, valid_until=start + valid,
-                             queued_at=tally.queued_at if any(tally.queued_at) else None)
+                             queued_at=tally.queued_at if any(tally.queued_at) else None,
+                             granted=tally.ok)
     return None
 
 

@@ -1,0 +1,176 @@
+"""Prometheus metrics for the locks of this process (needs ``prometheus_client``).
+
+Importing this module registers the collectors below in ``prometheus_client``'s
+default registry and connects them to :mod:`django_redlock.signals`; import it
+once at start-up (``AppConfig.ready()``), so that what happens before the first
+request, or in a Celery worker, is counted too::
+
+    # myproject/apps.py
+    class MyConfig(AppConfig):
+        def ready(self):
+            import django_redlock.metrics  # noqa: F401
+
+Every metric name starts with ``redlock_``:
+
+================================================  =========  ===============================
+metric                                            type       labels
+================================================  =========  ===============================
+``redlock_acquire_wait_seconds``                  histogram  ``lock``, ``outcome``:
+                                                             ``acquired``, ``busy``,
+                                                             ``quorum_unavailable``
+``redlock_hold_seconds``                          histogram  ``lock`` (acquire to release)
+``redlock_renewals_total``                        counter    ``lock``
+``redlock_lost_total``                            counter    ``lock``
+``redlock_waiters_woken_total``                   counter    ``lock``
+``redlock_fenced_writes_rejected_total``          counter    ``lock``, ``model``
+================================================  =========  ===============================
+
+The ``lock`` label is bounded, never the concrete lock name (``stock:42`` would
+make one time series per row): see :func:`metrics_label`.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+try:
+    import prometheus_client
+except ImportError as e:  # pragma: no cover - the extra is installed in the tests
+    raise ImportError("django_redlock.metrics needs prometheus_client: "
+                      "pip install 'django-redlock[prometheus]'") from e
+
+from django.http import HttpRequest, HttpResponse
+
+from . import signals
+
+__all__ = ["MAX_LABELS", "OTHER", "metrics_label", "metrics_view"]
+
+#: Distinct ``lock`` label values one process reports; later ones are counted as
+#: :data:`OTHER`. A safety net: a well-chosen label never comes near it.
+MAX_LABELS = 200
+#: The ``lock`` label of everything past :data:`MAX_LABELS`.
+OTHER = "other"
+
+WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                30.0, 60.0)
+HOLD_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
+                300.0, 900.0, 3600.0)
+
+ACQUIRE_WAIT = prometheus_client.Histogram(
+    "redlock_acquire_wait_seconds", "Time spent acquiring a lock, by outcome.",
+    ["lock", "outcome"], buckets=WAIT_BUCKETS)
+HOLD = prometheus_client.Histogram(
+    "redlock_hold_seconds", "Time a lock was held, from acquire to release.",
+    ["lock"], buckets=HOLD_BUCKETS)
+RENEWALS = prometheus_client.Counter(
+    "redlock_renewals", "Lease renewals (and extend() calls) a quorum applied.", ["lock"])
+LOST = prometheus_client.Counter(
+    "redlock_lost", "Held locks found lost (renewal failed, lease ran out, force release).",
+    ["lock"])
+WAITERS_WOKEN = prometheus_client.Counter(
+    "redlock_waiters_woken", "Waiting acquirers woken by a release notice.", ["lock"])
+FENCED_REJECTED = prometheus_client.Counter(
+    "redlock_fenced_writes_rejected", "Claims and fenced writes refused by the database.",
+    ["lock", "model"])
+
+_seen: set[str] = set()
+_seen_guard = threading.Lock()
+
+
+def metrics_label(lock: Any = None, *, name: str | None = None) -> str:
+    """The ``lock`` label for a lock object (or, without one, a lock name).
+
+    1. ``lock.metrics_label`` when set: ``@with_lock("stock:<pk>")`` sets it to the
+       template, ``"stock:<pk>"``; set it yourself on a lock from ``lock()`` for
+       a name of your own (``lk = lock(f"import-{day}"); lk.metrics_label = "import"``).
+    2. Otherwise the name up to its first ``:``: ``stock:42`` and ``stock:43``
+       are both ``stock``; ``inventory.item:42`` (``Model.lock_template()``) is
+       ``inventory.item``. A name without ``:`` is its own label, so keep such
+       names constant, or put the variable part after a ``:``.
+
+    Past :data:`MAX_LABELS` distinct values in a process, new ones are
+    reported as :data:`OTHER`: a metric's series stay bounded whatever names
+    the application makes.
+    """
+    label = getattr(lock, "metrics_label", None) if lock is not None else None
+    if not isinstance(label, str) or not label:
+        text = name if name is not None else getattr(lock, "name", "") or ""
+        label = text.split(":", 1)[0] or "-"
+    if label in _seen:
+        return label
+    with _seen_guard:
+        if label in _seen:
+            return label
+        if len(_seen) >= MAX_LABELS:
+            return OTHER
+        _seen.add(label)
+        return label
+
+
+# ---------------------------------------------------------------- receivers
+def _acquired(sender: Any, *, lock: Any, wait: float, **kwargs: Any) -> None:
+    ACQUIRE_WAIT.labels(metrics_label(lock), "acquired").observe(max(0.0, wait))
+
+
+def _not_acquired(sender: Any, *, lock: Any, wait: float, outcome: str, **kwargs: Any) -> None:
+    ACQUIRE_WAIT.labels(metrics_label(lock), outcome).observe(max(0.0, wait))
+
+
+def _released(sender: Any, *, lock: Any, held: float, **kwargs: Any) -> None:
+    HOLD.labels(metrics_label(lock)).observe(max(0.0, held))
+
+
+def _extended(sender: Any, *, lock: Any, **kwargs: Any) -> None:
+    RENEWALS.labels(metrics_label(lock)).inc()
+
+
+def _lost(sender: Any, *, lock: Any, **kwargs: Any) -> None:
+    LOST.labels(metrics_label(lock)).inc()
+
+
+def _woken(sender: Any, *, lock: Any, **kwargs: Any) -> None:
+    WAITERS_WOKEN.labels(metrics_label(lock)).inc()
+
+
+def _rejected(sender: Any, *, model: Any, lock_name: str | None, **kwargs: Any) -> None:
+    meta = getattr(model, "_meta", None)
+    FENCED_REJECTED.labels(metrics_label(name=lock_name or "-"),
+                           meta.label if meta is not None else str(model)).inc()
+
+
+_RECEIVERS = (
+    (signals.lock_acquired, _acquired),
+    (signals.lock_not_acquired, _not_acquired),
+    (signals.lock_released, _released),
+    (signals.lock_extended, _extended),
+    (signals.lock_lost, _lost),
+    (signals.lock_waiter_woken, _woken),
+    (signals.fenced_write_rejected, _rejected),
+)
+
+
+def _connect() -> None:
+    """Connect the collectors to the signals (done on import; idempotent)."""
+    for signal, receiver in _RECEIVERS:
+        signal.connect(receiver, dispatch_uid=f"django_redlock.metrics.{receiver.__name__}")
+
+
+def _disconnect() -> None:
+    """Stop counting (the tests use it to leave other tests' locks alone)."""
+    for signal, receiver in _RECEIVERS:
+        signal.disconnect(receiver, dispatch_uid=f"django_redlock.metrics.{receiver.__name__}")
+
+
+_connect()
+
+
+def metrics_view(request: HttpRequest) -> HttpResponse:
+    """The default registry in the Prometheus text format (a ``/metrics`` view).
+
+    Not protected: route it where only your scraper reaches it, or wrap it
+    (``staff_member_required``, an IP allow-list). With django-prometheus,
+    use its ``/metrics`` instead: it serves the same default registry.
+    """
+    return HttpResponse(prometheus_client.generate_latest(prometheus_client.REGISTRY),
+                        content_type=prometheus_client.CONTENT_TYPE_LATEST)

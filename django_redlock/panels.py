@@ -1,0 +1,173 @@
+"""A django-debug-toolbar panel: the locks a request took.
+
+::
+
+    DEBUG_TOOLBAR_PANELS = [
+        ...,
+        "django_redlock.panels.LocksPanel",
+    ]
+
+For each lock the request asked for (in its own thread, or asyncio task): the
+name, the outcome (acquired, busy, quorum unavailable), the wait, the hold time,
+the fence, how many nodes had granted it when the acquire returned, how many
+confirmed the release, the renewals made while it was held (the renewal thread's
+too), and a loss if there was one. Built on :mod:`django_redlock.signals`.
+
+Locks taken by other requests running at the same time are not shown: a lock
+belongs to the request whose thread or task acquired it.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+import weakref
+from typing import Any
+
+from asgiref.local import Local
+from debug_toolbar.panels import Panel
+
+from . import signals
+
+__all__ = ["LocksPanel"]
+
+#: The panel of the request running in this thread / asyncio task.
+_current = Local()
+#: Locks recorded by a panel whose request is still being processed, and
+#: their records: renewals and losses are reported from the renewal thread.
+_live: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+_live_guard = threading.Lock()
+
+
+def _ms(seconds: float | None) -> float | None:
+    return None if seconds is None else round(max(0.0, seconds) * 1000.0, 2)
+
+
+def _panel() -> LocksPanel | None:
+    return getattr(_current, "panel", None)
+
+
+def _on_acquired(sender: Any, *, lock: Any, name: str, fence: int, wait: float,
+                 **kwargs: Any) -> None:
+    panel = _panel()
+    if panel is None:
+        return
+    record = panel._new_record(lock, name, "acquired", wait)
+    record["fence"] = fence
+    record["granted"] = getattr(lock, "granted_nodes", 0) or None
+    record["acquired_at"] = time.monotonic()
+    with _live_guard:
+        _live[lock] = record
+
+
+def _on_not_acquired(sender: Any, *, lock: Any, name: str, wait: float, outcome: str,
+                     **kwargs: Any) -> None:
+    panel = _panel()
+    if panel is not None:
+        panel._new_record(lock, name, outcome, wait)
+
+
+def _record_of(lock: Any) -> dict[str, Any] | None:
+    with _live_guard:
+        return _live.get(lock)
+
+
+def _on_released(sender: Any, *, lock: Any, held: float, nodes: int, **kwargs: Any) -> None:
+    record = _record_of(lock)
+    if record is not None:
+        record["hold_ms"] = _ms(held)
+        record["released_nodes"] = nodes
+
+
+def _on_extended(sender: Any, *, lock: Any, **kwargs: Any) -> None:
+    record = _record_of(lock)
+    if record is not None:
+        record["renewals"] += 1
+
+
+def _on_lost(sender: Any, *, lock: Any, held: float, reason: str, **kwargs: Any) -> None:
+    record = _record_of(lock)
+    if record is not None:
+        record["lost"] = reason
+        record["hold_ms"] = _ms(held)
+
+
+_RECEIVERS = ((signals.lock_acquired, _on_acquired),
+              (signals.lock_not_acquired, _on_not_acquired),
+              (signals.lock_released, _on_released),
+              (signals.lock_extended, _on_extended),
+              (signals.lock_lost, _on_lost))
+
+
+def _connect() -> None:
+    """Connect the panel's receivers (done on import; idempotent)."""
+    for signal, receiver in _RECEIVERS:
+        signal.connect(receiver, dispatch_uid=f"django_redlock.panels.{receiver.__name__}")
+
+
+def _disconnect() -> None:
+    for signal, receiver in _RECEIVERS:
+        signal.disconnect(receiver, dispatch_uid=f"django_redlock.panels.{receiver.__name__}")
+
+
+_connect()
+
+
+class LocksPanel(Panel):
+    """The Redis locks the request asked for."""
+
+    title = "Redis locks"
+    nav_title = "Locks"
+    template = "django_redlock/debug_toolbar_panel.html"
+    is_async = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.records: list[dict[str, Any]] = []
+        self._locks: list[Any] = []
+
+    @property
+    def nav_subtitle(self) -> str:
+        stats = self.get_stats()
+        count = len(stats.get("locks", []))
+        if not count:
+            return "none"
+        return f"{count} in {stats.get('total_wait_ms', 0):.1f} ms waiting"
+
+    def _new_record(self, lock: Any, name: str, outcome: str, wait: float) -> dict[str, Any]:
+        manager = getattr(lock, "manager", None)
+        record: dict[str, Any] = {
+            "name": name, "outcome": outcome, "wait_ms": _ms(wait), "hold_ms": None,
+            "fence": None, "granted": None, "released_nodes": None,
+            "nodes": len(getattr(manager, "nodes", ()) or ()) or None,
+            "quorum": getattr(manager, "quorum", None), "renewals": 0, "lost": None,
+            "label": getattr(lock, "label", None) or "",
+        }
+        self.records.append(record)
+        self._locks.append(lock)
+        return record
+
+    def enable_instrumentation(self) -> None:
+        _current.panel = self
+
+    def disable_instrumentation(self) -> None:
+        if getattr(_current, "panel", None) is self:
+            del _current.panel
+
+    def generate_stats(self, request: Any, response: Any) -> None:
+        now = time.monotonic()
+        locks = []
+        with _live_guard:
+            for lock, record in zip(self._locks, self.records):
+                _live.pop(lock, None)
+                item = {k: v for k, v in record.items() if k != "acquired_at"}
+                if record["outcome"] == "acquired" and record["hold_ms"] is None:
+                    item["hold_ms"] = _ms(now - record["acquired_at"])
+                    item["still_held"] = True
+                locks.append(item)
+        self._locks = []
+        self.record_stats({
+            "locks": locks,
+            "total_wait_ms": round(sum(r["wait_ms"] or 0.0 for r in locks), 2),
+            "total_hold_ms": round(sum(r["hold_ms"] or 0.0 for r in locks), 2),
+        })

@@ -1,0 +1,153 @@
+"""The admin "Locks" page through Django's test client, against the suite's real
+Redis nodes (the browser test is tests/test_admin_browser.py)."""
+
+from __future__ import annotations
+
+import logging
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.contrib.admin.models import DELETION, LogEntry
+from django.contrib.auth.models import Permission, User
+from django.db.migrations.loader import MigrationLoader
+from django.test import Client
+
+from django_redlock import LockManager
+from django_redlock.models import RedisLock
+from tests.admin_support import held_elsewhere
+
+pytestmark = pytest.mark.django_db
+
+URL = "/admin/django_redlock/redislock/"
+
+
+@pytest.fixture
+def manager(session_nodes: Any, make_manager: Any) -> LockManager:
+    return make_manager(session_nodes, auto_renew=False)
+
+
+@pytest.fixture
+def hold(session_nodes: Any) -> Iterator[Any]:
+    with held_elsewhere(list(session_nodes.urls)) as hold:
+        yield hold
+
+
+@pytest.fixture
+def viewer(client: Client) -> Client:
+    """A staff user who may see the page but not release."""
+    user = User.objects.create_user("viewer", password="pw", is_staff=True)
+    user.user_permissions.add(Permission.objects.get(codename="view_redislock"))
+    other = Client()
+    other.force_login(user)
+    return other
+
+
+def _keys(session_nodes: Any, name: str) -> list[bool]:
+    return [bool(server.execute("EXISTS", f"redlock:{name}")) for server in session_nodes]
+
+
+def test_no_table_no_migration_and_the_permissions_exist() -> None:
+    assert RedisLock._meta.managed is False
+    assert "django_redlock" not in MigrationLoader(None, ignore_no_migrations=True).migrated_apps
+    perm = Permission.objects.get(codename="release_lock")
+    assert perm.content_type.app_label == "django_redlock"
+    assert Permission.objects.filter(codename="view_redislock").exists()
+
+
+def test_the_index_links_to_the_page(admin_client: Client) -> None:
+    page = admin_client.get("/admin/").content.decode()
+    assert URL in page and "Locks" in page
+
+
+def test_list_shows_a_lock_another_process_holds(admin_client: Client, hold: Any) -> None:
+    fence = hold("stock:7")
+    response = admin_client.get(URL)
+    assert response.status_code == 200
+    page = response.content.decode()
+    assert 'data-name="stock:7"' in page
+    row = page.split('data-name="stock:7"')[1].split("</tr>")[0]
+    cells = re.findall(r"<td[^>]*>(.*?)</td>", row)
+    assert cells[1:3] == ["3/3", "quorum"], cells
+    # The fence shown is the largest any node issued; the holder's is the largest
+    # of the majority that answered first: equal, or a few ms apart.
+    assert 0 <= int(cells[5]) - fence < 60_000, (cells, fence)
+    assert cells[6] == "nightly-import" and cells[4].endswith("MainThread"), cells
+    assert "3 of 3 nodes healthy, quorum 2: OK" in page
+    assert page.count('class="redlock-node"') == 3
+    assert "Release…" in page
+
+
+def test_filter_by_pattern(admin_client: Client, manager: LockManager) -> None:
+    with manager.lock("stock:1"), manager.lock("orders:1"):
+        page = admin_client.get(URL, {"q": "stock:*"}).content.decode()
+        assert 'data-name="stock:1"' in page and 'data-name="orders:1"' not in page
+        page = admin_client.get(URL, {"q": "nothing:*"}).content.decode()
+        assert "No locks held matching" in page
+        page = admin_client.get(URL, {"q": "bad[pattern"}).content.decode()
+        assert "bad pattern" in page
+
+
+def test_pagination(admin_client: Client, manager: LockManager) -> None:
+    locks = [manager.lock(f"page:{i:03d}") for i in range(130)]
+    for lock in locks:
+        assert lock.acquire()
+    try:
+        first = admin_client.get(URL).content.decode()
+        second = admin_client.get(URL, {"p": "2"}).content.decode()
+    finally:
+        for lock in locks:
+            lock.release()
+    assert first.count('class="redlock-lock"') == 100 and "page 1 of 2" in first
+    assert second.count('class="redlock-lock"') == 30 and 'data-name="page:129"' in second
+
+
+def test_detail_node_by_node(admin_client: Client, hold: Any) -> None:
+    fence = hold("stock:8")
+    page = admin_client.get(URL + "lock/", {"name": "stock:8"}).content.decode()
+    assert page.count('class="redlock-node"') == 3
+    assert page.count(">held<") == 3 and str(fence)[:8] in page
+    page = admin_client.get(URL + "lock/", {"name": "absent:1"}).content.decode()
+    assert "No lock 'absent:1' is held" in page
+
+
+def test_release_asks_then_releases_logs_and_records(admin_client: Client, hold: Any,
+                                                     session_nodes: Any, caplog: Any) -> None:
+    hold("stock:9")
+    confirm = admin_client.get(URL + "release/", {"name": "stock:9"})
+    assert confirm.status_code == 200 and "Yes, release it" in confirm.content.decode()
+    assert _keys(session_nodes, "stock:9") == [True, True, True]  # asking releases nothing
+    with caplog.at_level(logging.WARNING, logger="django_redlock.admin"):
+        response = admin_client.post(URL + "release/?name=stock:9", follow=True)
+    assert response.status_code == 200
+    assert "Released lock &#x27;stock:9&#x27;" in response.content.decode()
+    assert _keys(session_nodes, "stock:9") == [False, False, False]
+    assert "force-released from the admin by admin" in caplog.text
+    entry = LogEntry.objects.get(object_id="stock:9")
+    assert entry.action_flag == DELETION and "nightly-import" in entry.change_message
+
+
+def test_without_the_permission_no_button_and_403(viewer: Client, hold: Any,
+                                                  session_nodes: Any) -> None:
+    hold("stock:10")
+    page = viewer.get(URL).content.decode()
+    assert 'data-name="stock:10"' in page
+    assert "Release…" not in page
+    assert viewer.get(URL + "release/", {"name": "stock:10"}).status_code == 403
+    assert viewer.post(URL + "release/?name=stock:10").status_code == 403
+    assert _keys(session_nodes, "stock:10") == [True, True, True]
+
+
+def test_no_view_permission_no_page(client: Client) -> None:
+    user = User.objects.create_user("staff", password="pw", is_staff=True)
+    client.force_login(user)
+    assert client.get(URL).status_code == 403
+
+
+def test_passwords_are_masked(admin_client: Client, settings: Any, session_nodes: Any) -> None:
+    settings.REDLOCK_NODES = [*session_nodes.urls, "redis://:hunter2@127.0.0.1:1/0"]
+    page = admin_client.get(URL).content.decode()
+    assert "hunter2" not in page
+    assert "redis://:***@127.0.0.1:1/0" in page
+    assert "not read" in page

@@ -1,0 +1,198 @@
+"""``django_redlock.metrics``: Prometheus collectors fed by the lock signals,
+against the suite's real Redis nodes (deltas of the default registry)."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.test import RequestFactory
+
+import django_redlock
+from django_redlock import LockLost, QuorumUnavailable
+from django_redlock.decorators import with_lock
+from django_redlock.exceptions import FencedWriteRejected
+from tests.polling import wait_until
+from tests.testapp.models import Product
+
+prometheus_client = pytest.importorskip("prometheus_client")
+metrics = pytest.importorskip("django_redlock.metrics")
+metrics._disconnect()  # imported at collection: count only while this module runs
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _counting() -> Iterator[None]:
+    metrics._connect()
+    yield
+    metrics._disconnect()
+
+
+def value(name: str, **labels: str) -> float:
+    return prometheus_client.REGISTRY.get_sample_value(name, labels) or 0.0
+
+
+class Delta:
+    """``Delta()`` then ``.of(name, **labels)``: how much a sample grew since."""
+
+    def __init__(self) -> None:
+        self.start = {(s.name, tuple(sorted(s.labels.items()))): s.value
+                      for m in prometheus_client.REGISTRY.collect() for s in m.samples}
+
+    def of(self, name: str, **labels: str) -> float:
+        return value(name, **labels) - self.start.get((name, tuple(sorted(labels.items()))), 0.0)
+
+
+@with_lock("job:<key>", timeout=0)
+def job(key: str) -> str:
+    return key
+
+
+def test_acquired_busy_and_hold_by_bounded_label(make_manager: Any, session_nodes: Any) -> None:
+    manager = make_manager(session_nodes, auto_renew=False)
+    d = Delta()
+    with manager.lock("stock:42"):
+        assert not manager.lock("stock:42", timeout=0).acquire()
+        other = manager.lock("stock:43", timeout=0)
+        assert other.acquire()
+        other.release()
+    with manager.lock("stock:43"):
+        pass
+    wait = "redlock_acquire_wait_seconds_count"
+    assert d.of(wait, lock="stock", outcome="acquired") == 3  # 42, 43 (inside), 43
+    assert d.of(wait, lock="stock", outcome="busy") == 1
+    assert d.of("redlock_hold_seconds_count", lock="stock") == 3
+    text = metrics_text()
+    assert "stock:42" not in text and "stock:43" not in text  # never the concrete name
+
+
+def test_with_lock_labels_by_template() -> None:
+    d = Delta()
+    assert job("a") == "a"
+    with django_redlock.lock("job:b"), pytest.raises(django_redlock.LockNotAcquired):
+        job("b")
+    wait = "redlock_acquire_wait_seconds_count"
+    assert d.of(wait, lock="job:<key>", outcome="acquired") == 1
+    assert d.of(wait, lock="job:<key>", outcome="busy") == 1
+    assert d.of(wait, lock="job", outcome="acquired") == 1  # the plain lock("job:b")
+
+
+def test_quorum_unavailable(make_manager: Any) -> None:
+    from django_redlock.testing import RedisServer
+
+    dead = []
+    for _ in range(3):  # free ports with nobody listening
+        server = RedisServer()
+        server.start()
+        dead.append(server.url)
+        server.stop()
+    manager = make_manager(dead, node_timeout=0.2)
+    d = Delta()
+    with pytest.raises(QuorumUnavailable):
+        manager.lock("stock:1", timeout=0).acquire()
+    assert d.of("redlock_acquire_wait_seconds_count", lock="stock",
+                outcome="quorum_unavailable") == 1
+
+
+def test_renewals_and_lost(make_manager: Any, session_nodes: Any) -> None:
+    manager = make_manager(session_nodes, auto_renew=False)
+    d = Delta()
+    lk = manager.lock("renew:1", ttl=5)
+    assert lk.acquire()
+    lk.extend()
+    lk.extend()
+    assert d.of("redlock_renewals_total", lock="renew") == 2
+    manager.force_release("renew:1")
+    with pytest.raises(LockLost):
+        lk.extend()
+    assert d.of("redlock_lost_total", lock="renew") == 1
+    # The watchdog's renewals count too.
+    auto = make_manager(session_nodes, auto_renew=True).lock("renew:2", ttl=0.3)
+    with auto:
+        assert wait_until(lambda: d.of("redlock_renewals_total", lock="renew") >= 4, timeout=5)
+
+
+def test_waiter_woken(make_manager: Any, session_nodes: Any) -> None:
+    manager = make_manager(session_nodes, auto_renew=False)
+    d = Delta()
+    holder = manager.lock("queue:1", ttl=10)
+    assert holder.acquire()
+    got: list[bool] = []
+    waiter = threading.Thread(target=lambda: got.append(
+        manager.lock("queue:1").acquire(timeout=8)), daemon=True)
+    waiter.start()
+    assert wait_until(lambda: any(s.execute("LLEN", "{redlock:queue:1}:waiters")
+                                  for s in session_nodes), timeout=5)
+    holder.release()
+    waiter.join(timeout=10)
+    assert got == [True]
+    assert d.of("redlock_waiters_woken_total", lock="queue") >= 1
+
+
+@pytest.mark.django_db
+def test_fenced_write_rejected() -> None:
+    products = Product.objects
+    b = products.create(name="b", stock=1)
+    with django_redlock.lock("testapp.products:all") as old:
+        pass
+    with django_redlock.lock("testapp.products:all") as new:
+        pass
+    assert products.filter(pk=b.pk).claim(new) == 1
+    d = Delta()
+    with pytest.raises(FencedWriteRejected):
+        products.filter(pk=b.pk).claim(old)
+    assert d.of("redlock_fenced_writes_rejected_total", lock="testapp.products",
+                model="testapp.Product") == 1
+
+
+def test_labels_stay_bounded(monkeypatch: Any) -> None:
+    monkeypatch.setattr(metrics, "_seen", set())
+    monkeypatch.setattr(metrics, "MAX_LABELS", 3)
+    labels = [metrics.metrics_label(name=f"name-{i}") for i in range(10)]
+    assert labels[:3] == ["name-0", "name-1", "name-2"]
+    assert set(labels[3:]) == {metrics.OTHER}
+    assert metrics.metrics_label(name="name-1") == "name-1"  # known ones stay
+
+
+def metrics_text() -> str:
+    response = metrics.metrics_view(RequestFactory().get("/metrics"))
+    assert response.status_code == 200
+    assert response["Content-Type"].startswith("text/plain")
+    return response.content.decode()
+
+
+def test_metrics_view() -> None:
+    with django_redlock.lock("view:1"):
+        pass
+    text = metrics_text()
+    for name in ("redlock_acquire_wait_seconds_bucket", "redlock_hold_seconds_sum",
+                 "redlock_renewals_total", "redlock_lost_total",
+                 "redlock_waiters_woken_total", "redlock_fenced_writes_rejected_total"):
+        assert name in text, name
+    assert 'redlock_hold_seconds_count{lock="view"}' in text
+
+
+def test_all_metric_names_start_with_redlock() -> None:
+    names = {m.name for m in prometheus_client.REGISTRY.collect()
+             if m.name.startswith(("redlock", "lock"))}
+    assert names and all(n.startswith("redlock_") for n in names), names
+
+
+def test_async_locks_count_too(make_manager: Any, session_nodes: Any) -> None:
+    import asyncio
+
+    manager = make_manager(session_nodes, auto_renew=False)
+    d = Delta()
+
+    async def main() -> None:
+        async with manager.alock("async:1") as held:
+            assert not await manager.alock("async:1", timeout=0).acquire()
+            await held.extend()
+
+    asyncio.run(main())
+    wait = "redlock_acquire_wait_seconds_count"
+    assert d.of(wait, lock="async", outcome="acquired") == 1
+    assert d.of(wait, lock="async", outcome="busy") == 1
+    assert d.of("redlock_renewals_total", lock="async") == 1
+    assert d.of("redlock_hold_seconds_count", lock="async") == 1

@@ -1,0 +1,83 @@
+"""``django_redlock.panels.LocksPanel`` with django-debug-toolbar installed: real
+requests through the toolbar's middleware, then the panel as the toolbar renders
+it (``/__debug__/render_panel/``), against the suite's real Redis nodes."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from django.test import Client
+
+pytest.importorskip("debug_toolbar", reason="django-debug-toolbar is not installed")
+
+pytestmark = pytest.mark.urls("tests.toolbar_urls")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _receivers() -> Iterator[None]:
+    from django_redlock import panels
+
+    panels._connect()
+    yield
+    panels._disconnect()  # leave other tests' locks alone
+
+
+@pytest.fixture(autouse=True)
+def _toolbar(settings: Any) -> None:
+    settings.MIDDLEWARE = ["debug_toolbar.middleware.DebugToolbarMiddleware", *settings.MIDDLEWARE]
+    settings.DEBUG_TOOLBAR_PANELS = ["django_redlock.panels.LocksPanel"]
+    settings.DEBUG_TOOLBAR_CONFIG = {"SHOW_TOOLBAR_CALLBACK": "tests.toolbar_urls.always",
+                                     "IS_RUNNING_TESTS": False, "RENDER_PANELS": False}
+
+
+def panel(client: Client, path: str) -> tuple[str, str]:
+    """(the page's text, the panel's HTML as the toolbar renders it)."""
+    response = client.get(path)
+    assert response.status_code == 200
+    page = response.content.decode()
+    match = re.search(r'data-request-id="([0-9a-f]+)"', page)
+    assert match, "no toolbar in the page"
+    rendered = client.get("/__debug__/render_panel/",
+                          {"request_id": match.group(1), "panel_id": "LocksPanel"})
+    assert rendered.status_code == 200
+    return page, json.loads(rendered.content)["content"]
+
+
+def cells(html: str) -> list[list[str]]:
+    rows = re.findall(r'<tr class="redlock-panel-lock[^"]*">(.*?)</tr>', html, re.S)
+    return [[re.sub(r"\s+", " ", c).strip() for c in re.findall(r"<td>(.*?)</td>", r, re.S)]
+            for r in rows]
+
+
+@pytest.mark.django_db
+def test_a_lock_the_request_took() -> None:
+    page, html = panel(Client(), "/page/7/")
+    fence = re.search(r"<p>(\d+)</p>", page).group(1)
+    (row,) = cells(html)
+    name, outcome, wait, held, shown_fence, granted, released, renewals, label = row
+    assert name == "page:7" and outcome == "acquired"
+    assert wait.endswith(" ms") and float(wait[:-3]) >= 0
+    assert float(held[:-3]) >= 300  # the view slept 0.35 s under the lock
+    assert shown_fence == fence
+    assert re.fullmatch(r"[23] of 3 nodes \(quorum 2\)", granted), granted
+    assert re.fullmatch(r"[23] of 3 nodes", released), released  # a quorum confirmed it
+    assert int(renewals) >= 1  # by the renewal thread, every ttl / 3
+    assert label == "view:tests.toolbar_urls.locked_page"
+
+
+@pytest.mark.django_db
+def test_busy_and_nothing(make_manager: Any, session_nodes: Any) -> None:
+    other = make_manager(session_nodes, auto_renew=False)
+    with other.lock("report:daily"):
+        page, html = panel(Client(), "/busy/")
+    assert "False" in page
+    (row,) = cells(html)
+    assert row[:2] == ["report:daily", "busy"]
+    assert row[3] == "-" and row[4] == "-"
+    # A request that takes no lock, and locks taken outside any request, show nothing.
+    _, html = panel(Client(), "/plain/")
+    assert "This request took no lock." in html
