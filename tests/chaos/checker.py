@@ -401,6 +401,9 @@ def check(*, schedule: str, fenced: bool, ops: Sequence[Op], events: Sequence[Ev
     # began no earlier than the call and no earlier than Op.lease_start, the lease's
     # start by the holder's own clock). Every call that started inside an outage
     # must end in a typed error within its bound, or acquire after the heal.
+    outages = majority_outages(events)
+    report["majority_windows"] = len(outages)
+    report["majority_down_s"] = round(sum(e - s for _, s, e in outages), 2)
     inside = [o for o in ops if any(s <= o.start < e for _, s, e in outages)]
     report["calls_in_majority_outage"] = len(inside)
     report["outcomes_in_majority_outage"] = dict(Counter(o.outcome for o in inside))
