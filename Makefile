@@ -48,10 +48,10 @@ bench: $(STAMP)
 	$(PY) -m bench
 
 chaos: $(STAMP)
-	$(PY) -m tests.chaos --duration 60
+	$(PY) -m tests.chaos --duration 120 --json chaos-report.json
 
 chaos-long: $(STAMP)
-	$(PY) -m tests.chaos --duration 300
+	$(PY) -m tests.chaos --duration 420 --json chaos-report.json
 
 check: $(STAMP)
 	$(PY) -m pip install -q build twine

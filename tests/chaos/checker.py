@@ -405,8 +405,11 @@ def check(*, schedule: str, fenced: bool, ops: Sequence[Op], events: Sequence[Ev
     report["majority_windows"] = len(outages)
     report["majority_down_s"] = round(sum(e - s for _, s, e in outages), 2)
     inside = [o for o in ops if any(s <= o.start < e for _, s, e in outages)]
-    report["calls_in_majority_outage"] = len(inside)
-    report["outcomes_in_majority_outage"] = dict(Counter(o.outcome for o in inside))
+    report["calls_started_in_majority_outage"] = len(inside)
+    within = [o for o in inside if any(s <= o.start and o.end <= e for _, s, e in outages)]
+    report["calls_in_majority_outage"] = len(within)  # begun and ended inside
+    report["outcomes_in_majority_outage"] = dict(Counter(o.outcome for o in within))
+    report["outcomes_started_in_majority_outage"] = dict(Counter(o.outcome for o in inside))
     untyped_inside = [o for o in inside if o.outcome in ("error", "ok", "lost")
                       and not any(o.acquired is not None and o.acquired >= e
                                   for _, s, e in outages if s <= o.start < e)]
@@ -634,7 +637,7 @@ def format_schedule(name: str, r: dict[str, Any]) -> str:
     if r.get("expect") == "majority":
         extra.append(f"outages {r.get('majority_windows', 0)} ({r.get('majority_down_s', 0)} s, "
                      f"{r.get('outage_inflight', 0)} begun with an acquisition in flight), "
-                     f"{r.get('calls_in_majority_outage', 0)} calls inside, leases begun "
+                     f"{r.get('calls_started_in_majority_outage', 0)} calls begun inside, leases begun "
                      f"inside {r.get('acquired_without_quorum', 0)}, slowest failure "
                      f"{r.get('failed_duration_max_s', 0)} s (bound {r.get('failure_bound_s')} s)")
     if r.get("crashes"):
