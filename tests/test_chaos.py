@@ -1,8 +1,10 @@
 """The chaos run, bounded for CI, and its checker on synthetic histories.
 
-``test_*_schedule*`` run ``python -m tests.chaos`` once (about 90 s: 70 s of
-workload split safe 31.5 / majority 14 / nofence 14 / single 10.5, plus
-start-up) in a subprocess and assert the checker's verdicts. The synthetic tests pin the
+``test_*_schedule*`` run ``python -m tests.chaos`` once on the four original
+schedules (about 60 s: 45 s of workload split safe 17.6 / majority 11.7 /
+nofence 9.8 / single 9.8, plus start-up) in a subprocess and assert the
+checker's figures; the other schedules (partition, crash, dataloss) run in
+``make chaos``. The synthetic tests pin the
 checker down on histories whose answer is known. The last three tests
 reproduce, deterministically, what the chaos run found (a stale-read window in
 ``fenced_save``, a fence regression after a big clock jump, one black-holed node
@@ -29,7 +31,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 #: The CI run's seed (any seed is a valid run; a fixed one names the schedule).
 CI_SEED = 20261121
-CI_DURATION = 70
+CI_DURATION = 45
+CI_SCHEDULES = "safe,majority,nofence,single"
 CI_TIMEOUT = 200  # seconds for the whole subprocess, whatever happens
 
 
@@ -39,7 +42,7 @@ def chaos() -> dict[str, Any]:
     with tempfile.TemporaryDirectory(prefix="redlock-chaos-ci-") as tmp:
         out = os.path.join(tmp, "chaos.json")
         cmd = [sys.executable, "-m", "tests.chaos", "--duration", str(CI_DURATION),
-               "--seed", str(CI_SEED), "--schedule", "all", "--json", out]
+               "--seed", str(CI_SEED), "--schedule", CI_SCHEDULES, "--json", out]
         proc = subprocess.Popen(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
         try:

@@ -566,20 +566,28 @@ class Nemesis:
             self._fault_end(f.kind, i, f.params)
 
     # -- worker faults ---------------------------------------------------------------
-    def _run_workers(self, plan: Sequence[Fault]) -> None:
-        for f in plan:
+    def _run_workers(self, plan: Sequence[Fault], end: float | None = None) -> None:
+        for n, f in enumerate(plan):
             if not self._sleep_until(f.at):
                 return
             pids = self.worker_pids()
             order = list(range(len(pids)))
             random.Random(f.params["order_seed"]).shuffle(order)
             moment = "written" if f.kind == "crash-after" else "critical"
-            target = self._wait_phase(self.phases[moment], order, WORKER_WAIT)
+            # No worker at that moment (every one waiting out a node outage, say): the
+            # fault is deferred, not dropped, until the next one is due or the run's
+            # end leaves no room for it; only then is it a failed injection.
+            wait = WORKER_WAIT
+            if end is not None:
+                limit = plan[n + 1].at if n + 1 < len(plan) else end - 1.0 - f.duration
+                wait = max(WORKER_WAIT, self.t0 + limit - time.monotonic())
+            target = self._wait_phase(self.phases[moment], order, wait)
             if self._stop.is_set():
                 return
             if target is None:
-                self._fail(f.kind, "", f"no worker reached its {'release' if moment == 'written' else 'write'} "
-                                       f"within {WORKER_WAIT} s")
+                self._fail(f.kind, "", f"no worker reached its "
+                                       f"{'release' if moment == 'written' else 'write'} "
+                                       f"within {wait:.1f} s")
                 continue
             pid = self.worker_pids()[target]
             resource = (self.resources[self.current[target]]
@@ -621,14 +629,14 @@ class Nemesis:
 
     # -- lifecycle ----------------------------------------------------------------------
     def start(self, node_plan: Sequence[Fault], worker_plan: Sequence[Fault],
-              link_plan: Sequence[Fault] = ()) -> None:
+              link_plan: Sequence[Fault] = (), duration: float | None = None) -> None:
         for f in (*node_plan, *link_plan, *worker_plan):
             self.event("plan", "info", ",".join(f"n{i}" for i in f.targets), at=f.at,
                        fault=f.kind, duration=f.duration, params=f.params, kinds=list(f.kinds))
         for name, fn, args in (
                 ("nemesis-nodes", self._run_timed, (node_plan, self._node_start, self._node_end)),
                 ("nemesis-links", self._run_timed, (link_plan, self._link_start, self._link_end)),
-                ("nemesis-workers", self._run_workers, (worker_plan,))):
+                ("nemesis-workers", self._run_workers, (worker_plan, duration))):
             th = threading.Thread(target=fn, args=args, name=name, daemon=True)
             th.start()
             self._threads.append(th)

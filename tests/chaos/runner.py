@@ -298,7 +298,7 @@ def run_schedule(schedule: str, duration: float, opts: Options, db_path: str,
                   ttl=opts.ttl, timeout=opts.timeout, node_timeout=opts.node_timeout,
                   workers=opts.workers, resources=res_names, clock_node=clock_node)
         go.set()
-        nem.start(node_plan, worker_plan, link_plan)
+        nem.start(node_plan, worker_plan, link_plan, duration)
         planned = sum(_planned_counts(node_plan, link_plan, worker_plan).values())
         log(f"[{schedule}] seed {opts.seed}: {len(node_plan)} node, {len(link_plan)} link, "
             f"{len(worker_plan)} worker faults planned over {duration:.0f} s")
