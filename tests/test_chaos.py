@@ -621,3 +621,15 @@ def test_link_plan_cuts_workers_from_nodes_others_still_reach() -> None:
     crashes = nemesis.plan_crashes(random.Random("5:crash"), duration=60.0, ttl=1.5,
                                    every=(1.5, 3.0))
     assert {"crash-before", "crash-after"} <= {f.kind for f in crashes}
+
+
+def test_single_node_worker_pauses_are_planned_clear_of_node_faults() -> None:
+    from tests.chaos import runner
+
+    opts = runner.Options(seed=1184787615)
+    nodes, _, workers = runner._plans("single", random.Random("1184787615:single"), 42.0,
+                                      opts, None, [])
+    assert len(nodes) >= 5 and len(workers) >= 5
+    for w in workers:
+        assert not any(n.at < w.at + runner.SINGLE_CLEAR and w.at < n.at + n.duration
+                       for n in nodes)
