@@ -573,8 +573,17 @@ def test_crash_recovery_is_measured_from_the_crash() -> None:
     r, ok, reasons = _judge(ops, writes, events=events)
     assert r["crashes"] == 1 and r["crash_recovery_max_s"] == pytest.approx(0.3)
     assert ok, reasons
-    r, ok, _ = _judge(ops[:1], {"db:1": writes["db:1"][:1]}, events=events)
-    assert r["crashes_unrecovered"] == 1 and not ok  # nobody got the lock again
+    # Nobody got the lock again, while another lock was acquired again and again:
+    # a lock-specific stall.
+    others = [_hold(1, 100 + i, 102.0 + 0.5 * i, 102.2 + 0.5 * i, 100 + i, lock="other",
+                    resource="ctr:9", write=None) for i in range(10)]
+    r, ok, reasons = _judge([ops[0], *others], {"db:1": writes["db:1"][:1]}, events=events)
+    assert r["crashes_unrecovered"] == 1 and not ok
+    assert any("not recovered" in x for x in reasons)
+    # Nothing was acquired anywhere: the machine stalled, reported but not failed.
+    r, ok, reasons = _judge(ops[:1], {"db:1": writes["db:1"][:1]}, events=events)
+    assert r["crashes_unrecovered"] == 0 and r["crashes_recovered_late_in_a_global_stall"] == 1
+    assert ok, reasons
 
 
 def test_schedule_table_names_every_figure_and_the_verdict() -> None:
