@@ -249,12 +249,13 @@ def plan_links(rng: random.Random, *, duration: float, n_nodes: int, n_workers: 
     return plan
 
 
-def plan_worker_pauses(rng: random.Random, *, duration: float, ttl: float, every: tuple[float, float]
-                       ) -> list[Fault]:
+def plan_worker_pauses(rng: random.Random, *, duration: float, ttl: float, every: tuple[float, float],
+                       extra: tuple[float, float] = (0.3, 1.5)) -> list[Fault]:
+    """Worker pauses of TTL + ``extra`` seconds, one every ``every`` seconds."""
     plan: list[Fault] = []
     t = rng.uniform(*every)
     for _ in range(MAX_PLAN):
-        d = ttl + rng.uniform(0.3, 1.5)
+        d = ttl + rng.uniform(*extra)
         if t + WORKER_CRITICAL_WAIT + d > duration - 1.0:
             break
         plan.append(Fault(round(t, 3), "worker-pause", (), round(d, 3),

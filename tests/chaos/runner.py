@@ -216,11 +216,18 @@ def _plans(schedule: str, rng: random.Random, duration: float, opts: Options,
     elif schedule == "dataloss":
         nodes = nemesis.plan_dataloss(rng, duration=duration, n_nodes=N_NODES, ttl=ttl)
         workers = nemesis.plan_worker_pauses(rng, duration=duration, ttl=ttl, every=(2.0, 4.0))
-    else:  # safe, nofence
+    elif schedule == "nofence":
+        # The contrast must show stale writes landing: one node fault at a time (so
+        # that the others go on writing while a worker is paused), and pauses long
+        # enough for them to.
+        nodes = nemesis.plan_minority(rng, duration=duration, n_nodes=N_NODES, ttl=ttl,
+                                      clock_node=clock_node, weights=SAFE_WEIGHTS, max_faulty=1)
+        workers = nemesis.plan_worker_pauses(rng, duration=duration, ttl=ttl, every=(0.5, 1.5),
+                                             extra=(0.8, 1.5))
+    else:  # safe
         nodes = nemesis.plan_minority(rng, duration=duration, n_nodes=N_NODES, ttl=ttl,
                                       clock_node=clock_node, weights=SAFE_WEIGHTS)
-        every = (1.0, 2.5) if schedule == "nofence" else (2.0, 5.0)
-        workers = nemesis.plan_worker_pauses(rng, duration=duration, ttl=ttl, every=every)
+        workers = nemesis.plan_worker_pauses(rng, duration=duration, ttl=ttl, every=(2.0, 5.0))
     return nodes, links, workers
 
 
