@@ -17,7 +17,7 @@ help:
 	@echo "make test   - run the whole test suite against real Redis servers it starts"
 	@echo "make docs   - build the Sphinx docs (warnings are errors)"
 	@echo "make bench  - benchmarks against redis-py Lock, python-redis-lock, pottery"
-	@echo "make chaos  - Jepsen-style fault run with a history checker (chaos-long: 5 min)"
+	@echo "make chaos  - Jepsen-style fault run with a history checker, ~2.5 min (chaos-long: ~8 min)"
 	@echo "make lint   - ruff"
 
 $(STAMP): setup.cfg pyproject.toml
@@ -48,10 +48,10 @@ bench: $(STAMP)
 	$(PY) -m bench
 
 chaos: $(STAMP)
-	$(PY) -m tests.chaos --duration 60
+	$(PY) -m tests.chaos --duration 120 --json chaos-report.json
 
 chaos-long: $(STAMP)
-	$(PY) -m tests.chaos --duration 300
+	$(PY) -m tests.chaos --duration 420 --json chaos-report.json
 
 check: $(STAMP)
 	$(PY) -m pip install -q build twine

@@ -40,11 +40,18 @@ from typing import Any
 
 from .history import OUTCOMES, Event, Op, Write
 
+#: Outcomes that are a typed django-redlock error (or a refusal by the resource).
+TYPED_OUTCOMES = ("refused-by-fence", "not-acquired", "quorum-unavailable", "lost")
+
 #: Seconds allowed beyond ``timeout + 2 * node_timeout`` for a failed call to
 #: return (the machine is shared and small; this is about "bounded", not fast).
 TIMELINESS_SLACK = 2.0
 
 DOWN_KINDS = ("kill", "pause", "cut", "latency")
+
+#: Acquisitions of *other* locks, after a crashed holder's lease ran out, that make
+#: a late recovery of its lock a lock-specific stall (checker.check, crashes).
+CRASH_PROGRESS_ELSEWHERE = 5
 
 
 # -- resource logs --------------------------------------------------------------------
@@ -68,7 +75,9 @@ def analyse_writes(writes: Sequence[Write], final: int) -> dict[str, Any]:
     examples: list[dict[str, int]] = []
     read_examples: list[dict[str, int]] = []
     for w in writes:
-        in_order = w.fence > max_fence
+        # Stale: not above a fence applied before it, or applied over a newer
+        # holder's claim (the stored fence was higher than the writer's).
+        in_order = w.fence > max_fence and w.prev_fence <= w.fence
         if w.new != w.old + 1:
             stale_reads += 1
             delta = w.old + 1 - w.new
@@ -84,7 +93,8 @@ def analyse_writes(writes: Sequence[Write], final: int) -> dict[str, Any]:
         if not in_order:
             stale_fence += 1
             if len(examples) < 5:
-                examples.append({"index": w.index, "fence": w.fence, "after": max_fence,
+                examples.append({"index": w.index, "fence": w.fence,
+                                 "after": max(max_fence, w.prev_fence),
                                  "old": w.old, "new": w.new})
         max_fence = max(max_fence, w.fence)
     return {
@@ -181,16 +191,81 @@ def pause_windows(events: Sequence[Event]) -> dict[int, list[tuple[float, float]
 
 
 def majority_windows(events: Sequence[Event]) -> list[tuple[float, float]]:
+    """(in place, healing) of each majority outage: from the moment its last fault
+    was applied to the moment the heal began."""
+    return [(s, e) for _, s, e in majority_outages(events)]
+
+
+def majority_outages(events: Sequence[Event]) -> list[tuple[float, float, float]]:
+    """(began, in place, healing) of each majority outage: ``began`` is when the
+    nemesis started applying its faults (``params['begin']``, else the start)."""
     out = []
-    start = None
+    start: Event | None = None
     for e in events:
         if e.kind != "majority":
             continue
         if e.action == "start":
-            start = e.t
+            start = e
         elif e.action == "end" and start is not None:
-            out.append((start, e.t))
+            out.append((float(start.params.get("begin", start.t)), start.t, e.t))
             start = None
+    return out
+
+
+def overlapping_holds(ops: Sequence[Op], paused: dict[int, list[tuple[float, float]]]
+                      ) -> dict[str, Any]:
+    """Every pair of holds of one lock whose client-side intervals ``[acquired,
+    release began]`` intersect (all pairs, not a window of neighbours), classified
+    by what the *earlier* holder knew:
+
+    ``told``       it was told it had lost the lock (``LockLost``, ``lock_lost``, a
+                   refused write or claim, ``owned()`` false) and no write of its
+                   landed after the later holder had acquired ("in time")
+    ``told_late``  it was told, but only after a write of its landed while the later
+                   holder held the lock (harmless only if the resource refused
+                   nothing it should have: see the stale-write counts)
+    ``untold``     it was never told
+    """
+    holds: dict[str, list[Op]] = defaultdict(list)
+    for o in ops:
+        if o.acquired is not None:
+            holds[o.lock].append(o)
+    out: dict[str, Any] = {"overlaps": 0, "overlaps_while_paused": 0, "overlaps_told": 0,
+                           "overlaps_told_late": 0, "overlaps_untold": 0,
+                           "overlaps_untold_examples": [], "overlaps_told_late_examples": []}
+    import bisect
+
+    for lock_ops in holds.values():
+        lock_ops.sort(key=lambda o: o.acquired or 0.0)
+        starts = [o.acquired or 0.0 for o in lock_ops]
+        for i, a in enumerate(lock_ops):
+            a_end = a.released if a.released is not None else a.end
+            j_end = bisect.bisect_left(starts, a_end, lo=i + 1)
+            for b in lock_ops[i + 1:j_end]:
+                assert b.acquired is not None
+                if b.acquired >= a_end:
+                    continue
+                out["overlaps"] += 1
+                a_span = (a.acquired or 0.0, a_end)
+                if any(_overlaps(a_span, w) for w in paused.get(a.worker, [])):
+                    out["overlaps_while_paused"] += 1
+                told = (a.outcome in ("lost", "refused-by-fence") or a.lost_signal
+                        or a.write is False or a.owned_before_write is False)
+                wrote_late = (a.write is True and a.write_end is not None
+                              and a.write_end > b.acquired)
+                example = {"lock": a.lock, "earlier": [a.worker, a.seq, a.fence],
+                           "later": [b.worker, b.seq, b.fence],
+                           "overlap_s": round(a_end - b.acquired, 4)}
+                if not told:
+                    out["overlaps_untold"] += 1
+                    if len(out["overlaps_untold_examples"]) < 5:
+                        out["overlaps_untold_examples"].append(example)
+                elif wrote_late:
+                    out["overlaps_told_late"] += 1
+                    if len(out["overlaps_told_late_examples"]) < 5:
+                        out["overlaps_told_late_examples"].append(example)
+                else:
+                    out["overlaps_told"] += 1
     return out
 
 
@@ -275,38 +350,12 @@ def check(*, schedule: str, fenced: bool, ops: Sequence[Op], events: Sequence[Ev
     # Fences per lock name.
     report["fence_regressions"], report["fence_regression_examples"] = fence_regressions(ops)
 
-    # Overlapping holds (client side).
+    # Overlapping holds (client side), every pair.
     paused = pause_windows(events)
-    holds: dict[str, list[Op]] = defaultdict(list)
-    for o in ops:
-        if o.acquired is not None:
-            holds[o.lock].append(o)
-    overlaps = overlaps_paused = overlaps_silent = 0
-    silent_examples: list[dict[str, Any]] = []
-    for lock_ops in holds.values():
-        lock_ops.sort(key=lambda o: o.acquired or 0.0)
-        for i, a in enumerate(lock_ops):
-            a_end = a.released if a.released is not None else a.end
-            for b in lock_ops[i + 1:i + 50]:  # bounded: holds are sequential but for faults
-                assert b.acquired is not None
-                if b.acquired >= a_end:
-                    break
-                overlaps += 1
-                a_span = (a.acquired or 0.0, a_end)
-                if any(_overlaps(a_span, w) for w in paused.get(a.worker, [])):
-                    overlaps_paused += 1
-                told = (a.outcome in ("lost", "refused-by-fence") or a.lost_signal
-                        or a.write is False or a.owned_before_write is False)
-                if not told:
-                    overlaps_silent += 1
-                    if len(silent_examples) < 5:
-                        silent_examples.append({"lock": a.lock, "earlier": [a.worker, a.seq, a.fence],
-                                                "later": [b.worker, b.seq, b.fence],
-                                                "overlap_s": round(a_end - b.acquired, 4)})
-    report["overlaps"] = overlaps
-    report["overlaps_while_paused"] = overlaps_paused
-    report["overlaps_silent"] = overlaps_silent
-    report["overlaps_silent_examples"] = silent_examples
+    report.update(overlapping_holds(ops, paused))
+    # Names kept for the earlier readers of the report.
+    report["overlaps_silent"] = report["overlaps_untold"]
+    report["overlaps_silent_examples"] = report["overlaps_untold_examples"]
 
     # Provoked worker pauses: the paused worker had not begun its write when it was
     # stopped (so the write leaves after the pause), and another holder of the same
@@ -350,25 +399,89 @@ def check(*, schedule: str, fenced: bool, ops: Sequence[Op], events: Sequence[Ev
     report["failed_duration_max_s"] = round(max(durations), 3) if durations else 0.0
     report["failed_duration_p50_s"] = round(statistics.median(durations), 3) if durations else 0.0
 
-    windows = majority_windows(events)
-    report["majority_windows"] = len(windows)
-    report["majority_down_s"] = round(sum(e - s for s, e in windows), 2)
-    # An acquire round that began before the outage may end a little inside it (the
-    # sync transport opens connections one node after another: up to n connect timeouts).
-    margin = n_nodes * node_timeout + 0.25
-    inside = [o for o in ops if any(s <= o.start and o.end <= e for s, e in windows)]
-    report["calls_in_majority_outage"] = len(inside)
-    report["outcomes_in_majority_outage"] = dict(Counter(o.outcome for o in inside))
-    report["acquired_without_quorum"] = sum(
-        1 for o in ops if o.acquired is not None
-        and any(s + margin <= o.acquired <= e for s, e in windows))
+    # Majority outages, with no grace window. An acquisition is one without a
+    # quorum when its whole final round lay inside an outage: it returned before the
+    # heal began, and that round began after the outage was in place (the round
+    # began no earlier than the call and no earlier than Op.lease_start, the lease's
+    # start by the holder's own clock). Every call that started inside an outage
+    # must end in a typed error within its bound, or acquire after the heal.
+    outages = majority_outages(events)
+    report["majority_windows"] = len(outages)
+    report["majority_down_s"] = round(sum(e - s for _, s, e in outages), 2)
+    inside = [o for o in ops if any(s <= o.start < e for _, s, e in outages)]
+    report["calls_started_in_majority_outage"] = len(inside)
+    within = [o for o in inside if any(s <= o.start and o.end <= e for _, s, e in outages)]
+    report["calls_in_majority_outage"] = len(within)  # begun and ended inside
+    report["outcomes_in_majority_outage"] = dict(Counter(o.outcome for o in within))
+    report["outcomes_started_in_majority_outage"] = dict(Counter(o.outcome for o in inside))
+    untyped_inside = [o for o in inside if o.outcome in ("error", "ok", "lost")
+                      and not any(o.acquired is not None and o.acquired >= e
+                                  for _, s, e in outages if s <= o.start < e)]
+    report["outage_calls_without_typed_error"] = len(untyped_inside)
+    report["outage_calls_without_typed_error_examples"] = [
+        [o.worker, o.seq, o.outcome, o.error, round(o.end - o.start, 3)]
+        for o in untyped_inside[:5]]
+    report["outage_calls_over_bound"] = sum(
+        1 for o in inside if o.outcome not in ("ok",) and o.end - o.start > bound)
+    bad = [o for o in ops if o.acquired is not None and any(
+        max(o.start, o.lease_start or o.start) >= s and o.acquired < e
+        for _, s, e in outages)]
+    report["acquired_without_quorum"] = len(bad)
+    report["acquired_without_quorum_examples"] = [
+        [o.worker, o.seq, o.lock, round((o.lease_start or o.acquired or 0.0) - t0, 3)]
+        for o in bad[:5]]
+    report["outage_inflight"] = sum(
+        1 for e in events if e.kind == "majority" and e.action == "start"
+        and e.params.get("inflight"))
+
+    # Typed and untyped errors (every schedule).
+    report["typed_errors"] = sum(outcomes.get(k, 0) for k in TYPED_OUTCOMES)
+    report["untyped_errors"] = outcomes.get("error", 0)
+
+    # Holder crashes: the lock the dead worker held is acquired again by someone
+    # (recovery by expiry) within TTL + timeout + slack. A lock that stays out of
+    # reach longer while other locks are being acquired (at least
+    # CRASH_PROGRESS_ELSEWHERE times after its lease ran out) is a lock-specific
+    # stall, and fails; a stall of every lock at once (the machine starved, e.g.
+    # by the replacement workers starting up) is reported, not failed.
+    lock_of = {o.resource: o.lock for o in ops}
+    crashes = [e for e in events if e.kind in ("crash-before", "crash-after")
+               and e.action == "start"]
+    recoveries: list[float] = []
+    unrecovered = 0
+    stalled_everywhere = 0
+    recover_bound = ttl + timeout + TIMELINESS_SLACK
+    acquisitions = sorted((o.acquired, o.lock) for o in ops if o.acquired is not None)
+    for c in crashes:
+        lock = lock_of.get(str(c.params.get("resource", "")))
+        if lock is None:
+            continue
+        after = [a for a, name in acquisitions if name == lock and a > c.t]
+        if after:
+            recoveries.append(after[0] - c.t)
+        if (after and after[0] - c.t <= recover_bound) or (
+                not after and c.t + recover_bound >= t_end):
+            continue
+        until = after[0] if after else t_end
+        elsewhere = sum(1 for a, name in acquisitions
+                        if name != lock and c.t + ttl < a < until)
+        if elsewhere >= CRASH_PROGRESS_ELSEWHERE:
+            unrecovered += 1
+        else:
+            stalled_everywhere += 1
+    report["crashes"] = len(crashes)
+    report["crash_recovery_max_s"] = round(max(recoveries), 3) if recoveries else 0.0
+    report["crash_recovery_bound_s"] = round(recover_bound, 3)
+    report["crashes_unrecovered"] = unrecovered
+    report["crashes_recovered_late_in_a_global_stall"] = stalled_everywhere
 
     # Verdicts.
     report["safe_ok"] = (report["lost_updates"] == 0 and report["fence_violations"] == 0
                          and report["fence_regressions"] == 0 and report["acknowledged_missing"] == 0
                          and report["value_gaps"] == 0)
     report["majority_ok"] = (report["safe_ok"] and report["failed_over_bound"] == 0
-                             and report["acquired_without_quorum"] == 0)
+                             and report["acquired_without_quorum"] == 0
+                             and report["outage_calls_without_typed_error"] == 0)
     return report
 
 
@@ -427,4 +540,132 @@ def format_table(reports: dict[str, dict[str, Any]]) -> str:
              "-" * (width + col * len(names))]
     for key, label in ROWS:
         lines.append(label.ljust(width) + "".join(_cell(reports[n], key).rjust(col) for n in names))
+    return "\n".join(lines)
+
+
+# -- the verdict ----------------------------------------------------------------------------
+def verdict(r: dict[str, Any]) -> tuple[bool, list[str]]:
+    """(passed, reasons) for one schedule's report; ``r['expect']`` names the rules
+    (``runner.EXPECT``): ``safe``, ``dataloss``, ``majority``, ``nofence``, ``clock``.
+
+    Every schedule fails when it proved nothing or could not be run as planned:
+    fewer successful operations than ``r['min_ok']``, a worker that hung or died
+    without the nemesis killing it, a planned fault that was not applied, an
+    untyped error, a fence regression, an acknowledged write missing, a value the
+    write log does not explain. Then, by kind: ``safe`` and ``majority`` no lost
+    update on any resource, no stale write landed, no overlap whose earlier holder
+    was never told; ``majority`` also no lease begun inside an outage, every call
+    started in one a typed error within its bound (or an acquisition after the
+    heal); ``dataloss`` overlaps allowed, but no lost update and no stale write
+    landed (fencing refused them all); ``nofence`` must show stale writes landing
+    and updates lost (else the contrast detected nothing); ``clock`` is ``safe``
+    without the overlap rule.
+    """
+    expect = r.get("expect", "safe")
+    reasons: list[str] = []
+    ok = r.get("outcomes", {}).get("ok", 0)
+    if ok < r.get("min_ok", 0):
+        reasons.append(f"only {ok} successful operation(s), fewer than {r['min_ok']}")
+    if r.get("hung_workers"):
+        reasons.append(f"worker(s) hung: {', '.join(r['hung_workers'])}")
+    if r.get("died_workers"):
+        reasons.append(f"worker(s) died unexpectedly: {', '.join(r['died_workers'])}")
+    if r.get("nemesis_errors"):
+        reasons.append(f"{len(r['nemesis_errors'])} planned fault(s) not injected "
+                       f"({r['nemesis_errors'][0]})")
+    planned, applied = r.get("faults_planned", {}), r.get("faults_applied", {})
+    short = {k: (n, applied.get(k, 0)) for k, n in planned.items() if applied.get(k, 0) < n}
+    if short:
+        reasons.append("faults applied short of the plan: " + ", ".join(
+            f"{k} {a} of {n}" for k, (n, a) in sorted(short.items())))
+    checks = [("untyped_errors", "call(s) ended in an untyped error"),
+              ("fence_regressions", "fence(s) not above an earlier holder's"),
+              ("acknowledged_missing", "acknowledged write(s) missing at the resource"),
+              ("value_gaps", "value gap(s) the write log does not explain")]
+    reasons += [f"{r[key]} {label}" for key, label in checks if r.get(key)]
+    if expect in ("safe", "majority", "dataloss", "clock"):
+        if r.get("lost_updates"):
+            by_kind = r.get("lost_updates_by_kind", {})
+            reasons.append(f"{r['lost_updates']} lost update(s) ("
+                           + ", ".join(f"{k} {v}" for k, v in by_kind.items() if v) + ")")
+        if r.get("stale_writes_landed"):
+            reasons.append(f"{r['stale_writes_landed']} stale write(s) landed")
+    if expect in ("safe", "majority") and r.get("overlaps_untold"):
+        reasons.append(f"{r['overlaps_untold']} overlapping hold(s) whose earlier holder "
+                       f"was never told")
+    if expect == "majority":
+        reasons += [f"{r[key]} {label}" for key, label in (
+            ("failed_over_bound", "failed call(s) over the timeout bound"),
+            ("outage_calls_over_bound", "call(s) in an outage over the timeout bound"),
+            ("outage_calls_without_typed_error",
+             "call(s) started in an outage without a typed error"),
+            ("acquired_without_quorum", "lease(s) begun while a majority was down"))
+            if r.get(key)]
+        if not r.get("majority_windows"):
+            reasons.append("no majority outage took place")
+    if expect == "nofence" and not (r.get("stale_writes_landed") and r.get("lost_updates")):
+        reasons.append(f"the contrast detected nothing ({r.get('stale_writes_landed', 0)} "
+                       f"stale writes landed, {r.get('lost_updates', 0)} updates lost)")
+    if r.get("crashes_unrecovered"):
+        reasons.append(f"{r['crashes_unrecovered']} crashed holder's lock(s) not recovered "
+                       f"within {r.get('crash_recovery_bound_s')} s")
+    return not reasons, reasons
+
+
+SCHEDULE_ROWS: list[tuple[str, str]] = [
+    ("attempted", "operations"),
+    ("ok", "ok"),
+    ("refused_by_fence", "refused by fence"),
+    ("typed_errors", "typed errors (incl. refused)"),
+    ("untyped_errors", "untyped errors"),
+    ("lost_updates", "lost updates"),
+    ("overlaps", "overlapping holds"),
+    ("overlaps_told_split", "  earlier holder told in time / late / never"),
+    ("stale_writes_landed", "stale writes landed"),
+    ("fence_regressions", "fence regressions"),
+    ("acknowledged_missing", "acknowledged writes missing"),
+    ("workers_split", "workers hung / died / crashed by the nemesis"),
+    ("faults_split", "faults applied / planned / failed"),
+]
+
+
+def _schedule_cell(r: dict[str, Any], key: str) -> str:
+    if key == "overlaps_told_split":
+        return f"{r.get('overlaps_told', 0)} / {r.get('overlaps_told_late', 0)} / " \
+               f"{r.get('overlaps_untold', 0)}"
+    if key == "workers_split":
+        return f"{len(r.get('hung_workers', []))} / {len(r.get('died_workers', []))} / " \
+               f"{r.get('crashed_workers', 0)}"
+    if key == "faults_split":
+        return f"{sum(r.get('faults_applied', {}).values())} / " \
+               f"{sum(r.get('faults_planned', {}).values())} / {len(r.get('nemesis_errors', []))}"
+    return _cell(r, key)
+
+
+def format_schedule(name: str, r: dict[str, Any]) -> str:
+    """One schedule's table: the figures a person reads first, and its verdict."""
+    passed, reasons = verdict(r)
+    width = max(len(label) for _, label in SCHEDULE_ROWS) + 2
+    head = (f"{name} ({r.get('expect', '?')}, {r.get('duration_s', 0):.0f} s, "
+            f"at least {r.get('min_ok', 0)} ok)")
+    lines = [head, "-" * max(len(head), width + 16)]
+    for key, label in SCHEDULE_ROWS:
+        lines.append(label.ljust(width) + _schedule_cell(r, key).rjust(16))
+    extra = []
+    if r.get("expect") == "majority":
+        extra.append(f"outages {r.get('majority_windows', 0)} ({r.get('majority_down_s', 0)} s, "
+                     f"{r.get('outage_inflight', 0)} begun with an acquisition in flight), "
+                     f"{r.get('calls_started_in_majority_outage', 0)} calls begun inside, leases begun "
+                     f"inside {r.get('acquired_without_quorum', 0)}, slowest failure "
+                     f"{r.get('failed_duration_max_s', 0)} s (bound {r.get('failure_bound_s')} s)")
+    if r.get("crashes"):
+        extra.append(f"holder crashes {r['crashes']}, lock recovered within "
+                     f"{r.get('crash_recovery_max_s')} s (bound {r.get('crash_recovery_bound_s')} s"
+                     f"; late while every lock stalled: "
+                     f"{r.get('crashes_recovered_late_in_a_global_stall', 0)})")
+    applied = r.get("faults_applied", {})
+    if applied:
+        extra.append("faults: " + ", ".join(f"{k} {v}" for k, v in sorted(applied.items())))
+    lines += [f"  {x}" for x in extra]
+    lines.append("PASS" if passed else "FAIL: " + "; ".join(reasons))
     return "\n".join(lines)

@@ -44,7 +44,7 @@ class Op:
 
     worker: int
     seq: int  # per worker
-    resource: str  # "db:<pk>" or "ctr:<n>"
+    resource: str  # "db:<pk>", "ctr:<n>" or "cas:<n>"
     lock: str  # the lock name
     start: float  # monotonic, before acquire
     start_wall: float
@@ -62,6 +62,13 @@ class Op:
     stored_fence: int | None = None  # the resource's fence the write was compared with
     owned_before_write: bool | None = None
     lost_signal: bool = False  # the lock_lost signal fired for this lock
+    #: Start of the lease as the client's own clock puts it, read right after
+    #: acquiring: ``now + lock.validity - ttl``. The round that granted the lease
+    #: began no earlier than this (validity counts from the start of that round,
+    #: less the drift allowance; a lease handed over by a release has less left,
+    #: which only moves this earlier). The checker uses it as a lower bound.
+    lease_start: float | None = None
+    gen: int = 0  # the worker's generation: 1 after its first crash and restart, ...
     outcome: str = "error"
     error: str = ""  # exception type name
     detail: str = ""  # short message (no secrets: URLs are not part of our messages)
@@ -76,7 +83,7 @@ class Event:
 
     t: float  # monotonic
     wall: float
-    kind: str  # kill, pause, latency, cut, clock, worker-pause, majority
+    kind: str  # a fault kind (nemesis.py), "plan", "run" or "progress"
     action: str  # start, end, skip, info
     target: str  # "n0".."n4", "w0".., or "" for run-level info
     params: dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -128,7 +135,8 @@ def _lines(path: str) -> Iterator[dict[str, Any]]:
 
 
 def read_ops(paths: Iterable[str]) -> list[Op]:
-    ops = [Op(**d) for p in paths for d in _lines(p)]
+    fields = {f.name for f in dataclasses.fields(Op)}
+    ops = [Op(**{k: v for k, v in d.items() if k in fields}) for p in paths for d in _lines(p)]
     ops.sort(key=lambda o: o.start)
     return ops
 

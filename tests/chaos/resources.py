@@ -20,9 +20,13 @@ accepted.
 
 ``ctr:<n>``
     A counter on a separate Redis server (not one of the lock nodes, never
-    faulted). :data:`WRITE_LUA` is "write only if fence > stored fence" when
-    fencing is on, and appends every applied write to a list, in the order Redis
-    applied them.
+    faulted), written the way ``Model.objects.locked()`` writes a row: right
+    after acquiring, the holder *claims* it (:data:`CLAIM_LUA`: "set the stored
+    fence to mine if mine is higher", refused otherwise), then reads it, then
+    writes only while the claim holds (:data:`WRITE_LUA` check ``3``: "stored
+    fence == mine"). A stale holder, whose claim a newer holder has overwritten,
+    is refused whether the newer holder has written yet or only read. Every
+    applied write is appended to a list, in the order Redis applied them.
 
 ``cas:<n>``
     The same counter with a stricter check: "write only if fence > stored fence
@@ -42,14 +46,18 @@ from typing import Any
 from .history import Write
 
 #: KEYS: value, stored fence, log list. ARGV: new value, fence, check ('0' none,
-#: '1' fence > stored, '2' that and stored == the fence read), op id, fence read.
+#: '1' fence > stored, '2' that and stored == the fence read, '3' stored == fence:
+#: the row is still claimed by us), op id, fence read.
 #: Returns {1, stored} when applied, {0, stored} when refused.
 WRITE_LUA = """
 local stored = redis.call('GET', KEYS[2]) or '0'
-if ARGV[3] ~= '0' and tonumber(ARGV[2]) <= tonumber(stored) then
+if (ARGV[3] == '1' or ARGV[3] == '2') and tonumber(ARGV[2]) <= tonumber(stored) then
   return {0, stored}
 end
 if ARGV[3] == '2' and stored ~= ARGV[5] then
+  return {0, stored}
+end
+if ARGV[3] == '3' and stored ~= ARGV[2] then
   return {0, stored}
 end
 local old = redis.call('GET', KEYS[1]) or '0'
@@ -57,6 +65,18 @@ redis.call('SET', KEYS[1], ARGV[1])
 redis.call('SET', KEYS[2], ARGV[2])
 redis.call('RPUSH', KEYS[3], ARGV[2] .. ' ' .. stored .. ' ' .. old .. ' ' .. ARGV[1] .. ' ' .. ARGV[4])
 return {1, stored}
+"""
+
+#: KEYS: value, stored fence. ARGV: fence. The claim: {1, value} after storing our
+#: fence when it is higher than the stored one; {0, stored} when it is not (a
+#: newer holder claimed the counter: we are the stale one).
+CLAIM_LUA = """
+local stored = redis.call('GET', KEYS[2]) or '0'
+if tonumber(ARGV[1]) <= tonumber(stored) then
+  return {0, stored}
+end
+redis.call('SET', KEYS[2], ARGV[1])
+return {1, redis.call('GET', KEYS[1]) or '0'}
 """
 
 AUDIT_SQL = """

@@ -3,45 +3,114 @@ everything (also on failure), and hand the history to the checker.
 
 Layout of one schedule::
 
-    workers (processes) --> FaultProxy x5 (threads here) --> 5 Redis nodes (processes)
-            |                        ^
-            |                        +-- nemesis (threads here): latency, cut
-            |                            nemesis: kill -9 / restart empty, SIGSTOP nodes,
-            |                            clock jumps (node 4 under libfaketime),
-            |                            SIGSTOP workers
+    worker w (process) --> its own FaultProxy per node (threads here) --> 5 Redis nodes
+            |                        ^                                     (processes)
+            |                        +-- nemesis (threads here): latency, cut, dropped
+            |                            connections, per node or per worker;
+            |                            kill -9 / restart empty (late or early), FLUSHALL,
+            |                            maxmemory eviction, SIGSTOP nodes, clock jumps
+            |                            (node 4 under libfaketime), SIGSTOP / SIGKILL
+            |                            workers (a killed worker is restarted)
             +--> resources: SQLite file (Product rows), a separate Redis server (counters)
 """
 
 from __future__ import annotations
 
 import dataclasses
+import glob
 import multiprocessing
 import os
 import random
 import shutil
 import signal
 import tempfile
+import threading
 import time
+from collections.abc import Sequence
 from typing import Any
 
 from django_redlock.testing import FaultProxy, RedisNodes, RedisServer, find_valkey_binary
 
 from . import checker, nemesis, resources
 from .history import Event, JsonlWriter, read_events, read_ops
-from .workers import PHASE_CRITICAL, PHASE_DONE, PHASE_READY, worker_main
+from .workers import (
+    PHASE_ACQUIRING,
+    PHASE_CRITICAL,
+    PHASE_DEAD,
+    PHASE_DONE,
+    PHASE_READY,
+    PHASE_WRITTEN,
+    worker_main,
+)
 
 N_NODES = 5
 CLOCK_NODE = 4
-SCHEDULES = ("safe", "majority", "nofence", "clock", "single")
+SCHEDULES = ("safe", "partition", "crash", "majority", "dataloss", "nofence", "single",
+             "clock")
 #: What ``--schedule all`` runs. ``clock`` breaks the safety model's clock rule on
 #: purpose and is run on its own (docs/reliability.rst, "Known issues").
-ALL = ("safe", "majority", "nofence", "single")
-#: Share of ``--duration`` each schedule gets with ``--schedule all``.
-SHARES = {"safe": 0.45, "majority": 0.2, "nofence": 0.2, "single": 0.15, "clock": 1.0}
+ALL = ("safe", "partition", "crash", "majority", "dataloss", "nofence", "single")
+#: Share of ``--duration`` each schedule gets when several run (normalised over
+#: the schedules chosen).
+SHARES = {"safe": 0.18, "partition": 0.16, "crash": 0.16, "majority": 0.12, "dataloss": 0.18,
+          "nofence": 0.10, "single": 0.10, "clock": 0.18}
+#: What each schedule is judged by (checker.verdict): ``safe`` (no lost update, no
+#: overlap whose earlier holder was not told in time), ``dataloss`` (overlaps
+#: expected, no stale write may land), ``majority`` (safe, plus typed errors in
+#: time and no acquisition without a quorum), ``nofence`` (the contrast: must show
+#: stale writes landing), ``clock`` (outside the model: safe minus the overlaps).
+EXPECT = {"safe": "safe", "partition": "safe", "crash": "safe", "single": "safe",
+          "majority": "majority", "dataloss": "dataloss", "nofence": "nofence",
+          "clock": "clock"}
+#: The least number of successful operations per second of workload a schedule must
+#: make, or it proved nothing (a run whose workers mostly failed fails).
+MIN_OK_PER_S = {"safe": 5.0, "partition": 2.0, "crash": 3.0, "majority": 2.0,
+                "dataloss": 3.0, "nofence": 5.0, "single": 1.0, "clock": 2.0}
+#: Schedules whose nodes include the libfaketime one (clock steps).
+CLOCK_SCHEDULES = ("safe", "nofence", "clock")
+SAFE_WEIGHTS = {"kill": 2, "pause": 2, "latency": 2, "cut": 2, "clock": 1, "lossy": 1}
+#: Seconds at the start of each worker fault of the single schedule kept free of
+#: node faults.
+SINGLE_CLEAR = 1.5
+PROGRESS_EVERY = 5.0  # seconds between progress lines
 #: ``single``: one node, whose release hands the lock to the next waiter, under
 #: the node faults that keep its data (a restart empty forgets every lock on a
 #: lone node: outside the safety model) and worker pauses.
-SINGLE_WEIGHTS = {"kill": 0, "pause": 1, "latency": 2, "cut": 1, "clock": 0}
+SINGLE_WEIGHTS = {"kill": 0, "pause": 1, "latency": 2, "cut": 1, "clock": 0, "lossy": 1}
+
+
+def durations_for(names: Sequence[str], total: float) -> dict[str, float]:
+    """Seconds of workload per schedule: ``total`` split by :data:`SHARES`."""
+    if len(names) == 1:
+        return {names[0]: total}
+    weight = sum(SHARES[n] for n in names)
+    return {n: max(5.0, total * SHARES[n] / weight) for n in names}
+
+
+def clear_of(node_plan: list[nemesis.Fault], worker_plan: Sequence[nemesis.Fault],
+             clear: float) -> list[nemesis.Fault]:
+    """The node faults trimmed so that ``[at - 0.2, at + clear]`` of every worker
+    fault is free of them (on one node, any node fault stops every acquisition, and
+    a worker fault needs a worker at its write): a fault that began before such a
+    window ends at its start, one that would begin in it begins after it; what is
+    left under 0.3 s is dropped."""
+    out: list[nemesis.Fault] = []
+    windows = sorted((w.at - 0.2, w.at + clear) for w in worker_plan)
+    for n in node_plan:
+        start, end = n.at, n.at + n.duration
+        for ws, we in windows:
+            if start < we and ws < end:
+                if start < ws:
+                    end = ws
+                else:
+                    start = we
+        if end - start >= 0.3:
+            out.append(dataclasses.replace(n, at=round(start, 3), duration=round(end - start, 3)))
+    return out
+
+
+def min_ok(schedule: str, duration: float) -> int:
+    return int(MIN_OK_PER_S[schedule] * duration)
 
 
 def n_nodes_of(schedule: str) -> int:
@@ -110,6 +179,58 @@ def _clock_env(workdir: str) -> tuple[dict[str, str] | None, str | None, str]:
     return env, offset_file, binary
 
 
+def _plans(schedule: str, rng: random.Random, duration: float, opts: Options,
+           clock_node: int | None, skipped: list[str]
+           ) -> tuple[list[nemesis.Fault], list[nemesis.Fault], list[nemesis.Fault]]:
+    """(node plan, link plan, worker plan) of a schedule, drawn from its seed."""
+    ttl = opts.ttl
+    links: list[nemesis.Fault] = []
+    if schedule == "majority":
+        return nemesis.plan_majority(rng, duration=duration, n_nodes=N_NODES, ttl=ttl), [], []
+    if schedule == "clock":
+        if clock_node is None:
+            raise RuntimeError(f"the clock schedule needs clock faults: {'; '.join(skipped)}")
+        nodes = nemesis.plan_minority(
+            rng, duration=duration, n_nodes=N_NODES, ttl=ttl, clock_node=clock_node,
+            big_jumps=True, weights={"kill": 1, "pause": 2, "latency": 1, "cut": 2, "clock": 2})
+        workers = nemesis.plan_worker_pauses(rng, duration=duration, ttl=ttl, every=(1.0, 2.5))
+    elif schedule == "single":
+        nodes = nemesis.plan_minority(rng, duration=duration, n_nodes=1, ttl=ttl,
+                                      clock_node=None, max_faulty=1, weights=SINGLE_WEIGHTS)
+        workers = nemesis.plan_worker_pauses(rng, duration=duration, ttl=ttl, every=(1.0, 2.5))
+        # On one node, a node fault stops every acquisition: a pause planned then
+        # would find no worker at its write. Leave the start of each one clear.
+        nodes = clear_of(nodes, workers, SINGLE_CLEAR)
+    elif schedule == "partition":
+        nodes = nemesis.plan_minority(rng, duration=duration, n_nodes=N_NODES, ttl=ttl,
+                                      clock_node=None, max_faulty=1,
+                                      weights={"latency": 2, "lossy": 2, "cut": 1})
+        links = nemesis.plan_links(rng, duration=duration, n_nodes=N_NODES,
+                                   n_workers=opts.workers)
+        workers = nemesis.plan_worker_pauses(rng, duration=duration, ttl=ttl, every=(2.0, 4.0))
+    elif schedule == "crash":
+        nodes = nemesis.plan_minority(rng, duration=duration, n_nodes=N_NODES, ttl=ttl,
+                                      clock_node=None, max_faulty=1,
+                                      weights={"kill": 1, "pause": 1, "latency": 1, "cut": 1})
+        workers = nemesis.plan_crashes(rng, duration=duration, ttl=ttl, every=(1.5, 3.0))
+    elif schedule == "dataloss":
+        nodes = nemesis.plan_dataloss(rng, duration=duration, n_nodes=N_NODES, ttl=ttl)
+        workers = nemesis.plan_worker_pauses(rng, duration=duration, ttl=ttl, every=(2.0, 4.0))
+    elif schedule == "nofence":
+        # The contrast must show stale writes landing: one node fault at a time (so
+        # that the others go on writing while a worker is paused), and pauses long
+        # enough for them to.
+        nodes = nemesis.plan_minority(rng, duration=duration, n_nodes=N_NODES, ttl=ttl,
+                                      clock_node=clock_node, weights=SAFE_WEIGHTS, max_faulty=1)
+        workers = nemesis.plan_worker_pauses(rng, duration=duration, ttl=ttl, every=(0.5, 1.5),
+                                             extra=(0.8, 1.5))
+    else:  # safe
+        nodes = nemesis.plan_minority(rng, duration=duration, n_nodes=N_NODES, ttl=ttl,
+                                      clock_node=clock_node, weights=SAFE_WEIGHTS)
+        workers = nemesis.plan_worker_pauses(rng, duration=duration, ttl=ttl, every=(2.0, 5.0))
+    return nodes, links, workers
+
+
 def run_schedule(schedule: str, duration: float, opts: Options, db_path: str,
                  log: Any = print) -> dict[str, Any]:
     """Run one schedule for ``duration`` seconds of workload; return the checker's report."""
@@ -126,18 +247,21 @@ def run_schedule(schedule: str, duration: float, opts: Options, db_path: str,
     nodes = RedisNodes(n_nodes)
     # No clock faults on one node: a jump there is a restart for its locks.
     clock_env, clock_file, clock_bin_or_why = (
-        _clock_env(workdir) if n_nodes == N_NODES else (None, None, ""))
+        _clock_env(workdir) if schedule in CLOCK_SCHEDULES else (None, None, ""))
     clock_node: int | None = None
     skipped: list[str] = []
     if clock_env is not None:
         nodes[CLOCK_NODE].binary = clock_bin_or_why
         nodes[CLOCK_NODE].env.update(clock_env)
         clock_node = CLOCK_NODE
-    elif n_nodes == N_NODES:
+    elif schedule in CLOCK_SCHEDULES:
         skipped.append(f"clock jumps skipped: {clock_bin_or_why}")
-    proxies: list[FaultProxy] = []
+    links: list[list[FaultProxy]] = []
     resource_server = RedisServer()
-    procs: list[Any] = []
+    procs: dict[int, Any] = {}
+    crashed: list[Any] = []
+    gens: dict[int, int] = {}
+    procs_lock = threading.Lock()
     nem: nemesis.Nemesis | None = None
     try:
         try:
@@ -150,8 +274,8 @@ def run_schedule(schedule: str, duration: float, opts: Options, db_path: str,
             nodes.stop()
             nodes = RedisNodes(n_nodes).start()
             clock_node = None
-        for server in nodes:
-            proxies.append(FaultProxy.for_server(server).start())
+        for _ in range(opts.workers):
+            links.append([FaultProxy.for_server(server).start() for server in nodes])
         resource_server.start()
         names = [f"{schedule}-{i}" for i in range(opts.db_rows)]
         pks = resources.db_create_rows(db_path, names)
@@ -160,7 +284,8 @@ def run_schedule(schedule: str, duration: float, opts: Options, db_path: str,
 
         cfg = {
             "schedule": schedule, "seed": opts.seed, "fenced": fenced, "duration": duration,
-            "node_urls": [p.url for p in proxies], "resource_url": resource_server.url,
+            "node_urls": [[p.url for p in row] for row in links],
+            "resource_url": resource_server.url,
             "db_path": db_path, "resources": res_names, "ttl": opts.ttl,
             "timeout": opts.timeout, "node_timeout": opts.node_timeout,
             "retry_delay": opts.retry_delay, "think": list(opts.think),
@@ -168,62 +293,70 @@ def run_schedule(schedule: str, duration: float, opts: Options, db_path: str,
         }
         ctx = multiprocessing.get_context("spawn")
         phase = ctx.RawArray("i", opts.workers)
+        ops_done = ctx.RawArray("i", opts.workers)
+        current = ctx.RawArray("i", opts.workers)
         go = ctx.Event()
         start_at = ctx.RawValue("d", 0.0)
+
+        def spawn(i: int) -> None:
+            with procs_lock:
+                gen = gens.get(i, -1) + 1
+                gens[i] = gen
+                p = ctx.Process(target=worker_main,
+                                args=(cfg, i, phase, go, start_at, gen, ops_done, current),
+                                name=f"chaos-worker-{i}.{gen}", daemon=True)
+                p.start()
+                old = procs.get(i)
+                if old is not None:
+                    crashed.append(old)
+                procs[i] = p
+
         for i in range(opts.workers):
-            p = ctx.Process(target=worker_main, args=(cfg, i, phase, go, start_at),
-                            name=f"chaos-worker-{i}", daemon=True)
-            p.start()
-            procs.append(p)
-        _wait_ready(procs, phase, 120.0)
+            spawn(i)
+        _wait_ready(list(procs.values()), phase, 120.0)
 
         # The plan, drawn from the seed before anything runs.
-        if schedule == "majority":
-            node_plan = nemesis.plan_majority(rng, duration=duration, n_nodes=N_NODES, ttl=opts.ttl)
-            worker_plan: list[nemesis.Fault] = []
-        elif schedule == "clock":
-            if clock_node is None:
-                raise RuntimeError(f"the clock schedule needs clock faults: {'; '.join(skipped)}")
-            node_plan = nemesis.plan_minority(
-                rng, duration=duration, n_nodes=N_NODES, ttl=opts.ttl, clock_node=clock_node,
-                big_jumps=True, weights={"kill": 1, "pause": 2, "latency": 1, "cut": 2, "clock": 2})
-            worker_plan = nemesis.plan_worker_pauses(rng, duration=duration, ttl=opts.ttl,
-                                                     every=(1.0, 2.5))
-        elif schedule == "single":
-            node_plan = nemesis.plan_minority(rng, duration=duration, n_nodes=1, ttl=opts.ttl,
-                                              clock_node=None, max_faulty=1,
-                                              weights=SINGLE_WEIGHTS)
-            worker_plan = nemesis.plan_worker_pauses(rng, duration=duration, ttl=opts.ttl,
-                                                     every=(1.0, 2.5))
-        else:
-            node_plan = nemesis.plan_minority(rng, duration=duration, n_nodes=N_NODES, ttl=opts.ttl,
-                                              clock_node=clock_node)
-            every = (1.0, 2.5) if schedule == "nofence" else (2.0, 5.0)
-            worker_plan = nemesis.plan_worker_pauses(rng, duration=duration, ttl=opts.ttl,
-                                                     every=every)
+        node_plan, link_plan, worker_plan = _plans(schedule, rng, duration, opts, clock_node,
+                                                   skipped)
         t0 = time.monotonic() + 0.2
         start_at.value = t0
-        nem = nemesis.Nemesis(nodes=nodes, proxies=proxies,
-                              worker_pids=lambda: [p.pid for p in procs], phase=phase,
-                              critical=PHASE_CRITICAL, clock_file=clock_file, log=events_log, t0=t0)
+        nem = nemesis.Nemesis(
+            nodes=nodes, links=links,
+            worker_pids=lambda: [procs[i].pid for i in range(opts.workers)], phase=phase,
+            phases={"critical": PHASE_CRITICAL, "written": PHASE_WRITTEN,
+                    "acquiring": PHASE_ACQUIRING, "dead": PHASE_DEAD},
+            clock_file=clock_file, log=events_log, t0=t0, respawn=spawn, current=current,
+            resources=res_names)
         for reason in skipped:
             nem.event("clock", "skip", "", reason=reason)
         nem.event("run", "info", "", schedule=schedule, seed=opts.seed, duration=duration,
                   ttl=opts.ttl, timeout=opts.timeout, node_timeout=opts.node_timeout,
                   workers=opts.workers, resources=res_names, clock_node=clock_node)
         go.set()
-        nem.start(node_plan, worker_plan)
-        log(f"[{schedule}] seed {opts.seed}: {len(node_plan)} node faults, "
-            f"{len(worker_plan)} worker pauses planned over {duration:.0f} s")
-        nem.join(duration + 15.0)
+        nem.start(node_plan, worker_plan, link_plan, duration)
+        planned = sum(_planned_counts(node_plan, link_plan, worker_plan).values())
+        log(f"[{schedule}] seed {opts.seed}: {len(node_plan)} node, {len(link_plan)} link, "
+            f"{len(worker_plan)} worker faults planned over {duration:.0f} s")
+        for _ in range(int((duration + 15.0) / PROGRESS_EVERY) + 2):
+            left = t0 + duration + 15.0 - time.monotonic()
+            nem.join(max(0.0, min(PROGRESS_EVERY, left)))
+            elapsed = min(duration, time.monotonic() - t0)
+            done = not any(th.is_alive() for th in nem._threads)
+            log(f"[{schedule}] {elapsed:5.1f} / {duration:.0f} s, ops {sum(ops_done)}, "
+                f"faults {nem.applied} of {planned}, failed {len(nem.errors)}")
+            if done or left <= 0:
+                break
+        nem.join(max(0.0, t0 + duration + 15.0 - time.monotonic()))
         nem.heal_all()
         # Workers start nothing after the deadline; the last op ends within its timeouts.
         limit = time.monotonic() + max(0.0, t0 + duration - time.monotonic()) + opts.timeout + 30.0
-        for p in procs:
+        for p in list(procs.values()):
             p.join(max(0.1, limit - time.monotonic()))
-        hung = [p.name for p in procs if p.is_alive()]
-        if hung:
-            nem.event("run", "error", "", hung_workers=hung)
+        hung = [p.name for p in procs.values() if p.is_alive()]
+        died = [f"{p.name} (exit {p.exitcode})" for p in procs.values()
+                if not p.is_alive() and p.exitcode != 0]
+        if hung or died:
+            nem.event("run", "error", "", hung_workers=hung, died_workers=died)
 
         # The resources' own logs.
         writes: dict[str, list[Any]] = {}
@@ -238,7 +371,7 @@ def run_schedule(schedule: str, duration: float, opts: Options, db_path: str,
         finally:
             client.close()
         events_log.close()
-        ops = read_ops(os.path.join(out_dir, f"worker-{i}.jsonl") for i in range(opts.workers))
+        ops = read_ops(sorted(glob.glob(os.path.join(out_dir, "worker-*.jsonl"))))
         events = read_events(os.path.join(out_dir, "events.jsonl"))
         report = checker.check(schedule=schedule, fenced=fenced, ops=ops, events=events,
                                writes=writes, finals=finals, t0=t0, duration=duration,
@@ -249,17 +382,23 @@ def run_schedule(schedule: str, duration: float, opts: Options, db_path: str,
         report["skipped"] = skipped
         report["nemesis_errors"] = list(nem.errors)
         report["hung_workers"] = hung
+        report["died_workers"] = died
+        report["crashed_workers"] = len(crashed)
+        report["faults_planned"] = _planned_counts(node_plan, link_plan, worker_plan)
         report["faults_applied"] = _fault_counts(events)
         report["clock_node"] = clock_node
+        report["expect"] = EXPECT[schedule]
+        report["min_ok"] = min_ok(schedule, duration)
         return report
     finally:
         if nem is not None:
             nem.stop()
             nem.heal_all()
-        for p in procs:
+        for p in [*procs.values(), *crashed]:
             _stop_process(p)
-        for proxy in proxies:
-            proxy.stop()
+        for row in links:
+            for proxy in row:
+                proxy.stop()
         nodes._stop_all(suppress=True)
         resource_server.stop()
         try:
@@ -273,13 +412,22 @@ def run_schedule(schedule: str, duration: float, opts: Options, db_path: str,
         shutil.rmtree(workdir, ignore_errors=True)
 
 
+def _planned_counts(*plans: Sequence[nemesis.Fault]) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for plan in plans:
+        for f in plan:
+            key = "majority-outage" if f.kind == "majority" else f.kind
+            n = len(f.targets) if f.kind in ("flush", "evict") else 1
+            counts[key] = counts.get(key, 0) + n
+    return counts
+
+
 def _fault_counts(events: list[Event]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for e in events:
-        if e.action == "start" and e.kind not in ("majority",):
-            counts[e.kind] = counts.get(e.kind, 0) + 1
-        if e.kind == "majority" and e.action == "start":
-            counts["majority-outage"] = counts.get("majority-outage", 0) + 1
+        if e.action == "start":
+            key = "majority-outage" if e.kind == "majority" else e.kind
+            counts[key] = counts.get(key, 0) + 1
     return counts
 
 

@@ -7,12 +7,14 @@ pause or a frozen VM would). It configures Django from ``tests.settings`` with
 the run's SQLite file and the proxies' URLs as ``REDLOCK_NODES``, then, until the
 run's deadline, picks a resource at random and does::
 
+    phase = ACQUIRING                        # <- a majority outage may start here
     with <lock on the resource>:             # LockNotAcquired / QuorumUnavailable
-        value = read()                       # read under the lock (a db row: claimed first)
+        claim(fence); value = read()         # claimed before it is read (db rows, ctr)
         if not lock.owned(): skip            # the careful client's last check
-        phase = CRITICAL                     # <- the nemesis may SIGSTOP us here
+        phase = CRITICAL                     # <- the nemesis may SIGSTOP or SIGKILL us here
         sleep(think)                         #    (a GC pause between check and write)
         write(value + 1, fence)              # fenced (or not): accepted / refused
+        phase = WRITTEN; sleep(think)        # <- or SIGKILL us here, after the write
     # release: LockLost if the lease ran out or was taken meanwhile
 
 and appends one :class:`~tests.chaos.history.Op` per attempt to its JSONL file
@@ -32,6 +34,7 @@ from typing import Any
 from .history import JsonlWriter, Op
 
 PHASE_STARTING, PHASE_READY, PHASE_IDLE, PHASE_CRITICAL, PHASE_DONE = 0, 1, 2, 3, 4
+PHASE_ACQUIRING, PHASE_WRITTEN, PHASE_DEAD = 5, 6, 7
 
 #: How long a worker waits for the start signal before giving up.
 START_WAIT = 120.0
@@ -45,7 +48,7 @@ def _setup_django(cfg: dict[str, Any]) -> None:
     # Several processes write one SQLite file: wait for its write lock rather than
     # fail at once (a worker SIGSTOPped inside a statement holds it for the pause).
     settings.DATABASES["default"]["OPTIONS"] = {"timeout": 10}
-    settings.REDLOCK_NODES = list(cfg["node_urls"])
+    settings.REDLOCK_NODES = list(cfg["node_urls"][cfg["index"]])  # this worker's own links
     settings.REDLOCK = {
         "KEY_PREFIX": "chaos",
         "TTL": cfg["ttl"],
@@ -62,17 +65,18 @@ def _setup_django(cfg: dict[str, Any]) -> None:
 
 
 class Worker:
-    def __init__(self, cfg: dict[str, Any], index: int) -> None:
+    def __init__(self, cfg: dict[str, Any], index: int, gen: int = 0) -> None:
         import redis
 
         import django_redlock
         from django_redlock import signals
-        from tests.chaos.resources import WRITE_LUA
+        from tests.chaos.resources import CLAIM_LUA, WRITE_LUA
         from tests.testapp.models import Product
 
         self.cfg = cfg
         self.index = index
-        self.rng = random.Random(f"{cfg['seed']}:{cfg['schedule']}:worker{index}")
+        self.gen = gen
+        self.rng = random.Random(f"{cfg['seed']}:{cfg['schedule']}:worker{index}:{gen}")
         self.fenced: bool = cfg["fenced"]
         self.ttl: float = cfg["ttl"]
         self.timeout: float = cfg["timeout"]
@@ -82,6 +86,7 @@ class Worker:
         self.resource_client = redis.Redis.from_url(cfg["resource_url"], socket_timeout=10,
                                                     socket_connect_timeout=10)
         self.write_script = self.resource_client.register_script(WRITE_LUA)
+        self.claim_script = self.resource_client.register_script(CLAIM_LUA)
         self.lost: set[tuple[str, int]] = set()
         signals.lock_lost.connect(self._on_lost, weak=False)
 
@@ -104,8 +109,9 @@ class Worker:
         kind, ident = resource.split(":", 1)
         lock_name = f"testapp.product:{ident}" if kind == "db" else f"chaos-{kind}:{ident}"
         op = Op(worker=self.index, seq=seq, resource=resource, lock=lock_name,
-                start=time.monotonic(), start_wall=time.time())
+                start=time.monotonic(), start_wall=time.time(), gen=self.gen)
         read_fence = "0"
+        phase[self.index] = PHASE_ACQUIRING
         try:
             if kind == "db":
                 ctx: Any = self.Product.objects.locked(pk=int(ident), ttl=self.ttl,
@@ -116,9 +122,21 @@ class Worker:
             with ctx as held:
                 lock = held.held_lock if kind == "db" else held
                 op.acquired = time.monotonic()
+                op.lease_start = op.acquired + lock.validity - self.ttl
+                phase[self.index] = PHASE_IDLE
                 op.fence = lock.fence
                 if kind == "db":
                     op.read = held.stock
+                elif kind == "ctr" and self.fenced:
+                    claimed, value = self.claim_script(
+                        keys=[f"chaos:{resource}:value", f"chaos:{resource}:fence"],
+                        args=[lock.fence])
+                    if not claimed:  # a newer holder claimed it: we are the stale one
+                        op.stored_fence = int(value)
+                        raise FencedWriteRejected(
+                            f"counter {resource} claimed by fence {int(value)}")
+                    op.read = int(value)
+                    read_fence = str(lock.fence)
                 else:
                     value, fence_read = self.resource_client.mget(
                         f"chaos:{resource}:value", f"chaos:{resource}:fence")
@@ -135,8 +153,11 @@ class Worker:
                                                                        FencedWriteRejected)
                         else:
                             op.write, op.stored_fence = self._write_counter(
-                                resource, op, lock, "2" if kind == "cas" else "1", read_fence)
+                                resource, op, lock, "2" if kind == "cas" else "3", read_fence)
                         op.write_end = time.monotonic()
+                        if op.write:
+                            phase[self.index] = PHASE_WRITTEN  # a crash here: after the write
+                            time.sleep(self.rng.uniform(*self.think))
                     finally:
                         phase[self.index] = PHASE_IDLE
                 op.released = time.monotonic()
@@ -194,13 +215,16 @@ class Worker:
         return applied == 1, int(stored)
 
 
-def worker_main(cfg: dict[str, Any], index: int, phase: Any, go: Any, start_at: Any) -> None:
+def worker_main(cfg: dict[str, Any], index: int, phase: Any, go: Any, start_at: Any,
+                gen: int = 0, ops_done: Any = None, current: Any = None) -> None:
     """Process entry point. Bounded: at most ``cfg['max_ops']`` operations, none
-    started after ``start_at + cfg['duration']``."""
+    started after ``start_at + cfg['duration']``. ``gen`` > 0: a restart after a
+    crash (its own history file; sequence numbers from ``gen * 1_000_000``)."""
     phase[index] = PHASE_STARTING
+    cfg = {**cfg, "index": index}
     _setup_django(cfg)
-    worker = Worker(cfg, index)
-    out = JsonlWriter(os.path.join(cfg["out_dir"], f"worker-{index}.jsonl"))
+    worker = Worker(cfg, index, gen)
+    out = JsonlWriter(os.path.join(cfg["out_dir"], f"worker-{index}.{gen}.jsonl"))
     phase[index] = PHASE_READY
     try:
         if not go.wait(START_WAIT):
@@ -208,10 +232,15 @@ def worker_main(cfg: dict[str, Any], index: int, phase: Any, go: Any, start_at: 
         deadline = start_at.value + cfg["duration"]
         resources: list[str] = list(cfg["resources"])
         pause = tuple(cfg["between"])
-        for seq in range(int(cfg["max_ops"])):
+        for seq in range(gen * 1_000_000, gen * 1_000_000 + int(cfg["max_ops"])):
             if time.monotonic() >= deadline:
                 break
-            out.write(worker.op(seq, worker.rng.choice(resources), phase))
+            resource = worker.rng.choice(resources)
+            if current is not None:
+                current[index] = resources.index(resource)
+            out.write(worker.op(seq, resource, phase))
+            if ops_done is not None:
+                ops_done[index] += 1
             time.sleep(worker.rng.uniform(*pause))
     finally:
         phase[index] = PHASE_DONE
