@@ -10,11 +10,10 @@ is what protects the data when a holder pauses past its lease.
 
 from __future__ import annotations
 
-from types import EllipsisType
+import sys
+from types import EllipsisType, ModuleType
+from typing import TYPE_CHECKING, Any
 
-from .aio import AsyncLock, alock
-from .conf import get_manager
-from .decorators import current_lock, with_lock
 from .exceptions import (
     FencedWriteRejected,
     LockLost,
@@ -23,10 +22,45 @@ from .exceptions import (
     QuorumUnavailable,
     RedlockError,
 )
-from .lock import Lock
-from .manager import LockManager
+
+if TYPE_CHECKING:  # the real imports happen on first use, in __getattr__ below
+    from .aio import AsyncLock, alock
+    from .conf import get_manager
+    from .decorators import current_lock, with_lock
+    from .lock import Lock
+    from .manager import LockManager
 
 __version__ = "0.1.0"
+
+#: Public name -> the submodule that defines it. Importing the package loads only
+#: the version and the exceptions (no Django, no redis-py, no asyncio); each of
+#: these is imported from its submodule on first access (PEP 562), so
+#: ``from django_redlock import with_lock`` works as before.
+_LAZY = {
+    "alock": "aio",
+    "AsyncLock": "aio",
+    "get_manager": "conf",
+    "current_lock": "decorators",
+    "with_lock": "decorators",
+    "Lock": "lock",
+    "LockManager": "manager",
+}
+
+
+def __getattr__(name: str) -> Any:
+    module = _LAZY.get(name)
+    if module is None:
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    from importlib import import_module
+
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "lock",
@@ -54,5 +88,25 @@ def lock(name: str, *, ttl: float | EllipsisType = ..., timeout: float | None | 
     Use it as a context manager (``with lock("stock:42") as held: ...``) or call
     ``acquire()`` / ``release()``. Options left out fall back to ``REDLOCK``.
     """
+    from .conf import get_manager
+
     return get_manager().lock(name, ttl=ttl, timeout=timeout, auto_renew=auto_renew,
                               fencing=fencing, max_hold=max_hold, label=label)
+
+
+class _Package(ModuleType):
+    """The package's module type: keeps ``django_redlock.lock`` the function.
+
+    Importing the submodule ``django_redlock.lock`` (which now happens on first
+    use, not at package import) makes Python set the package attribute ``lock``
+    to that submodule; this keeps the documented function instead. The submodule
+    stays importable as ``django_redlock.lock`` through ``sys.modules``.
+    """
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "lock" and isinstance(value, ModuleType):
+            return
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _Package
