@@ -59,7 +59,13 @@ if TYPE_CHECKING:
 __all__ = ["FenceField", "LockableModel", "LockingManager", "LockingQuerySet"]
 
 
-class FenceField(models.BigIntegerField):
+if TYPE_CHECKING:  # django-stubs' fields are generic (set type, get type); Django's are not
+    _BigIntegerField = models.BigIntegerField[int, int]
+else:
+    _BigIntegerField = models.BigIntegerField
+
+
+class FenceField(_BigIntegerField):
     """The fencing token of the last fenced write to the row (0: never fenced).
 
     Written only by :meth:`LockingQuerySet.claim` (which ``locked()`` runs
@@ -83,7 +89,7 @@ class FenceField(models.BigIntegerField):
         return name, path, args, kwargs
 
 
-def _fence_field(model: type[models.Model]) -> models.Field:
+def _fence_field(model: type[models.Model]) -> models.Field[Any, Any]:
     for field in model._meta.concrete_fields:
         if isinstance(field, FenceField):
             return field
@@ -103,7 +109,7 @@ def _check_fence(lock: Any, what: str) -> int:
 
 
 def _template_for(model: type[models.Model]) -> LockNameTemplate:
-    cached = model.__dict__.get("_redlock_template")
+    cached: LockNameTemplate | None = model.__dict__.get("_redlock_template")
     if cached is not None:
         return cached
     source = getattr(model, "lock_name_template", None) or \
@@ -131,8 +137,8 @@ def lock_name_for_lookup(model: type[models.Model], lookup: dict[str, Any]) -> s
     meta = model._meta
     template = _template_for(model)
 
-    def find(root: str) -> tuple[bool, Any, models.Field | None]:
-        field: models.Field | None
+    def find(root: str) -> tuple[bool, Any, models.Field[Any, Any] | None]:
+        field: models.Field[Any, Any] | None
         if root == "pk":
             field = meta.pk
             names = ["pk", "pk__exact"]
@@ -170,7 +176,7 @@ def lock_name_for_lookup(model: type[models.Model], lookup: dict[str, Any]) -> s
             f"(got: {', '.join(sorted(lookup)) or 'nothing'}); e.g. locked(pk=...)") from None
 
 
-class LockingQuerySet(models.QuerySet):
+class LockingQuerySet(models.QuerySet[Any]):
     """A QuerySet with :meth:`locked` (lock, claim, then read), :meth:`claim`,
     :meth:`claim_and_get` and :meth:`fenced_update`."""
 
@@ -270,7 +276,7 @@ class LockingQuerySet(models.QuerySet):
         field = _fence_field(self.model)
         selected = self.filter(**lookup) if lookup else self
         meta = self.model._meta
-        by_pk = {"pk", meta.pk.name, meta.pk.attname}  # type: ignore[union-attr]
+        by_pk = {"pk", meta.pk.name, meta.pk.attname}
         if lookup and all(key.removesuffix("__exact") in by_pk for key in lookup):
             target = selected  # at most one row: claim it directly (2 queries in all)
         else:  # another lookup could select several rows: find the one first
@@ -358,7 +364,7 @@ class LockingQuerySet(models.QuerySet):
         return await sync_to_async(self.fenced_update)(lock, **values)
 
 
-class LockingManager(models.Manager.from_queryset(LockingQuerySet)):  # type: ignore[misc]
+class LockingManager(models.Manager.from_queryset(LockingQuerySet)):  # type: ignore[misc]  # a base class built at run time; mypy needs the django-stubs plugin (and settings) to follow it
     """The default manager of :class:`LockableModel`: ``.locked(...)``, ``.claim_and_get(...)``,
     ``.claim(...)``, ``.fenced_update(...)``."""
 
@@ -470,7 +476,7 @@ class LockableModel(models.Model):
                                  f"field {name!r}") from None
             if field is fence:
                 continue  # written by fenced_save itself
-            if not getattr(field, "concrete", False) or field.primary_key or \
+            if not getattr(field, "concrete", False) or getattr(field, "primary_key", False) or \
                     getattr(field, "many_to_many", False):
                 raise ValueError(f"fenced_save(update_fields=...): {name!r} is not a concrete, "
                                  f"non-primary-key field")

@@ -36,7 +36,7 @@ import math
 import posixpath
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple, TypeGuard
 from urllib.parse import parse_qsl, quote, unquote, unquote_plus, urlsplit
 
 from .keys import InvalidLockName, validate_prefix
@@ -68,7 +68,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-def _number(v: Any) -> bool:
+def _number(v: Any) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
