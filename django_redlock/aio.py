@@ -57,7 +57,7 @@ import threading
 import weakref
 from collections.abc import Awaitable, Sequence
 from types import EllipsisType, TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from django.dispatch import Signal
 
@@ -69,7 +69,7 @@ from .exceptions import (
     QuorumUnavailable,
     RedlockError,
 )
-from .lock import _HELD, _LOST, _UNLOCKED, Attempt, Lock, LockBase, Subscribe
+from .lock import _HELD, _LOST, _UNLOCKED, Attempt, Lock, LockBase, Subscribe, Wait
 from .rounds import AcquireResult, ExtendResult, ReleaseResult
 
 if TYPE_CHECKING:
@@ -198,7 +198,8 @@ async def _run(transport: AsyncTransport, steps: rounds.Steps[T]) -> T:
             ask = steps.send(await transport.round(ask.requests, skip_backoff=ask.skip_backoff,
                                                    last=ask.last))
     except StopIteration as done:
-        return done.value
+        value: T = done.value
+        return value
 
 
 async def _acquire_round(mgr: LockManager, transport: AsyncTransport, key: bytes, fkey: bytes,
@@ -322,7 +323,7 @@ class AsyncLock(LockBase):
                             self._hand_over_entry(ttl_ms, owner))
                     else:
                         assert waiter is not None
-                        answer = await waiter.wait(step.seconds)
+                        answer = await waiter.wait(cast(Wait, step).seconds)
                         waiter.clear()
                     step = plan.send(answer)
             except StopIteration as done:

@@ -26,7 +26,7 @@ import os
 import threading
 import time
 from types import EllipsisType, TracebackType
-from typing import TYPE_CHECKING, Any, Generator, NamedTuple, Union
+from typing import TYPE_CHECKING, Any, Generator, NamedTuple, Union, cast
 
 from . import rounds, signals
 from .core.arguments import check_timeout, check_ttl
@@ -189,7 +189,7 @@ class LockBase:
         woken = ask_all = False
         self._obstacle = ""
         while True:
-            result = yield Attempt(woken, ask_all)
+            result: AcquireResult = yield Attempt(woken, ask_all)
             remaining = None if deadline is None else deadline - mgr.clock()
             if result.acquired:
                 return result
@@ -307,7 +307,7 @@ class Lock(LockBase):
                             hand_over=self._hand_over_entry(ttl_ms, owner))
                     else:
                         assert subscription is not None
-                        answer = subscription.wait(step.seconds)
+                        answer = subscription.wait(cast(Wait, step).seconds)
                         subscription.clear()
                     step = plan.send(answer)
             except StopIteration as done:

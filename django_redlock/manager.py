@@ -286,7 +286,8 @@ class LockManager:
                                           settle=ask.settle, tag=ask.tag, final=ask.final,
                                           last=ask.last))
         except StopIteration as done:
-            return done.value
+            value: T = done.value
+            return value
 
     def _acquire_round(self, key: bytes, fkey: bytes, wkey: bytes, token: str, ttl_ms: int,
                        owner: str, fencing: bool, ttl: float, *, lock_name: str,
