@@ -91,6 +91,7 @@ def test_every_public_name_resolves_on_first_use() -> None:
         "missing = [n for n in d.__all__ if not hasattr(d, n)]\n"
         "assert not missing, missing\n"
         "assert set(d.__all__) <= set(dir(d))\n"
+        "assert callable(d.conf.reset_manager) and d.signals.lock_lost\n"  # submodules too
         "print('ok')\n")
     done = _run(code)
     assert done.returncode == 0, done.stderr
@@ -100,3 +101,6 @@ def test_every_public_name_resolves_on_first_use() -> None:
 def test_unknown_name_is_an_attribute_error() -> None:
     with pytest.raises(AttributeError, match="no attribute 'nope'"):
         django_redlock.nope  # noqa: B018
+    with pytest.raises(AttributeError, match="no attribute '_private'"):
+        django_redlock._private  # noqa: B018
+    assert not hasattr(django_redlock, "nope")
