@@ -535,7 +535,10 @@ def _url_node(url: str, options: Mapping[str, Any], where: str) -> tuple[NodeSpe
     if problems:
         return None, problems
     # The URL wins over OPTIONS, as in redis-py's from_url (query, then user:password).
-    merged = {**options, **parsed.options}
+    # A TLS option left at None on a plain URL (accepted above: it asks for nothing)
+    # is dropped: redis-py's plain Connection refuses any ssl_* keyword.
+    merged = {k: v for k, v in {**options, **parsed.options}.items()
+              if parsed.scheme == "rediss" or k not in _TLS_ONLY}
     return NodeSpec(kind="url", url=parsed.canonical, options=merged, name=mask_url(url)), []
 
 
