@@ -9,8 +9,9 @@ BIN := $(VENV)/bin
 PY := $(BIN)/python
 STAMP := $(VENV)/.installed
 PYTEST_ARGS ?=
+TOX_ARGS ?=
 
-.PHONY: help venv test test-fast lint docs demo serve bench chaos chaos-long check clean
+.PHONY: help venv test test-fast lint typecheck tox docs demo serve bench chaos chaos-long check clean
 
 help:
 	@echo "make demo   - run the inventory demo end to end (race shown, then fixed)"
@@ -19,6 +20,8 @@ help:
 	@echo "make bench  - benchmarks against redis-py Lock, python-redis-lock, pottery"
 	@echo "make chaos  - Jepsen-style fault run with a history checker, ~2.5 min (chaos-long: ~8 min)"
 	@echo "make lint   - ruff"
+	@echo "make typecheck - mypy (with django-stubs) over the package"
+	@echo "make tox    - every supported Python x Django pair, lint, docs, check, typecheck"
 
 $(STAMP): setup.cfg pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +36,15 @@ test: $(STAMP)
 
 lint: $(STAMP)
 	$(BIN)/ruff check django_redlock testproject tests bench
+
+typecheck: $(STAMP)
+	$(PY) -m pip install -q -e ".[typecheck]"
+	$(BIN)/mypy django_redlock
+
+# tox creates its own environments; a Python it cannot find is reported as skipped.
+tox: $(STAMP)
+	$(PY) -m pip install -q "tox>=4"
+	$(BIN)/tox run $(TOX_ARGS)
 
 docs: $(STAMP)
 	$(BIN)/sphinx-build -W --keep-going -b html -q docs docs/_build/html

@@ -11,13 +11,8 @@ is what protects the data when a holder pauses past its lease.
 from __future__ import annotations
 
 from types import EllipsisType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from .aio import AsyncLock, alock
-from .conf import get_manager
-from .decorators import current_lock, with_lock
-from .engine.lock import Lock, release_held_locks
-from .engine.manager import LockManager
 from .exceptions import (
     FencedWriteRejected,
     LockLost,
@@ -27,7 +22,54 @@ from .exceptions import (
     RedlockError,
 )
 
+if TYPE_CHECKING:  # the real imports happen on first use, in __getattr__ below
+    from .aio import AsyncLock, alock
+    from .conf import get_manager
+    from .decorators import current_lock, with_lock
+    from .engine.held import release_held_locks
+    from .engine.lock import Lock
+    from .engine.manager import LockManager
+
 __version__ = "0.1.0"
+
+#: Public name -> the submodule that defines it. Importing the package loads only
+#: the version and the exceptions (no Django, no redis-py, no asyncio); each of
+#: these is imported from its submodule on first access (PEP 562), so
+#: ``from django_redlock import with_lock`` works as before.
+_LAZY = {
+    "alock": "aio",
+    "AsyncLock": "aio",
+    "get_manager": "conf",
+    "current_lock": "decorators",
+    "with_lock": "decorators",
+    "Lock": "engine.lock",
+    "LockManager": "engine.manager",
+    "release_held_locks": "engine.held",
+}
+
+
+def __getattr__(name: str) -> Any:
+    from importlib import import_module
+
+    module = _LAZY.get(name)
+    if module is not None:
+        value = getattr(import_module(f".{module}", __name__), name)
+        globals()[name] = value  # later lookups skip __getattr__
+        return value
+    if not name.startswith("_"):
+        # A submodule, as when the package imported them all at once
+        # (``django_redlock.conf.reset_manager()`` after ``import django_redlock``).
+        try:
+            return import_module(f".{name}", __name__)
+        except ModuleNotFoundError as e:
+            if e.name != f"{__name__}.{name}":
+                raise  # the submodule exists but needs something missing: say what
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "lock",
@@ -52,6 +94,12 @@ __all__ = [
 ]
 
 
+def _manager() -> Any:
+    from .conf import get_manager
+
+    return get_manager()
+
+
 def lock(name: str, *, ttl: float | EllipsisType = ..., timeout: float | None | EllipsisType = ...,
          auto_renew: bool | EllipsisType = ..., fencing: bool = True,
          max_hold: float | None | EllipsisType = ..., label: str | None = None,
@@ -63,28 +111,28 @@ def lock(name: str, *, ttl: float | EllipsisType = ..., timeout: float | None | 
     ``reentrant=True``: the same thread may acquire it again without waiting
     (one hold on the nodes, one fence; freed by the matching last release).
     """
-    return get_manager().lock(name, ttl=ttl, timeout=timeout, auto_renew=auto_renew,
-                              fencing=fencing, max_hold=max_hold, label=label,
-                              reentrant=reentrant)
+    return _manager().lock(name, ttl=ttl, timeout=timeout, auto_renew=auto_renew,
+                           fencing=fencing, max_hold=max_hold, label=label,
+                           reentrant=reentrant)
 
 
 def multi_lock(names: Any, **options: Any) -> Any:
     """All of ``names`` or none, deadlock-free whatever order callers give;
     ``.fences`` maps each name to its fence. Options as for :func:`lock`."""
-    return get_manager().multi_lock(names, **options)
+    return _manager().multi_lock(names, **options)
 
 
 def amulti_lock(names: Any, **options: Any) -> Any:
     """The asyncio twin of :func:`multi_lock`."""
-    return get_manager().amulti_lock(names, **options)
+    return _manager().amulti_lock(names, **options)
 
 
 def segments(name: str, count: int, **options: Any) -> Any:
     """Any one free segment of ``count`` locks on ``name``; ``.index`` is the
     one held. Options as for :func:`lock`."""
-    return get_manager().segments(name, count, **options)
+    return _manager().segments(name, count, **options)
 
 
 def asegments(name: str, count: int, **options: Any) -> Any:
     """The asyncio twin of :func:`segments`."""
-    return get_manager().asegments(name, count, **options)
+    return _manager().asegments(name, count, **options)

@@ -23,7 +23,7 @@ logger (who, which lock, who held it), and an entry in the admin's history
 from __future__ import annotations
 
 import logging
-from typing import Any
+from typing import Any, cast
 
 from django.contrib import admin, messages
 from django.contrib.admin.models import DELETION, LogEntry
@@ -76,7 +76,7 @@ def _row(lock: Any) -> dict[str, Any]:
 
 
 @admin.register(RedisLock)
-class RedisLockAdmin(admin.ModelAdmin):
+class RedisLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]  # not subscriptable at run time
     """Views over the Redis nodes instead of a queryset."""
 
     def has_add_permission(self, request: HttpRequest) -> bool:
@@ -89,7 +89,8 @@ class RedisLockAdmin(admin.ModelAdmin):
         return False
 
     def has_release_permission(self, request: HttpRequest) -> bool:
-        return bool(request.user.is_active and request.user.has_perm(RELEASE_PERMISSION))
+        user = request.user
+        return bool(user.is_active and cast(Any, user).has_perm(RELEASE_PERMISSION))
 
     def get_urls(self) -> list[Any]:
         base = f"{self.opts.app_label}_{self.opts.model_name}"

@@ -10,7 +10,7 @@ built on first use from ``REDLOCK_NODES`` and ``REDLOCK``, and thrown away when 
 from __future__ import annotations
 
 import threading
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
 from django.core.exceptions import ImproperlyConfigured
@@ -19,8 +19,11 @@ from django.dispatch import receiver
 
 from .core.config import check_options, parse_nodes, resolve_options
 
+if TYPE_CHECKING:
+    from .engine.manager import LockManager
+
 _lock = threading.Lock()
-_manager: Any = None
+_manager: LockManager | None = None
 
 WATCHED_SETTINGS = frozenset({"REDLOCK_NODES", "REDLOCK", "CACHES"})
 
@@ -43,7 +46,7 @@ def _settings_errors() -> str:
     return "; ".join(f"redlock.{p.id}: {p.msg}" for p in problems if p.is_error)
 
 
-def get_manager() -> Any:
+def get_manager() -> LockManager:
     """The :class:`LockManager` built from settings; built on first call.
 
     Raises ``ImproperlyConfigured`` (with the ``redlock.E0xx`` ids and wording

@@ -69,7 +69,13 @@ def _rejected(model: Any, message: str, **context: Any) -> FencedWriteRejected:
     return exc
 
 
-class FenceField(models.BigIntegerField):
+if TYPE_CHECKING:  # django-stubs' fields are generic (set type, get type); Django's are not
+    _BigIntegerField = models.BigIntegerField[int, int]
+else:
+    _BigIntegerField = models.BigIntegerField
+
+
+class FenceField(_BigIntegerField):
     """The fencing token of the last fenced write to the row (0: never fenced).
 
     Written only by :meth:`LockingQuerySet.claim` (which ``locked()`` runs
@@ -93,7 +99,7 @@ class FenceField(models.BigIntegerField):
         return name, path, args, kwargs
 
 
-def _fence_field(model: type[models.Model]) -> models.Field:
+def _fence_field(model: type[models.Model]) -> models.Field[Any, Any]:
     for field in model._meta.concrete_fields:
         if isinstance(field, FenceField):
             return field
@@ -113,7 +119,7 @@ def _check_fence(lock: Any, what: str) -> int:
 
 
 def _template_for(model: type[models.Model]) -> LockNameTemplate:
-    cached = model.__dict__.get("_redlock_template")
+    cached: LockNameTemplate | None = model.__dict__.get("_redlock_template")
     if cached is not None:
         return cached
     source = getattr(model, "lock_name_template", None) or \
@@ -141,8 +147,8 @@ def lock_name_for_lookup(model: type[models.Model], lookup: dict[str, Any]) -> s
     meta = model._meta
     template = _template_for(model)
 
-    def find(root: str) -> tuple[bool, Any, models.Field | None]:
-        field: models.Field | None
+    def find(root: str) -> tuple[bool, Any, models.Field[Any, Any] | None]:
+        field: models.Field[Any, Any] | None
         if root == "pk":
             field = meta.pk
             names = ["pk", "pk__exact"]
@@ -180,7 +186,7 @@ def lock_name_for_lookup(model: type[models.Model], lookup: dict[str, Any]) -> s
             f"(got: {', '.join(sorted(lookup)) or 'nothing'}); e.g. locked(pk=...)") from None
 
 
-class LockingQuerySet(models.QuerySet):
+class LockingQuerySet(models.QuerySet[Any]):
     """A QuerySet with :meth:`locked` (lock, claim, then read), :meth:`claim`,
     :meth:`claim_and_get` and :meth:`fenced_update`."""
 
@@ -280,7 +286,7 @@ class LockingQuerySet(models.QuerySet):
         field = _fence_field(self.model)
         selected = self.filter(**lookup) if lookup else self
         meta = self.model._meta
-        by_pk = {"pk", meta.pk.name, meta.pk.attname}  # type: ignore[union-attr]
+        by_pk = {"pk", meta.pk.name, meta.pk.attname}
         if lookup and all(key.removesuffix("__exact") in by_pk for key in lookup):
             target = selected  # at most one row: claim it directly (2 queries in all)
         else:  # another lookup could select several rows: find the one first
@@ -368,7 +374,7 @@ class LockingQuerySet(models.QuerySet):
         return await sync_to_async(self.fenced_update)(lock, **values)
 
 
-class LockingManager(models.Manager.from_queryset(LockingQuerySet)):  # type: ignore[misc]
+class LockingManager(models.Manager.from_queryset(LockingQuerySet)):  # type: ignore[misc]  # a base class built at run time; mypy needs the django-stubs plugin (and settings) to follow it
     """The default manager of :class:`LockableModel`: ``.locked(...)``, ``.claim_and_get(...)``,
     ``.claim(...)``, ``.fenced_update(...)``."""
 
@@ -451,9 +457,10 @@ class LockableModel(models.Model):
         Prefer ``Model.objects.locked(pk=...)`` when you will read the row: it
         reads *after* acquiring. This instance's field values were read before.
         """
-        return get_manager().lock(self.lock_name(), ttl=ttl, timeout=timeout,
-                                  auto_renew=auto_renew, fencing=fencing, max_hold=max_hold,
-                                  label=label or _label(type(self)))
+        made: Lock = get_manager().lock(self.lock_name(), ttl=ttl, timeout=timeout,
+                                        auto_renew=auto_renew, fencing=fencing,
+                                        max_hold=max_hold, label=label or _label(type(self)))
+        return made
 
     def alock(self, *, ttl: Any = ..., timeout: Any = ..., auto_renew: Any = ...,
               fencing: bool = True, max_hold: Any = ..., label: str | None = None) -> Any:
@@ -480,7 +487,7 @@ class LockableModel(models.Model):
                                  f"field {name!r}") from None
             if field is fence:
                 continue  # written by fenced_save itself
-            if not getattr(field, "concrete", False) or field.primary_key or \
+            if not getattr(field, "concrete", False) or getattr(field, "primary_key", False) or \
                     getattr(field, "many_to_many", False):
                 raise ValueError(f"fenced_save(update_fields=...): {name!r} is not a concrete, "
                                  f"non-primary-key field")
@@ -586,7 +593,7 @@ class RedisLock(models.Model):
     query ever touches a table for this model.
     """
 
-    name = models.CharField(max_length=1024, primary_key=True)
+    name: models.CharField[str, str] = models.CharField(max_length=1024, primary_key=True)
 
     class Meta:
         managed = False
@@ -596,4 +603,4 @@ class RedisLock(models.Model):
         verbose_name_plural = "locks"
 
     def __str__(self) -> str:
-        return self.name
+        return str(self.name)

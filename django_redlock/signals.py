@@ -11,7 +11,10 @@ All are sent with ``sender=Lock`` (the class) and these keyword arguments:
     instead, since the lock then stays until its lease ends.
 ``lock_lost``
     ``lock``, ``name``, ``fence``, ``held``, ``reason`` (str). Sent from the thread
-    that noticed: the renewal thread, or the caller at release time.
+    that noticed: the renewal thread, or the caller at release time. A database
+    connection a receiver opens in the renewal thread is closed after that tick
+    when it is past ``CONN_MAX_AGE`` (as at the end of a request), and when the
+    thread ends in any case.
 ``lock_not_acquired``
     ``lock``, ``name``, ``wait`` (seconds spent), ``outcome``: ``"busy"`` (the wait
     ran out; ``acquire()`` returns False or ``LockNotAcquired`` follows) or

@@ -132,3 +132,17 @@ def test_get_manager_is_rebuilt_when_settings_change(settings: Any) -> None:
     settings.REDLOCK = {"TTL": 7.5}
     second = get_manager()
     assert second is not first and second.ttl == 7.5
+
+
+def test_a_tls_option_left_at_none_on_a_plain_url_builds_a_connection() -> None:
+    """``ssl_ca_certs=None`` on a redis:// node is accepted (it asks for nothing) and
+    must not reach redis-py's plain Connection, which refuses any ssl_* keyword."""
+    from django_redlock import LockManager
+
+    mgr = LockManager([{"URL": "redis://127.0.0.1:6379/0",
+                        "OPTIONS": {"ssl_ca_certs": None, "ssl_cert_reqs": None}}])
+    try:
+        conn = mgr.nodes[0].pool.make_connection()  # builds it; connects to nothing
+        conn.disconnect()
+    finally:
+        mgr.close()

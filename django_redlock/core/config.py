@@ -40,7 +40,7 @@ import math
 import posixpath
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Mapping, NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple, TypeGuard
 from urllib.parse import parse_qsl, quote, unquote, unquote_plus, urlsplit
 
 from .keys import InvalidLockName, validate_prefix
@@ -72,7 +72,7 @@ DEFAULTS: dict[str, Any] = {
 }
 
 
-def _number(v: Any) -> bool:
+def _number(v: Any) -> TypeGuard[float]:
     return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
 
 
@@ -547,7 +547,10 @@ def _url_node(url: str, options: Mapping[str, Any], where: str) -> tuple[NodeSpe
     if problems:
         return None, problems
     # The URL wins over OPTIONS, as in redis-py's from_url (query, then user:password).
-    merged = {**options, **parsed.options}
+    # A TLS option left at None on a plain URL (accepted above: it asks for nothing)
+    # is dropped: redis-py's plain Connection refuses any ssl_* keyword.
+    merged = {k: v for k, v in {**options, **parsed.options}.items()
+              if parsed.scheme == "rediss" or k not in _TLS_ONLY}
     return NodeSpec(kind="url", url=parsed.canonical, options=merged, name=mask_url(url)), []
 
 

@@ -57,7 +57,7 @@ import threading
 import weakref
 from collections.abc import Awaitable, Sequence
 from types import EllipsisType, TracebackType
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from django.dispatch import Signal
 
@@ -79,7 +79,9 @@ from .protocol import (
     LockBase,
     Pause,
     ReleaseRound,
+    Report,
     Subscribe,
+    Wait,
 )
 from .rounds import AcquireResult, ExtendResult, ReleaseResult
 
@@ -209,7 +211,8 @@ async def _run(transport: AsyncTransport, steps: rounds.Steps[T]) -> T:
             ask = steps.send(await transport.round(ask.requests, skip_backoff=ask.skip_backoff,
                                                    last=ask.last))
     except StopIteration as done:
-        return done.value
+        value: T = done.value
+        return value
 
 
 async def _acquire_round(mgr: LockHost, transport: AsyncTransport, key: bytes, fkey: bytes,
@@ -339,7 +342,7 @@ class AsyncLock(LockBase):
                             self._hand_over_entry(ttl_ms, owner))
                     else:
                         assert waiter is not None
-                        answer = await waiter.wait(step.seconds)
+                        answer = await waiter.wait(cast(Wait, step).seconds)
                         waiter.clear()
                         if answer:
                             await _send(signals.lock_waiter_woken, lock=self, name=self.name)
@@ -424,6 +427,7 @@ class AsyncLock(LockBase):
                                                  self._fence_key_b, step.token, step.fence,
                                                  step.ttl)
                 else:
+                    assert isinstance(step, Report)
                     await _send(step.signal, **step.kwargs)
                     answer = None
                 step = plan.send(answer)
@@ -485,7 +489,8 @@ class AsyncLock(LockBase):
         if self._io.locked():
             return mgr.clock() + min(0.05, self.ttl / 10)  # an extend() is running
         async with self._io:
-            return await self._run_plan(self._renew_plan())
+            due: float | None = await self._run_plan(self._renew_plan())
+            return due
 
     async def _report_lost(self, reason: str, held: float) -> None:
         await self._run_plan(self._report_lost_plan(reason, held))

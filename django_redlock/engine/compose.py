@@ -24,18 +24,18 @@ logger = logging.getLogger("django_redlock.engine")
 
 
 class Take(NamedTuple):
-    """Acquire lock ``index`` waiting up to ``timeout`` s (None: no limit, 0:
+    """Acquire lock ``at`` waiting up to ``timeout`` s (None: no limit, 0:
     once); answer True or False."""
 
-    index: int
+    at: int
     timeout: float | None
 
 
 class Drop(NamedTuple):
-    """Release lock ``index``; answer None, or the ``LockLost`` it raised
+    """Release lock ``at``; answer None, or the ``LockLost`` it raised
     (the plan decides what a loss means for the whole)."""
 
-    index: int
+    at: int
 
 
 Step = Union[Take, Drop]
@@ -49,9 +49,9 @@ def run(locks: Sequence[Any], plan: Plan) -> Any:
         while True:
             try:
                 if type(step) is Take:
-                    answer: Any = locks[step.index].acquire(timeout=step.timeout)
+                    answer: Any = locks[step.at].acquire(timeout=step.timeout)
                 else:
-                    answer = _drop(locks[step.index])
+                    answer = _drop(locks[step.at])
             except BaseException as exc:  # noqa: BLE001 - the plan gives back what it took, re-raises
                 step = plan.throw(exc)
                 continue
@@ -67,9 +67,9 @@ async def arun(locks: Sequence[Any], plan: Plan) -> Any:
         while True:
             try:
                 if type(step) is Take:
-                    answer: Any = await locks[step.index].acquire(timeout=step.timeout)
+                    answer: Any = await locks[step.at].acquire(timeout=step.timeout)
                 else:
-                    answer = await _adrop(locks[step.index])
+                    answer = await _adrop(locks[step.at])
             except BaseException as exc:  # noqa: BLE001 - see run()
                 step = plan.throw(exc)
                 continue

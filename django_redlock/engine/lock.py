@@ -15,7 +15,7 @@ import os
 import threading
 import time
 from types import EllipsisType, TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 from .. import signals
 from ..core.arguments import check_ttl
@@ -31,6 +31,7 @@ from .protocol import (
     ReleaseRound,
     Report,
     Subscribe,
+    Wait,
 )
 
 if TYPE_CHECKING:
@@ -109,7 +110,7 @@ class Lock(LockBase):
                             hand_over=self._hand_over_entry(ttl_ms, owner))
                     else:
                         assert subscription is not None
-                        answer = subscription.wait(step.seconds)
+                        answer = subscription.wait(cast(Wait, step).seconds)
                         subscription.clear()
                         if answer:
                             signals.send(signals.lock_waiter_woken, Lock, lock=self,
@@ -202,6 +203,7 @@ class Lock(LockBase):
                     answer = mgr._extend_round(self._key_b, self._fence_key_b, step.token,
                                                step.fence, step.ttl)
                 else:
+                    assert isinstance(step, Report)
                     signals.send(step.signal, Lock, **step.kwargs)
                     answer = None
                 step = plan.send(answer)
@@ -245,7 +247,8 @@ class Lock(LockBase):
         if not self._io.acquire(blocking=False):
             return mgr.clock() + min(0.05, self.ttl / 10)  # a release/extend is running
         try:
-            return self._run_plan(self._renew_plan())
+            due: float | None = self._run_plan(self._renew_plan())
+            return due
         finally:
             self._io.release()
 

@@ -25,7 +25,7 @@ import threading
 import time
 import weakref
 from types import EllipsisType
-from typing import TYPE_CHECKING, Any, Callable, Iterable, Mapping, Sequence, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Iterable, Literal, Mapping, Sequence, TypeVar, overload
 
 from django.core.exceptions import ImproperlyConfigured
 
@@ -46,7 +46,7 @@ from .segments import AsyncSegments, Segments, check_count, segment_name
 from .watchdog import Watchdog
 
 if TYPE_CHECKING:
-    pass
+    from .aio import AsyncLock
 
 T = TypeVar("T")
 
@@ -167,6 +167,18 @@ class LockManager:
         return f"<LockManager {len(self.nodes)} nodes, quorum {self.quorum}, prefix {self.key_prefix!r}>"
 
     # -- public ----------------------------------------------------------------
+    @overload
+    def lock(self, name: str, *, ttl: float | EllipsisType = ...,
+             timeout: float | None | EllipsisType = ..., auto_renew: bool | EllipsisType = ...,
+             fencing: bool = True, max_hold: float | None | EllipsisType = ...,
+             label: str | None = None, reentrant: Literal[False] = False) -> Lock: ...
+
+    @overload
+    def lock(self, name: str, *, ttl: float | EllipsisType = ...,
+             timeout: float | None | EllipsisType = ..., auto_renew: bool | EllipsisType = ...,
+             fencing: bool = True, max_hold: float | None | EllipsisType = ...,
+             label: str | None = None, reentrant: bool) -> "Lock | ReentrantLock": ...
+
     def lock(self, name: str, *, ttl: float | EllipsisType = ...,
              timeout: float | None | EllipsisType = ..., auto_renew: bool | EllipsisType = ...,
              fencing: bool = True, max_hold: float | None | EllipsisType = ...,
@@ -199,10 +211,24 @@ class LockManager:
                     max_hold=self.max_hold if max_hold is ... else check_max_hold(max_hold),
                     label=label)
 
+    @overload
     def alock(self, name: str, *, ttl: float | EllipsisType = ...,
               timeout: float | None | EllipsisType = ..., auto_renew: bool | EllipsisType = ...,
               fencing: bool = True, max_hold: float | None | EllipsisType = ...,
-              label: str | None = None, reentrant: bool = False) -> "Lock | ReentrantLock":
+              label: str | None = None, reentrant: Literal[False] = False) -> "AsyncLock": ...
+
+    @overload
+    def alock(self, name: str, *, ttl: float | EllipsisType = ...,
+              timeout: float | None | EllipsisType = ..., auto_renew: bool | EllipsisType = ...,
+              fencing: bool = True, max_hold: float | None | EllipsisType = ...,
+              label: str | None = None,
+              reentrant: bool) -> "AsyncLock | AsyncReentrantLock": ...
+
+    def alock(self, name: str, *, ttl: float | EllipsisType = ...,
+              timeout: float | None | EllipsisType = ..., auto_renew: bool | EllipsisType = ...,
+              fencing: bool = True, max_hold: float | None | EllipsisType = ...,
+              label: str | None = None,
+              reentrant: bool = False) -> "AsyncLock | AsyncReentrantLock":
         """An :class:`~django_redlock.aio.AsyncLock` on ``name``, for asyncio code
         (``reentrant=True``: an ``AsyncReentrantLock``, per asyncio task)."""
         from ..transport.aio import AsyncTransport
@@ -365,7 +391,8 @@ class LockManager:
                                           settle=ask.settle, tag=ask.tag, final=ask.final,
                                           last=ask.last))
         except StopIteration as done:
-            return done.value
+            value: T = done.value
+            return value
 
     def _acquire_round(self, key: bytes, fkey: bytes, wkey: bytes, token: str, ttl_ms: int,
                        owner: str, fencing: bool, ttl: float, *, lock_name: str,

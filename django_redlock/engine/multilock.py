@@ -33,15 +33,15 @@ def check_names(names: Any) -> list[str]:
     """The names of a multi-lock: a non-empty sequence of distinct strings."""
     if isinstance(names, (str, bytes)) or not hasattr(names, "__iter__"):
         raise ValueError(f"multi_lock(names) takes a list of lock names, not {names!r}")
-    names = list(names)
-    if not names:
+    given: list[str] = list(names)
+    if not given:
         raise ValueError("multi_lock(names) needs at least one name")
     seen = set()
-    for name in names:
+    for name in given:
         if name in seen:
             raise ValueError(f"multi_lock(names): {name!r} is named twice")
         seen.add(name)
-    return names
+    return given
 
 
 class MultiLockBase:
@@ -69,7 +69,7 @@ class MultiLockBase:
     @property
     def fence(self) -> int:
         """The largest fence of the set (each name's is in :attr:`fences`)."""
-        return max(lock.fence for lock in self._locks)
+        return int(max(lock.fence for lock in self._locks))
 
     @property
     def validity(self) -> float:
@@ -125,7 +125,7 @@ class MultiLock(MultiLockBase):
     def acquire(self, blocking: bool = True, timeout: float | None | EllipsisType = ...) -> bool:
         """Take every lock (in the global order) within ``timeout``; True when
         all are held, False (none held) when the wait ran out."""
-        return compose.run(self._locks, self._acquire_plan(self._wait(blocking, timeout)))
+        return bool(compose.run(self._locks, self._acquire_plan(self._wait(blocking, timeout))))
 
     def release(self) -> None:
         """Release every lock; ``LockLost`` afterwards if any was lost."""
@@ -152,7 +152,8 @@ class AsyncMultiLock(MultiLockBase):
 
     async def acquire(self, blocking: bool = True,
                       timeout: float | None | EllipsisType = ...) -> bool:
-        return await compose.arun(self._locks, self._acquire_plan(self._wait(blocking, timeout)))
+        return bool(await compose.arun(self._locks,
+                                       self._acquire_plan(self._wait(blocking, timeout))))
 
     async def release(self) -> None:
         await compose.arun(self._locks, self._release_plan())

@@ -53,20 +53,22 @@ class LockHost(Protocol):
     manager that makes them: the engine's imports point one way."""
 
     key_prefix: str
-    nodes: Sequence[Any]
     quorum: int
     node_timeout: float
     retry_delay: float
     drift_factor: float
     transport: Any
-    notifier: Any
-    watchdog: Any
     _reentrant: Any
 
+    @property
+    def nodes(self) -> Sequence[Any]: ...
+    @property
+    def notifier(self) -> Any: ...
+    @property
+    def watchdog(self) -> Any: ...
     def clock(self) -> float: ...
     def next_wait(self, remaining: float | None, holder_ttl: float | None) -> float: ...
-    def lock(self, name: str, **options: Any) -> Any: ...
-    def alock(self, name: str, **options: Any) -> Any: ...
+    def force_release(self, name: str) -> Any: ...
     def _handoff_pause(self, key: bytes) -> float: ...
     def _note_release(self, key: bytes, woken: int) -> None: ...
     def _holders(self, key: bytes) -> int: ...
@@ -319,7 +321,8 @@ class LockBase:
                 call_deadline.set(math.inf if deadline is None else deadline)
             remaining = None if deadline is None else deadline - mgr.clock()
             if result.acquired:
-                return result
+                won: AcquireResult = result
+                return won
             if result.obstacle and result.obstacle != self._obstacle:
                 logger.warning("lock %r: %s", self.name, result.obstacle)
             self._obstacle = result.obstacle

@@ -149,7 +149,7 @@ class ReentrantLock(ReentrantBase):
         return self.key, threading.get_ident()
 
     def locked(self) -> bool:
-        return self._proto.locked()
+        return bool(self._proto.locked())
 
     def acquire(self, blocking: bool = True, timeout: float | None | EllipsisType = ...) -> bool:
         """Join this thread's hold at once, or acquire like :meth:`Lock.acquire`."""

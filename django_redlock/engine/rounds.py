@@ -545,13 +545,15 @@ class Ask(NamedTuple):
 #: one's replies, and returns the outcome. The sync manager and the asyncio
 #: flavour each drive it with their own transport (``LockManager._run``,
 #: ``aio._run``), so the decisions between the exchanges are written once.
-Steps = Generator[Ask, list, T]
+Steps = Generator[Ask, list[Any], T]
 
 
 class RoundContext(Protocol):
     """What the steps read from the lock manager (never its I/O)."""
 
-    nodes: Sequence[Any]
+    @property
+    def nodes(self) -> Sequence[Any]: ...  # read-only: a manager's list[NodeClient] fits
+
     quorum: int
     drift_factor: float
 

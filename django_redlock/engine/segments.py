@@ -127,7 +127,7 @@ class Segments(SegmentsBase):
 
     def acquire(self, blocking: bool = True, timeout: float | None | EllipsisType = ...) -> bool:
         """Take one free segment within ``timeout``; True (see :attr:`index`) or False."""
-        return compose.run(self._locks, self._acquire_plan(self._wait(blocking, timeout)))
+        return bool(compose.run(self._locks, self._acquire_plan(self._wait(blocking, timeout))))
 
     def release(self) -> None:
         compose.run(self._locks, self._release_plan())
@@ -153,7 +153,8 @@ class AsyncSegments(SegmentsBase):
 
     async def acquire(self, blocking: bool = True,
                       timeout: float | None | EllipsisType = ...) -> bool:
-        return await compose.arun(self._locks, self._acquire_plan(self._wait(blocking, timeout)))
+        return bool(await compose.arun(self._locks,
+                                       self._acquire_plan(self._wait(blocking, timeout))))
 
     async def release(self) -> None:
         await compose.arun(self._locks, self._release_plan())

@@ -85,7 +85,9 @@ from .sync import (
 if sys.version_info >= (3, 11, 3):
     from asyncio import timeout as _timeout
 else:  # pragma: no cover - redis-py depends on async-timeout on these versions
-    from async_timeout import timeout as _timeout
+    # mypy cannot evaluate a 3-part version test, so it reads this branch on 3.11.3+
+    # too, where async-timeout is not installed and _timeout is already defined
+    from async_timeout import timeout as _timeout  # type: ignore[import-not-found, no-redef, unused-ignore]
 
 logger = logging.getLogger("django_redlock.transport")
 

@@ -165,6 +165,10 @@ def not_redis_reason(exc: BaseException) -> str:
     a node down, and the message says what answered there (issue 26)."""
     if isinstance(exc, InvalidResponse):
         return "not a Redis server? it answered: " + _short(exc)
+    if isinstance(exc, RedisConnectionError) and "closed by server" in str(exc):
+        # redis-py's own parser (no hiredis) reads a reply up to "\r\n"; an HTTP
+        # server's "\n"-only error page then ends as a closed connection
+        return _short(exc) + " (in the handshake, with no Redis reply: not a Redis server?)"
     return _short(exc)
 
 
@@ -416,7 +420,7 @@ class NodeClient:
             conn._sock.settimeout(self.timeout)
         except NODE_DOWN_ERRORS as e:
             conn.disconnect()
-            raise NodeError(self.name, _short(e), sent=False) from e
+            raise NodeError(self.name, not_redis_reason(e), sent=False) from e
         except RedisError as e:  # a protocol error, NOAUTH...: not a Redis we can use
             conn.disconnect()
             raise NodeError(self.name, not_redis_reason(e), sent=False) from e

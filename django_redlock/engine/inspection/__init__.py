@@ -40,7 +40,7 @@ node against one deadline), :mod:`.locks` (who holds what) and :mod:`.health`
 
 from __future__ import annotations
 
-from .common import (  # noqa: F401 - the public read model
+from .common import (
     CLOCK_OFFSET_WARN_MS,
     MAX_KEYS_PER_NODE,
     PINGS,
@@ -51,7 +51,7 @@ from .common import (  # noqa: F401 - the public read model
     validate_pattern,
     what_answered,
 )
-from .health import (  # noqa: F401 - the public read model
+from .health import (
     EVICTING_POLICY_PREFIXES,
     HealthReport,
     NodeHealth,
@@ -60,7 +60,7 @@ from .health import (  # noqa: F401 - the public read model
     eviction_verdict,
     read_node_settings,
 )
-from .locks import (  # noqa: F401 - the public read model
+from .locks import (
     PREVIEW_CHARS,
     ForeignKey,
     ForeignValue,
@@ -75,3 +75,35 @@ from .locks import (  # noqa: F401 - the public read model
     merge,
     scan_locks,
 )
+
+__all__ = [
+    "CLOCK_OFFSET_WARN_MS",
+    "MAX_KEYS_PER_NODE",
+    "PINGS",
+    "SCAN_COUNT",
+    "SCAN_DEADLINE",
+    "PatternError",
+    "short_reason",
+    "validate_pattern",
+    "what_answered",
+    "EVICTING_POLICY_PREFIXES",
+    "HealthReport",
+    "NodeHealth",
+    "NodeSettings",
+    "check_health",
+    "eviction_verdict",
+    "read_node_settings",
+    "PREVIEW_CHARS",
+    "ForeignKey",
+    "ForeignValue",
+    "Inventory",
+    "LockDetail",
+    "LockInfo",
+    "NodeFailure",
+    "NodeLockValue",
+    "ReleaseReport",
+    "force_release",
+    "inspect_lock",
+    "merge",
+    "scan_locks",
+]

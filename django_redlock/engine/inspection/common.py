@@ -206,9 +206,16 @@ def _each_node(nodes: Sequence[NodeClient], job: Callable[[NodeClient], T],
             reason = short_reason(node, e)
             if "closed by server" in reason:
                 # What a PostgreSQL server does with a Redis command: reads it as
-                # a bad startup packet and hangs up without a word.
-                reason += (" (the service there closes connections without a Redis reply: "
-                           "not a Redis server?)")
+                # a bad startup packet and hangs up without a word. redis-py's
+                # pure-Python parser also says this (where hiredis raises
+                # InvalidResponse) when a service wrote something else and hung
+                # up, e.g. an HTTP server's HTML error page: look at what it says.
+                answered = what_answered(node)
+                if answered.startswith(("an HTTP server", "a PostgreSQL-like", "something")):
+                    reason = short_reason(node, Exception(f"not a Redis server: {answered}"))
+                else:
+                    reason += (" (the service there closes connections without a Redis "
+                               "reply: not a Redis server?)")
             outcomes[i].error = reason
         except ResponseError as e:
             outcomes[i].error = short_reason(node, e)

@@ -251,44 +251,44 @@ def merge(name: str, key: str, views: Sequence[tuple[str, Any, int | None] | Non
     Pure: no I/O, so the arithmetic is tested without Redis.
     """
     total = len(node_names)
+    held = {i: view for i, view in enumerate(views) if view is not None}
     groups: dict[str, list[int]] = {}
-    for i, view in enumerate(views):
-        if view is not None:
-            groups.setdefault(view[1].token, []).append(i)
+    for i, view in held.items():
+        groups.setdefault(view[1].token, []).append(i)
     if not groups:
         return None
 
     def weight(token: str) -> tuple[int, int]:
         members = groups[token]
-        return len(members), max(views[i][1].fence for i in members)  # type: ignore[index]
+        return len(members), max(held[i][1].fence for i in members)
 
     main = max(groups, key=weight)
     members = groups[main]
     holders = sum(len(m) for m in groups.values())
-    ttls = sorted((views[i][2] for i in members), key=lambda t: float("inf") if t is None or t < 0
-                  else t, reverse=True)  # type: ignore[index]
+    ttls = sorted((held[i][2] for i in members), key=lambda t: float("inf") if t is None or t < 0
+                  else t, reverse=True)
     pick = ttls[quorum_size - 1] if len(members) >= quorum_size else ttls[0]
     ttl_ms = -1 if pick is None or pick < 0 else int(pick)
-    first = views[members[0]][1]  # type: ignore[index]
-    fence = max(views[i][1].fence for i in members)  # type: ignore[index]
+    first = held[members[0]][1]
+    fence = max(held[i][1].fence for i in members)
     owner = _owner_of(first)
     since = owner.get("since")
     since_f = None
     if isinstance(since, (int, float)) and not isinstance(since, bool):
         since_f = float(since)
     per_node: list[NodeLockValue] = []
-    for i, view in enumerate(views):
+    for i, maybe_view in enumerate(views):
         error = errors[i] if errors is not None else None
         counter = counters[i] if counters is not None else None
         queued = waiters[i] if waiters is not None and not error else None
         stranger = foreign[i] if foreign is not None else None
-        if view is None:
+        if maybe_view is None:
             per_node.append(NodeLockValue(
                 node=node_names[i],
                 state="unreachable" if error else "foreign" if stranger else "absent",
                 error=error, fence_counter=counter, waiters=queued, foreign=stranger))
             continue
-        _, stored, pttl = view
+        _, stored, pttl = maybe_view
         per_node.append(NodeLockValue(
             node=node_names[i], state="held", token=_short_token(stored.token), fence=stored.fence,
             pttl_ms=pttl, owner=_owner_of(stored), fence_counter=counter,
@@ -390,6 +390,8 @@ def _scan_node(node: NodeClient, match: bytes, deadline: float) -> _NodeScan:
     while True:
         cursor, batch = client.scan(cursor=cursor, match=match, count=SCAN_COUNT)
         for k in batch:
+            if isinstance(k, str):  # a borrowed cache pool may decode replies
+                k = k.encode("utf-8")
             if k not in seen:  # SCAN may return a key twice
                 seen.add(k)
                 keys.append(k)

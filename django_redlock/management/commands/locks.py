@@ -23,7 +23,7 @@ import time
 import unicodedata
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
-from typing import Any, ClassVar, NoReturn
+from typing import Any, NoReturn
 
 from django.core.exceptions import ImproperlyConfigured
 from django.core.management.base import (
@@ -171,7 +171,7 @@ def table(header: Sequence[str], rows: Sequence[Sequence[Cell]],
 class Command(BaseCommand):
     help = ("See, explain and repair django-redlock locks: list (default), show, release, "
             "health, watch.")
-    requires_system_checks: ClassVar[list[str]] = []  # a bad setting is reported as a CommandError
+    requires_system_checks: list[str] = []  # a bad setting is reported as a CommandError
 
     def create_parser(self, prog_name: str, subcommand: str, **kwargs: Any) -> CommandParser:
         parser = super().create_parser(prog_name, subcommand, **kwargs)
