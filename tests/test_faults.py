@@ -273,8 +273,10 @@ def test_holder_paused_past_its_lease(three: RedisNodes, make_manager: MakeManag
     fences = []
     for server in three:
         stored = parse_value(server.client().get(newer.key))
-        assert stored is not None and stored.owner["pid"] == os.getpid()
-        fences.append(stored.fence)
+        if stored is not None:  # a node whose old lease had not run out yet said busy
+            assert stored.owner["pid"] == os.getpid()
+            fences.append(stored.fence)
+    assert len(fences) >= mgr.quorum
     # Each node issues its own fence; the holder's is the highest among the
     # grants that made its quorum (the round settles without the slowest node).
     assert newer.fence in fences and newer.fence >= sorted(fences)[-mgr.quorum]

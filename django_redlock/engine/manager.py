@@ -367,7 +367,7 @@ class LockManager:
                 # lock so two sweeps do not race (iterating the dict itself raised
                 # "dictionary changed size during iteration").
                 with self._handoff_lock:
-                    for stale in [k for k, until in list(handoff.items()) if until <= now]:
+                    for stale in [k for k, until in handoff.copy().items() if until <= now]:
                         handoff.pop(stale, None)
             handoff[key] = now + HANDOFF_YIELD
 
