@@ -151,3 +151,53 @@ FORCE_RELEASE = Script("force_release")
 #: remains for a script cache flushed under a live connection.
 PRELOAD_SCRIPTS = (ACQUIRE, RELEASE, EXTEND, EXTEND_MANY)
 PRELOAD = b"".join(pack(b"SCRIPT", b"LOAD", script.source) for script in PRELOAD_SCRIPTS)
+
+
+class RespReader:
+    """A minimal blocking RESP2 reply reader over a socket (with its timeout).
+
+    The engine reads replies with redis-py's parser; this one serves the test
+    harness (:mod:`django_redlock.testing`), which must work without redis-py.
+    An error reply is returned as an ``error(message)`` instance, not raised.
+    """
+
+    def __init__(self, sock: Any, *, error: type[Exception] = RuntimeError) -> None:
+        self._sock = sock
+        self._buf = b""
+        self._error = error
+
+    def _fill(self) -> None:
+        chunk = self._sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("connection closed by server")
+        self._buf += chunk
+
+    def _line(self) -> bytes:
+        # Bounded: each _fill() either adds data or raises (EOF / timeout).
+        while b"\r\n" not in self._buf:
+            self._fill()
+        line, _, self._buf = self._buf.partition(b"\r\n")
+        return line
+
+    def _exact(self, n: int) -> bytes:
+        while len(self._buf) < n + 2:
+            self._fill()
+        data, self._buf = self._buf[:n], self._buf[n + 2:]
+        return data
+
+    def read(self) -> Any:
+        line = self._line()
+        kind, rest = line[:1], line[1:]
+        if kind == b"+":
+            return rest.decode()
+        if kind == b"-":
+            return self._error(rest.decode(errors="replace"))
+        if kind == b":":
+            return int(rest)
+        if kind == b"$":
+            size = int(rest)
+            return None if size < 0 else self._exact(size)
+        if kind == b"*":
+            size = int(rest)
+            return None if size < 0 else [self.read() for _ in range(size)]
+        raise ConnectionError(f"unexpected RESP reply {line[:40]!r}")
