@@ -30,7 +30,13 @@ from django.urls import reverse
 from django.utils.http import url_has_allowed_host_and_scheme
 from django.views.decorators.http import require_GET, require_POST
 
-from django_redlock import FencedWriteRejected, LockNotAcquired, QuorumUnavailable, get_manager
+from django_redlock import (
+    FencedWriteRejected,
+    LockLost,
+    LockNotAcquired,
+    QuorumUnavailable,
+    get_manager,
+)
 from django_redlock.decorators import with_lock
 from django_redlock.responses import busy_response, unavailable_response, wants_json
 
@@ -199,6 +205,7 @@ def decrement_striped(request: HttpRequest, pk: int) -> HttpResponse:
             wait = 0.0
             if index == wait_on:
                 wait = max(0.0, min(0.25, deadline - time.monotonic()))
+            fence = 0  # set once the sale is written (fenced and committed)
             try:
                 with ProductSegment.objects.locked(product_id=pk, index=index, timeout=wait,
                                                    auto_renew=True) as segment:
@@ -219,6 +226,12 @@ def decrement_striped(request: HttpRequest, pk: int) -> HttpResponse:
                 return _answer(request, {"error": "stale", "detail": str(exc)}, 409)
             except QuorumUnavailable as exc:
                 return unavailable_response(request, exc, lock_name=f"stock:{pk}:seg{index}")
+            except LockLost as exc:
+                if not fence:  # lost before the sale was written: nothing was sold
+                    return _answer(request, {"error": "lost", "detail": str(exc)}, 409)
+                # Lost after the fenced write committed (the fence vouched for it
+                # when it landed): the sale is recorded, so it is answered as one,
+                # as with_lock does (docs: views how-to, "a recorded sale").
             return _answer(request, {"stock": product.available(), "segment": index,
                                      "segment_stock": segment.stock, "fence": fence})
         if len(empty) >= stripes:
