@@ -1,6 +1,10 @@
-"""The lock engine: primitives, their protocols and their drivers.
+"""The lock engine: the lock's protocol, its two drivers, and what serves them.
 
-The lock family's members that are made of plain locks (``multi_lock``,
-``segments``, reentrant holds) live here, one module each; their protocol is
-written once (:mod:`.compose`) and run by a sync and an asyncio driver.
+``protocol`` writes every rule of a lock once (``LockBase``'s plans, no I/O);
+``lock`` and ``aio`` run them from a thread and from a coroutine; ``rounds``
+says what each round asks the nodes and what the replies mean; ``manager``
+holds the nodes and makes every primitive; ``watchdog`` renews, ``held``
+releases at exit; ``compose``, ``multilock``, ``segments`` and ``reentrant``
+are the family members made of plain locks; ``inspection`` is the operator's
+read model. See docs/architecture.rst.
 """

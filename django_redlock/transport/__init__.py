@@ -2,6 +2,6 @@
 
 :mod:`.resp` packs commands and knows the scripts; :mod:`.sync` asks every node in
 parallel from one thread; :mod:`.notify` delivers release notices to waiters.
-The engine (``django_redlock.lock`` / ``manager``) decides what to ask; the
+The engine (``django_redlock.engine``: the rounds and the manager) decides what to ask; the
 transport only asks it, within a deadline, and reports each node's answer or error.
 """
