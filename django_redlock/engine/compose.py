@@ -16,9 +16,10 @@ before the exception goes on.
 from __future__ import annotations
 
 import logging
-from typing import Any, Generator, NamedTuple, Sequence, Union
+from types import EllipsisType, TracebackType
+from typing import Any, Generator, NamedTuple, Sequence, TypeVar, Union
 
-from ..exceptions import LockLost, LockNotOwned, RedlockError
+from ..exceptions import LockLost, LockNotAcquired, LockNotOwned, RedlockError
 
 logger = logging.getLogger("django_redlock.engine")
 
@@ -121,3 +122,90 @@ def release_all(count: int, what: str, name: str) -> Plan:
     if lost:
         raise LockLost(f"{what} {name}: " + "; ".join(str(e) for e in lost),
                        lock_name=lost[0].lock_name, lost=lost)
+
+
+# -- the two drivers, as base classes of a composite primitive -----------------------
+C = TypeVar("C", bound="Composite")
+
+
+class Composite:
+    """A primitive made of plain locks: its rules, which each subclass states.
+
+    :class:`Composed` and :class:`AsyncComposed` turn them into the public
+    methods (``acquire``, ``release``, ``extend``, the context manager), so a
+    new composite writes its rules once and gets both flavours."""
+
+    _locks: list[Any]
+
+    def _wait(self, blocking: bool, timeout: float | None | EllipsisType) -> float | None:
+        """The checked wait of one ``acquire()`` (raises on bad arguments)."""
+        raise NotImplementedError
+
+    def _acquire_plan(self, wait: float | None) -> Plan:
+        raise NotImplementedError
+
+    def _release_plan(self) -> Plan:
+        raise NotImplementedError
+
+    def _holding(self) -> bool:
+        """Whether this object holds what ``release()`` would give back."""
+        raise NotImplementedError
+
+    def _extend_targets(self) -> list[Any]:
+        """The locks ``extend()`` extends (raises ``LockNotOwned`` when none)."""
+        raise NotImplementedError
+
+    def _busy(self) -> LockNotAcquired:
+        raise NotImplementedError
+
+
+class Composed(Composite):
+    """The sync flavour: runs the rules with ``Lock`` objects (:func:`run`)."""
+
+    def acquire(self, blocking: bool = True, timeout: float | None | EllipsisType = ...) -> bool:
+        """True when held within ``timeout``; False (nothing held) when the wait ran out."""
+        return bool(run(self._locks, self._acquire_plan(self._wait(blocking, timeout))))
+
+    def release(self) -> None:
+        """Release what is held; ``LockLost`` afterwards if a lock was lost."""
+        run(self._locks, self._release_plan())
+
+    def extend(self, ttl: float | EllipsisType = ...) -> None:
+        """Extend what is held (see :meth:`Lock.extend`)."""
+        for lock in self._extend_targets():
+            lock.extend(ttl)
+
+    def __enter__(self: C) -> C:
+        if not self.acquire():  # type: ignore[attr-defined]  # Composed's, on a Composed
+            raise self._busy()
+        return self
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                 tb: TracebackType | None) -> None:
+        if self._holding():
+            self.release()
+
+
+class AsyncComposed(Composite):
+    """The asyncio flavour: runs the rules with ``AsyncLock`` objects (:func:`arun`)."""
+
+    async def acquire(self, blocking: bool = True,
+                      timeout: float | None | EllipsisType = ...) -> bool:
+        return bool(await arun(self._locks, self._acquire_plan(self._wait(blocking, timeout))))
+
+    async def release(self) -> None:
+        await arun(self._locks, self._release_plan())
+
+    async def extend(self, ttl: float | EllipsisType = ...) -> None:
+        for lock in self._extend_targets():
+            await lock.extend(ttl)
+
+    async def __aenter__(self: C) -> C:
+        if not await self.acquire():  # type: ignore[attr-defined]  # AsyncComposed's
+            raise self._busy()
+        return self
+
+    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        if self._holding():
+            await self.release()

@@ -17,7 +17,7 @@ Each name keeps its own fence (``fences``); ``fence`` is the largest of them.
 
 from __future__ import annotations
 
-from types import EllipsisType, TracebackType
+from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..core.arguments import check_timeout
@@ -44,7 +44,7 @@ def check_names(names: Any) -> list[str]:
     return given
 
 
-class MultiLockBase:
+class MultiLockBase(compose.Composite):
     """The rules; :class:`MultiLock` and :class:`AsyncMultiLock` run them."""
 
     def __init__(self, manager: "LockHost", names: Sequence[str], locks: Sequence[Any],
@@ -114,60 +114,20 @@ class MultiLockBase:
         self._held = False
         yield from compose.release_all(len(self._locks), "multi-lock", repr(self.names))
 
+    def _holding(self) -> bool:
+        return self._held
+
+    def _extend_targets(self) -> list[Any]:
+        return list(self._locks)
+
     def _busy(self) -> LockNotAcquired:
         return LockNotAcquired(f"multi-lock {self.names!r}: not every lock acquired in time",
                                lock_name=self.names[0], retry_after=self.retry_after)
 
 
-class MultiLock(MultiLockBase):
-    """All of ``names`` or none; from :meth:`LockHost.multi_lock`."""
-
-    def acquire(self, blocking: bool = True, timeout: float | None | EllipsisType = ...) -> bool:
-        """Take every lock (in the global order) within ``timeout``; True when
-        all are held, False (none held) when the wait ran out."""
-        return bool(compose.run(self._locks, self._acquire_plan(self._wait(blocking, timeout))))
-
-    def release(self) -> None:
-        """Release every lock; ``LockLost`` afterwards if any was lost."""
-        compose.run(self._locks, self._release_plan())
-
-    def extend(self, ttl: float | EllipsisType = ...) -> None:
-        """Extend every lock (see :meth:`Lock.extend`)."""
-        for lock in self._locks:
-            lock.extend(ttl)
-
-    def __enter__(self) -> "MultiLock":
-        if not self.acquire():
-            raise self._busy()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        if self._held:
-            self.release()
+class MultiLock(MultiLockBase, compose.Composed):
+    """All of ``names`` or none; from :meth:`LockManager.multi_lock`."""
 
 
-class AsyncMultiLock(MultiLockBase):
-    """The asyncio twin of :class:`MultiLock`; from :meth:`LockHost.amulti_lock`."""
-
-    async def acquire(self, blocking: bool = True,
-                      timeout: float | None | EllipsisType = ...) -> bool:
-        return bool(await compose.arun(self._locks,
-                                       self._acquire_plan(self._wait(blocking, timeout))))
-
-    async def release(self) -> None:
-        await compose.arun(self._locks, self._release_plan())
-
-    async def extend(self, ttl: float | EllipsisType = ...) -> None:
-        for lock in self._locks:
-            await lock.extend(ttl)
-
-    async def __aenter__(self) -> "AsyncMultiLock":
-        if not await self.acquire():
-            raise self._busy()
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        if self._held:
-            await self.release()
+class AsyncMultiLock(MultiLockBase, compose.AsyncComposed):
+    """The asyncio twin of :class:`MultiLock`; from :meth:`LockManager.amulti_lock`."""

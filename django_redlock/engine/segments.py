@@ -18,7 +18,7 @@ later.
 from __future__ import annotations
 
 import random
-from types import EllipsisType, TracebackType
+from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..core.arguments import check_timeout
@@ -45,7 +45,7 @@ def segment_name(name: str, index: int) -> str:
     return f"{name}[{index}]"
 
 
-class SegmentsBase:
+class SegmentsBase(compose.Composite):
     """The rules; :class:`Segments` and :class:`AsyncSegments` run them."""
 
     def __init__(self, manager: "LockHost", name: str, locks: Sequence[Any],
@@ -117,59 +117,22 @@ class SegmentsBase:
         if lost is not None:
             raise lost
 
+    def _holding(self) -> bool:
+        return self.index is not None
+
+    def _extend_targets(self) -> list[Any]:
+        if self.index is None:
+            raise LockNotOwned(f"segments {self.name!r}: no segment held", lock_name=self.name)
+        return [self._locks[self.index]]
+
     def _busy(self) -> LockNotAcquired:
         return LockNotAcquired(f"segments {self.name!r}: all {self.count} busy",
                                lock_name=self.name, retry_after=self.retry_after)
 
 
-class Segments(SegmentsBase):
-    """Any one free segment of ``name``; from :meth:`LockHost.segments`."""
-
-    def acquire(self, blocking: bool = True, timeout: float | None | EllipsisType = ...) -> bool:
-        """Take one free segment within ``timeout``; True (see :attr:`index`) or False."""
-        return bool(compose.run(self._locks, self._acquire_plan(self._wait(blocking, timeout))))
-
-    def release(self) -> None:
-        compose.run(self._locks, self._release_plan())
-
-    def extend(self, ttl: float | EllipsisType = ...) -> None:
-        if self.index is None:
-            raise LockNotOwned(f"segments {self.name!r}: no segment held", lock_name=self.name)
-        self._locks[self.index].extend(ttl)
-
-    def __enter__(self) -> "Segments":
-        if not self.acquire():
-            raise self._busy()
-        return self
-
-    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                 tb: TracebackType | None) -> None:
-        if self.index is not None:
-            self.release()
+class Segments(SegmentsBase, compose.Composed):
+    """Any one free segment of ``name``; from :meth:`LockManager.segments`."""
 
 
-class AsyncSegments(SegmentsBase):
-    """The asyncio twin of :class:`Segments`; from :meth:`LockHost.asegments`."""
-
-    async def acquire(self, blocking: bool = True,
-                      timeout: float | None | EllipsisType = ...) -> bool:
-        return bool(await compose.arun(self._locks,
-                                       self._acquire_plan(self._wait(blocking, timeout))))
-
-    async def release(self) -> None:
-        await compose.arun(self._locks, self._release_plan())
-
-    async def extend(self, ttl: float | EllipsisType = ...) -> None:
-        if self.index is None:
-            raise LockNotOwned(f"segments {self.name!r}: no segment held", lock_name=self.name)
-        await self._locks[self.index].extend(ttl)
-
-    async def __aenter__(self) -> "AsyncSegments":
-        if not await self.acquire():
-            raise self._busy()
-        return self
-
-    async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
-                        tb: TracebackType | None) -> None:
-        if self.index is not None:
-            await self.release()
+class AsyncSegments(SegmentsBase, compose.AsyncComposed):
+    """The asyncio twin of :class:`Segments`; from :meth:`LockManager.asegments`."""
