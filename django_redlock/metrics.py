@@ -152,14 +152,12 @@ _RECEIVERS = (
 
 def _connect() -> None:
     """Connect the collectors to the signals (done on import; idempotent)."""
-    for signal, receiver in _RECEIVERS:
-        signal.connect(receiver, dispatch_uid=f"django_redlock.metrics.{receiver.__name__}")
+    signals.connect_receivers(_RECEIVERS, "django_redlock.metrics")
 
 
 def _disconnect() -> None:
     """Stop counting (the tests use it to leave other tests' locks alone)."""
-    for signal, receiver in _RECEIVERS:
-        signal.disconnect(receiver, dispatch_uid=f"django_redlock.metrics.{receiver.__name__}")
+    signals.disconnect_receivers(_RECEIVERS, "django_redlock.metrics")
 
 
 _connect()

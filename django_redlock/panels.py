@@ -101,13 +101,11 @@ _RECEIVERS = ((signals.lock_acquired, _on_acquired),
 
 def _connect() -> None:
     """Connect the panel's receivers (done on import; idempotent)."""
-    for signal, receiver in _RECEIVERS:
-        signal.connect(receiver, dispatch_uid=f"django_redlock.panels.{receiver.__name__}")
+    signals.connect_receivers(_RECEIVERS, "django_redlock.panels")
 
 
 def _disconnect() -> None:
-    for signal, receiver in _RECEIVERS:
-        signal.disconnect(receiver, dispatch_uid=f"django_redlock.panels.{receiver.__name__}")
+    signals.disconnect_receivers(_RECEIVERS, "django_redlock.panels")
 
 
 _connect()

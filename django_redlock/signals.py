@@ -61,3 +61,16 @@ def send(signal: Signal, sender: Any, **kwargs: Any) -> None:
     for receiver, result in signal.send_robust(sender, **kwargs):
         if isinstance(result, Exception):
             logger.error("receiver %r of %s failed", receiver, kwargs.get("name"), exc_info=result)
+
+
+def connect_receivers(receivers: Any, uid_prefix: str) -> None:
+    """Connect ``(signal, receiver)`` pairs, idempotently (one ``dispatch_uid``
+    per receiver: ``<uid_prefix>.<name>``); for metrics and the debug panel."""
+    for signal, receiver in receivers:
+        signal.connect(receiver, dispatch_uid=f"{uid_prefix}.{receiver.__name__}")
+
+
+def disconnect_receivers(receivers: Any, uid_prefix: str) -> None:
+    """Undo :func:`connect_receivers`."""
+    for signal, receiver in receivers:
+        signal.disconnect(receiver, dispatch_uid=f"{uid_prefix}.{receiver.__name__}")
