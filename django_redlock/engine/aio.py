@@ -204,12 +204,13 @@ async def _subscribe(manager: LockHost, channel: bytes, confirm: float,
 # -- rounds (the rules live in rounds.py, shared with the sync manager) --------
 async def _run(transport: AsyncTransport, steps: rounds.Steps[T]) -> T:
     """Drive a round's steps (rounds.py) with the asyncio transport, which reads
-    every reply: of each exchange's options it uses ``skip_backoff`` and ``last``."""
+    every reply: of each exchange's options it uses ``skip_backoff``, ``last``
+    and ``tag``."""
     try:
         ask = next(steps)
         while True:
             ask = steps.send(await transport.round(ask.requests, skip_backoff=ask.skip_backoff,
-                                                   last=ask.last))
+                                                   last=ask.last, tag=ask.tag))
     except StopIteration as done:
         value: T = done.value
         return value
@@ -219,10 +220,12 @@ async def _acquire_round(mgr: LockHost, transport: AsyncTransport, key: bytes, f
                          wkey: bytes, token: str, ttl_ms: int, owner: str, fencing: bool,
                          ttl: float, *, lock_name: str, waiter: bytes = b"",
                          hand_over: bytes = b"", woken: bool = False, ask_all: bool = False,
+                         again: bool = False,
                          handed: AcquireResult | None = None) -> AcquireResult:
     return await _run(transport, rounds.acquire_steps(
         mgr, key, fkey, wkey, token, ttl_ms, owner, fencing, ttl, lock_name=lock_name,
-        waiter=waiter, hand_over=hand_over, woken=woken, ask_all=ask_all, handed=handed))
+        waiter=waiter, hand_over=hand_over, woken=woken, ask_all=ask_all, again=again,
+        handed=handed))
 
 
 async def _release_round(mgr: LockHost, transport: AsyncTransport, key: bytes, fkey: bytes,
@@ -320,7 +323,7 @@ class AsyncLock(LockBase):
                                 self.ttl, lock_name=self.name,
                                 waiter=sub.entry if sub else b"",
                                 hand_over=sub.hand_over_entry if sub else b"",
-                                woken=step.woken, ask_all=step.ask_all,
+                                woken=step.woken, ask_all=step.ask_all, again=step.again,
                                 handed=self._take_handover(sub, refusal))
                         except asyncio.CancelledError:
                             # The round may have set our key on some nodes: take it back.

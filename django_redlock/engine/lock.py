@@ -94,7 +94,7 @@ class Lock(LockBase):
                                 waiter=subscription.entry if subscription else b"",
                                 hand_over=subscription.hand_over_entry if subscription
                                 else b"",
-                                woken=step.woken, ask_all=step.ask_all,
+                                woken=step.woken, ask_all=step.ask_all, again=step.again,
                                 handed=self._take_handover(subscription, refusal))
                         except QuorumUnavailable as exc:
                             step = plan.throw(exc)  # re-raised, or the plan asks again

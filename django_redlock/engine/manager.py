@@ -397,11 +397,12 @@ class LockManager:
     def _acquire_round(self, key: bytes, fkey: bytes, wkey: bytes, token: str, ttl_ms: int,
                        owner: str, fencing: bool, ttl: float, *, lock_name: str,
                        waiter: bytes = b"", hand_over: bytes = b"", woken: bool = False,
-                       ask_all: bool = False,
+                       ask_all: bool = False, again: bool = False,
                        handed: AcquireResult | None = None) -> AcquireResult:
         return self._run(rounds.acquire_steps(
             self, key, fkey, wkey, token, ttl_ms, owner, fencing, ttl, lock_name=lock_name,
-            waiter=waiter, hand_over=hand_over, woken=woken, ask_all=ask_all, handed=handed))
+            waiter=waiter, hand_over=hand_over, woken=woken, ask_all=ask_all, again=again,
+            handed=handed))
 
     def _release_round(self, key: bytes, fkey: bytes, wkey: bytes, token: str, fence: int, *,
                        only: list[bool] | None = None) -> ReleaseResult:

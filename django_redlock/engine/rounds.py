@@ -563,7 +563,7 @@ class RoundContext(Protocol):
 def acquire_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token: str,
                   ttl_ms: int, owner: str, fencing: bool, ttl: float, *, lock_name: str,
                   waiter: bytes = b"", hand_over: bytes = b"", woken: bool = False,
-                  ask_all: bool = False,
+                  ask_all: bool = False, again: bool = False,
                   handed: AcquireResult | None = None) -> Steps[AcquireResult]:
     """One acquire attempt: the gate node first for a waiter, then a quorum; on a
     win with fences far apart, the write-back; on a loss, the clean-up.
@@ -572,7 +572,8 @@ def acquire_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token
     hand-over form (:func:`waiter_entries`). ``handed``: the hand-over node's
     release handed us its lock (:func:`handed_over`): on one node that is the
     whole result; on several the gate is not asked again, and the lease
-    counts from the handover when that is earlier.
+    counts from the handover when that is earlier. ``again``: the attempt
+    after a round that met a late reply; the nodes in back-off are asked too.
     """
     nodes = mgr.nodes
     n = len(nodes)
@@ -591,7 +592,7 @@ def acquire_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token
             first: Any = [1, handed.fence]  # the gate's release handed it to us
         else:
             first = (yield Ask([calls[i] if i == gate else None for i in range(n)],
-                               tag=token))[gate]
+                               tag=token, skip_backoff=not again))[gate]
             busy = busy_at_gate(first, start, nodes[gate].name, key)
             if busy is not None:
                 return busy
@@ -603,11 +604,12 @@ def acquire_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token
         rest = acquire_call(key, fkey, wkey, token, ttl_ms, owner, fencing, waiter) \
             if woken else call
         replies = yield Ask([None if i == gate else rest for i in range(n)],
-                            settle=acquire_settle(need), tag=token)
+                            settle=acquire_settle(need), tag=token, skip_backoff=not again)
         replies[gate] = first
     else:
         handed = None  # the gate is not trusted now: its copy is asked like any
-        replies = yield Ask(calls, settle=acquire_settle(mgr.quorum), tag=token)
+        replies = yield Ask(calls, settle=acquire_settle(mgr.quorum), tag=token,
+                            skip_backoff=not again)
     elapsed = mgr.clock() - start
     tally = tally_acquire(replies, [node.name for node in nodes], clock_node=h)
     won = granted(tally, n_nodes=n, start=start, elapsed=elapsed, ttl=ttl,

@@ -170,8 +170,8 @@ class _NodeConns:
     issue 25). A failed set-up ends every wait at once with its reason.
     """
 
-    __slots__ = ("cls", "idle", "kwargs", "later", "max_idle", "open", "setting_up", "waiters",
-                 "tasks")
+    __slots__ = ("cls", "idle", "kwargs", "later", "later_tags", "max_idle", "open", "setting_up",
+                 "waiters", "tasks")
 
     def __init__(self, cls: type, kwargs: dict[str, Any], max_idle: int) -> None:
         self.cls = cls
@@ -184,7 +184,9 @@ class _NodeConns:
         self.tasks: set[asyncio.Task[None]] = set()
         #: Releases to send first on the connection being set up (see
         #: NodeClient.deliver_later).
-        self.later: list[bytes] = []
+        self.later: list[tuple[bytes, Any]] = []
+        #: The tokens of those releases, until each ran (see round's ``tag``).
+        self.later_tags: list[Any] = []
 
     def take(self) -> Any:
         """An idle connection, or None (then :meth:`wait`)."""
@@ -246,13 +248,19 @@ class _NodeConns:
                     await conn.connect()
             while self.later:
                 later, self.later = self.later, []
-                async with _timeout(node.timeout):
-                    await conn.send_packed_command(later, check_health=False)
-                    for _ in later:
-                        try:
-                            await conn.read_response()
-                        except ResponseError:
-                            pass
+                try:
+                    async with _timeout(node.timeout):
+                        await conn.send_packed_command([packed for packed, _ in later],
+                                                       check_health=False)
+                        for _ in later:
+                            try:
+                                await conn.read_response()
+                            except ResponseError:
+                                pass
+                finally:
+                    for _, tag in later:
+                        if tag is not None and tag in self.later_tags:
+                            self.later_tags.remove(tag)
         except asyncio.TimeoutError:  # not the builtin one on Python 3.10
             error = NodeError(node.name, f"no connection within {node.connect_timeout:g} s",
                               sent=False)
@@ -264,6 +272,7 @@ class _NodeConns:
             raise
         self.setting_up -= 1
         self.later = []
+        self.later_tags = []
         if error is not None:
             await _disconnect(conn)
             node.mark_failed(time.monotonic())
@@ -364,7 +373,8 @@ class AsyncTransport:
 
     # -- rounds --------------------------------------------------------------
     async def round(self, requests: Sequence[Request], *, skip_backoff: bool = True,
-                    last: int | None = None, until: float | None = None) -> list[Any]:
+                    last: int | None = None, until: float | None = None,
+                    tag: Any = None) -> list[Any]:
         """Ask node i ``requests[i]`` (None: do not ask it); return answers or errors.
 
         Each result is the node's reply, a :class:`NodeError` (no answer in time)
@@ -377,13 +387,17 @@ class AsyncTransport:
         without an idle connection wait for one first, concurrently (see
         :class:`_NodeConns`; ``until`` as in the sync transport). A round
         that is cancelled disconnects every connection it had not finished with.
-        ``last``: a node to send to after the others.
+        ``last``: a node to send to after the others. ``tag``: the lock token
+        the round is for; a node still to run a clean-up of that token, handed
+        to its connection set-up, sits the round out (see
+        ``NodeClient.deliver_later``).
         """
         state = await self._conns()
         if state.sync and self._sync is not None:
             # A loop per call (an async view under WSGI): the process-wide
             # connections, one blocking round trip in a loop that serves one call.
-            return self._sync.round(requests, skip_backoff=skip_backoff, last=last, until=until)
+            return self._sync.round(requests, skip_backoff=skip_backoff, last=last, until=until,
+                                    tag=tag)
         nodes = self.nodes
         n = len(nodes)
         results: list[Any] = [None] * n
@@ -395,6 +409,10 @@ class AsyncTransport:
                 continue
             if skip[i]:
                 results[i] = NodeError(nodes[i].name, "skipped: failed recently", sent=False)
+                continue
+            if tag is not None and tag in state.nodes[i].later_tags:
+                results[i] = NodeError(nodes[i].name, "an earlier attempt's clean-up is "
+                                       "still on its way", sent=False)
                 continue
             asked.append(i)
         if not asked:
@@ -426,7 +444,9 @@ class AsyncTransport:
                                 and state.nodes[i].setting_up):
                             # A release is never dropped for want of time: the
                             # set-up sends it first (NodeClient.deliver_later).
-                            state.nodes[i].later.append(request.packed)
+                            state.nodes[i].later.append((request.packed, tag))
+                            if tag is not None:
+                                state.nodes[i].later_tags.append(tag)
                     else:
                         conns[i] = conn
                         # The set-up had its own bound; the exchange gets the full one.
