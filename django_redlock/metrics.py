@@ -23,7 +23,18 @@ metric                                            type       labels
 ``redlock_lost_total``                            counter    ``lock``
 ``redlock_waiters_woken_total``                   counter    ``lock``
 ``redlock_fenced_writes_rejected_total``          counter    ``lock``, ``model``
+``redlock_node_errors_total``                     counter    ``node``: no answer in time,
+                                                             refused, a failed set-up
+``redlock_node_replies_total``                    counter    ``node``
+``redlock_node_round_trip_seconds``               histogram  ``node``: from a request sent
+                                                             to its reply read (by the
+                                                             round that sent it)
 ================================================  =========  ===============================
+
+The ``node`` label is a node as ``manage.py locks health`` names it (its URL
+with the password masked, or ``cache:<alias>``); the node metrics add up the
+managers alive in the process, and are read from the transport's own counters
+at scrape time (nothing is done per request for them).
 
 The ``lock`` label is bounded, never the concrete lock name (``stock:42`` would
 make one time series per row): see :func:`metrics_label`.
@@ -43,6 +54,8 @@ except ImportError as e:  # pragma: no cover - the extra is installed in the tes
 from django.http import HttpRequest, HttpResponse
 
 from . import signals
+from .engine import manager as _manager
+from .transport.sync import ROUND_TRIP_BUCKETS
 
 __all__ = ["MAX_LABELS", "OTHER", "metrics_label", "metrics_view"]
 
@@ -73,6 +86,45 @@ WAITERS_WOKEN = prometheus_client.Counter(
 FENCED_REJECTED = prometheus_client.Counter(
     "redlock_fenced_writes_rejected", "Claims and fenced writes refused by the database.",
     ["lock", "model"])
+
+class NodeCollector:
+    """The per-node metrics, read from each live manager's nodes at scrape time."""
+
+    def collect(self) -> Any:
+        from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+
+        errors = CounterMetricFamily("redlock_node_errors",
+                                     "Node failures: no answer in time, refused, failed set-up.",
+                                     labels=["node"])
+        replies = CounterMetricFamily("redlock_node_replies", "Replies read from the node.",
+                                      labels=["node"])
+        trips = HistogramMetricFamily("redlock_node_round_trip_seconds",
+                                      "Time from a request sent to its reply read.",
+                                      labels=["node"])
+        by_node: dict[str, list[Any]] = {}
+        for mgr in list(_manager._managers):
+            for node in mgr.nodes:
+                total = by_node.setdefault(node.name, [0, 0, [0] * len(node.round_trips), 0.0])
+                total[0] += node.errors
+                total[1] += node.answers
+                total[2] = [a + b for a, b in zip(total[2], node.round_trips)]
+                total[3] += node.round_trip_sum
+        for name, (err, ans, counts, total_s) in sorted(by_node.items()):
+            errors.add_metric([name], err)
+            replies.add_metric([name], ans)
+            buckets, running = [], 0
+            for bound, count in zip((*map(str, ROUND_TRIP_BUCKETS), "+Inf"), counts):
+                running += count
+                buckets.append((bound, running))
+            trips.add_metric([name], buckets, total_s)
+        return [errors, replies, trips]
+
+    def describe(self) -> list[Any]:
+        return []  # described at collection: no sample is read at registration
+
+
+NODES = NodeCollector()
+prometheus_client.REGISTRY.register(NODES)
 
 _seen: set[str] = set()
 _seen_guard = threading.Lock()

@@ -456,7 +456,7 @@ def test_a_plan_that_may_not_wait_tries_once(plan_manager: tuple[Any, _PlanClock
 
 
 # -- the retry rule after a missed quorum (engine.protocol, I/O-free) ----------
-class _Node:
+class _Counted:
     def __init__(self, name: str, answers: int) -> None:
         self.name = name
         self.answers = answers
@@ -472,15 +472,15 @@ def test_a_missed_round_is_asked_again_only_while_a_quorum_shows_life() -> None:
 
     before = [5, 5, 5]
     # b and c missed our round but answered others meanwhile: we were slow.
-    nodes = [_Node("a", 6), _Node("b", 9), _Node("c", 7)]
+    nodes = [_Counted("a", 6), _Counted("b", 9), _Counted("c", 7)]
     assert _quorum_alive(missed("b", "c"), nodes, before, 2)
     # One of them answered nobody since (paused): a and b make the quorum.
-    nodes = [_Node("a", 6), _Node("b", 9), _Node("c", 5)]
+    nodes = [_Counted("a", 6), _Counted("b", 9), _Counted("c", 5)]
     assert _quorum_alive(missed("b", "c"), nodes, before, 2)
     # Both silent for everyone (a paused majority): no quorum shows life.
-    nodes = [_Node("a", 6), _Node("b", 5), _Node("c", 5)]
+    nodes = [_Counted("a", 6), _Counted("b", 5), _Counted("c", 5)]
     assert not _quorum_alive(missed("b", "c"), nodes, before, 2)
     # Five nodes, three missed, one of them alive elsewhere: 3 of 5 is a quorum.
-    nodes = [_Node(n, 1) for n in "vwxyz"]
+    nodes = [_Counted(n, 1) for n in "vwxyz"]
     assert _quorum_alive(missed("x", "y", "z"), nodes, [1, 1, 0, 1, 1], 3)
     assert not _quorum_alive(missed("x", "y", "z"), nodes, [1, 1, 1, 1, 1], 3)

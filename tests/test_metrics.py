@@ -196,3 +196,54 @@ def test_async_locks_count_too(make_manager: Any, session_nodes: Any) -> None:
     assert d.of(wait, lock="async", outcome="busy") == 1
     assert d.of("redlock_renewals_total", lock="async") == 1
     assert d.of("redlock_hold_seconds_count", lock="async") == 1
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_node_errors_replies_and_round_trips(flavour: str, make_manager: Any) -> None:
+    """Per node: replies and their round trips on live nodes; errors on a node
+    that stops (killed here); a password never shows in the ``node`` label."""
+    import asyncio
+
+    from django_redlock.testing import RedisNodes, _free_port
+
+    with RedisNodes(4) as nodes:  # with the node down: 5, a quorum of 3
+        down = f"redis://:s3cret-pw@127.0.0.1:{_free_port()}/0"  # nobody listens there
+        manager = make_manager([*nodes.urls, down], node_timeout=0.2)
+        live, dead = [n.name for n in manager.nodes[:4]], manager.nodes[4].name
+        assert "s3cret-pw" not in dead and "***" in dead
+
+        def use(times: int) -> None:
+            async def some() -> None:
+                for _ in range(times):
+                    async with manager.alock("nodes:1"):
+                        pass
+
+            if flavour == "asyncio":
+                asyncio.run(some())
+            else:
+                for _ in range(times):
+                    with manager.lock("nodes:1"):
+                        pass
+
+        d = Delta()
+        use(3)
+        # A round reads at least a quorum of replies itself (3: the node down
+        # answers nothing); a settled round may leave a node's reply to be read
+        # later, by another round: counted as a reply, not as a round trip.
+        trips = [d.of("redlock_node_round_trip_seconds_count", node=name) for name in live]
+        assert sum(trips) >= 6 * 3, trips
+        for name, count in zip(live, trips):
+            assert d.of("redlock_node_replies_total", node=name) >= count
+            assert d.of("redlock_node_round_trip_seconds_bucket", node=name, le="+Inf") == count
+            if count:
+                assert d.of("redlock_node_round_trip_seconds_sum", node=name) > 0
+        assert d.of("redlock_node_errors_total", node=dead) >= 1
+        assert d.of("redlock_node_replies_total", node=dead) == 0
+
+        nodes.servers[0].kill()  # a live node stops: its errors grow
+        d = Delta()
+        use(2)
+        assert d.of("redlock_node_errors_total", node=live[0]) >= 1
+        assert sum(d.of("redlock_node_replies_total", node=name) for name in live[1:]) >= 4 * 3
+        text = prometheus_client.generate_latest().decode()
+        assert "s3cret-pw" not in text

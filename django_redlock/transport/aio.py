@@ -507,6 +507,7 @@ class AsyncTransport:
             node.mark_failed(self.clock())
             return NodeError(node.name, not_redis_reason(e)), False
         node.mark_ok()
+        node.note_round_trip(self.clock() - (deadline - node.timeout))
         return reply, True
 
     # -- closing -------------------------------------------------------------

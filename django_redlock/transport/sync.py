@@ -33,6 +33,7 @@ Settled rounds
 
 from __future__ import annotations
 
+import bisect
 import inspect
 import logging
 import os
@@ -65,6 +66,10 @@ _LOADED = "_redlock_scripts_loaded"
 #: REDLOCK["CONNECT_TIMEOUT"]'s default (core/config.py), for a NodeClient made
 #: without a manager.
 DEFAULT_CONNECT_TIMEOUT = 1.0
+
+#: Upper bounds (s) of the buckets of each node's round-trip times
+#: (NodeClient.note_round_trip; reported by django_redlock.metrics).
+ROUND_TRIP_BUCKETS = (0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0)
 
 #: How many connection set-ups to one node may run at once, once the node
 #: accepted one (NodeClient._grow).
@@ -211,6 +216,14 @@ class NodeClient:
         #: a node whose count grew while our round missed it is alive, merely
         #: late for us (engine.protocol: such a miss is asked again).
         self.answers = 0
+        #: Failures so far (no answer in time, refused, a set-up that failed),
+        #: and the round trips of the replies read, bucketed by
+        #: ROUND_TRIP_BUCKETS (the last count: above the last bound), with
+        #: their sum: plain counters, read by a metrics scrape (an increment
+        #: lost to a race between threads is a count one short, never wrong).
+        self.errors = 0
+        self.round_trips = [0] * (len(ROUND_TRIP_BUCKETS) + 1)
+        self.round_trip_sum = 0.0
         self._idle: list[Any] = []
         #: connections whose replies a settled round did not wait for
         self._owed: list[_Owed] = []
@@ -592,6 +605,7 @@ class NodeClient:
         return now < self.down_until
 
     def mark_failed(self, now: float) -> None:
+        self.errors += 1
         self._failures += 1
         self.down_until = now + min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (self._failures - 1))
 
@@ -601,6 +615,11 @@ class NodeClient:
             logger.info("node %s answers again", self.name)
         self._failures = 0
         self.down_until = 0.0
+
+    def note_round_trip(self, seconds: float) -> None:
+        """One reply read ``seconds`` after its request was sent."""
+        self.round_trip_sum += seconds
+        self.round_trips[bisect.bisect_left(ROUND_TRIP_BUCKETS, seconds)] += 1
 
     def reset_backoff(self) -> None:
         self._failures = 0
@@ -861,7 +880,7 @@ class SyncTransport:
         late reply must never be read as the answer to a later command).
         """
         node = self.nodes[i]
-        request, mine, _ = expect[0]
+        request, mine, expect_due = expect[0]
         try:
             left = deadline - self.clock()
             if _READ_TAKES_TIMEOUT:
@@ -915,6 +934,8 @@ class SyncTransport:
             raise
         expect.popleft()
         node.mark_ok()
+        if mine:  # an owed reply is read late by design: it says nothing of the node
+            node.note_round_trip(self.clock() - (expect_due - node.timeout))
         return mine, reply
 
     def _fail(self, node: NodeClient, conn: Any, expect: Deque[Expected],
