@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING, Any
 
 from .exceptions import (
     FencedWriteRejected,
+    LockKindConflict,
     LockLost,
     LockNotAcquired,
     LockNotOwned,
@@ -78,6 +79,10 @@ __all__ = [
     "amulti_lock",
     "segments",
     "asegments",
+    "read_lock",
+    "write_lock",
+    "aread_lock",
+    "awrite_lock",
     "with_lock",
     "current_lock",
     "release_held_locks",
@@ -91,6 +96,7 @@ __all__ = [
     "LockNotOwned",
     "QuorumUnavailable",
     "FencedWriteRejected",
+    "LockKindConflict",
 ]
 
 
@@ -136,3 +142,25 @@ def segments(name: str, count: int, **options: Any) -> Any:
 def asegments(name: str, count: int, **options: Any) -> Any:
     """The asyncio twin of :func:`segments`."""
     return _manager().asegments(name, count, **options)
+
+
+def read_lock(name: str, **options: Any) -> Any:
+    """A shared hold of ``name``: many readers at once, never with a writer; a
+    waiting writer stops new readers. Options as for :func:`lock`."""
+    return _manager().read_lock(name, **options)
+
+
+def write_lock(name: str, **options: Any) -> Any:
+    """The exclusive hold of ``name``: no reader, no other writer; its fence
+    exceeds every earlier reader's and writer's. Options as for :func:`lock`."""
+    return _manager().write_lock(name, **options)
+
+
+def aread_lock(name: str, **options: Any) -> Any:
+    """The asyncio twin of :func:`read_lock`."""
+    return _manager().aread_lock(name, **options)
+
+
+def awrite_lock(name: str, **options: Any) -> Any:
+    """The asyncio twin of :func:`write_lock`."""
+    return _manager().awrite_lock(name, **options)

@@ -122,15 +122,20 @@ def _describe(func: Callable[..., Any]) -> str:
     return f"{module}.{qualname}"
 
 
+#: ``with_lock(mode=...)``: a plain lock, or a read-write lock's reader or writer.
+MODES = ("exclusive", "read", "write")
+
+
 class _Target:
     """What one ``with_lock(...)(func)`` knows: the template, options and ``func``."""
 
     def __init__(self, func: Callable[..., Any], template: LockNameTemplate, *, ttl: Any,
                  timeout: Any, auto_renew: Any, atomic: bool, on_busy: Any, fencing: bool,
                  max_hold: Any, label: str | None, using: str | None, manager: Any,
-                 view: bool | None, reentrant: bool = False) -> None:
+                 view: bool | None, reentrant: bool = False, mode: str = "exclusive") -> None:
         self.func = func
         self.reentrant = reentrant
+        self.mode = mode
         self.template = template
         self.ttl = ttl
         self.timeout = timeout
@@ -294,6 +299,16 @@ class _Target:
     def _manager(self) -> Any:
         return self.manager if self.manager is not None else get_manager()
 
+    def _make(self, manager: Any, name: str, is_view: bool, *, aio: bool = False) -> Any:
+        """The lock for one call: a plain lock, or a read-write lock's reader or
+        writer (``mode``), sync or asyncio."""
+        options = self._options(is_view)
+        factory = {("exclusive", False): manager.lock, ("exclusive", True): manager.alock,
+                   ("read", False): manager.read_lock, ("read", True): manager.aread_lock,
+                   ("write", False): manager.write_lock, ("write", True): manager.awrite_lock,
+                   }[(self.mode, aio)]
+        return factory(name, **options)
+
     def _busy(self, request: Any, exc: LockNotAcquired, manager: Any, name: str) -> Any:
         if self.on_busy is not None:
             return self.on_busy(request, exc)
@@ -315,7 +330,7 @@ class _Target:
         manager = self._manager()
         if request is not None:
             name = self.view_name(request, view_self, kwargs)
-            lock = manager.lock(name, **self._options(True))
+            lock = self._make(manager, name, True)
             lock.metrics_label = self.template.source  # a bounded label (metrics)
             try:
                 lock.__enter__()
@@ -335,7 +350,7 @@ class _Target:
                 else:
                     request.redlock = previous
         name = self.call_name(args, kwargs)
-        lock = manager.lock(name, **self._options(False))
+        lock = self._make(manager, name, False)
         lock.metrics_label = self.template.source
         try:
             lock.__enter__()
@@ -402,7 +417,7 @@ class _Target:
             name = self.view_name(request, view_self, kwargs)
         else:
             name = self.call_name(args, kwargs)
-        lock = manager.alock(name, **self._options(is_view))
+        lock = self._make(manager, name, is_view, aio=True)
         lock.metrics_label = self.template.source
         try:
             await lock.__aenter__()
@@ -486,8 +501,13 @@ def with_lock(template: str, *, ttl: float | EllipsisType = ...,
               on_busy: Callable[[Any, LockNotAcquired], Any] | None = None,
               fencing: bool = True, max_hold: float | None | EllipsisType = ...,
               label: str | None = None, using: str | None = None, manager: Any = None,
-              view: bool | None = None, reentrant: bool = False) -> Callable[[F], F]:
+              view: bool | None = None, reentrant: bool = False,
+              mode: str = "exclusive") -> Callable[[F], F]:
     """Hold the lock named by ``template`` while the decorated callable runs.
+
+    ``mode``: ``"exclusive"`` (a plain lock), or ``"read"`` / ``"write"``: a
+    reader or the writer of the read-write lock on that name
+    (:func:`django_redlock.read_lock`, :func:`django_redlock.write_lock`).
 
     ``ttl``, ``timeout``, ``max_hold``: as for :func:`django_redlock.lock`; left
     out, the ``REDLOCK`` settings apply. ``auto_renew``: views renew unless told
@@ -530,6 +550,12 @@ def with_lock(template: str, *, ttl: float | EllipsisType = ...,
         raise ValueError(f"with_lock(auto_renew=...) must be True or False, not {auto_renew!r}")
     if not isinstance(reentrant, bool):
         raise ValueError(f"with_lock(reentrant=...) must be True or False, not {reentrant!r}")
+    if mode not in MODES:
+        raise ValueError(f"with_lock(mode=...) must be one of {', '.join(map(repr, MODES))}, "
+                         f"not {mode!r}")
+    if reentrant and mode != "exclusive":
+        raise ValueError(f"with_lock(reentrant=True) is for mode='exclusive' (a plain lock), "
+                         f"not mode={mode!r}")
 
     def decorator(func: F) -> F:
         if isinstance(func, (staticmethod, classmethod)):
@@ -546,7 +572,7 @@ def with_lock(template: str, *, ttl: float | EllipsisType = ...,
         target = _Target(func, parsed, ttl=ttl, timeout=timeout, auto_renew=auto_renew,
                          atomic=atomic, on_busy=on_busy, fencing=fencing, max_hold=max_hold,
                          label=label, using=using, manager=manager, view=view,
-                         reentrant=reentrant)
+                         reentrant=reentrant, mode=mode)
         if is_async:
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:

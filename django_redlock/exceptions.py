@@ -18,6 +18,7 @@ __all__ = [
     "LockNotOwned",
     "QuorumUnavailable",
     "FencedWriteRejected",
+    "LockKindConflict",
 ]
 
 
@@ -70,6 +71,16 @@ class QuorumUnavailable(RedlockError):
         self.answered = answered
         self.needed = needed
         self.errors = dict(errors or {})
+
+
+class LockKindConflict(RedlockError):
+    """One name used as two kinds of lock at once: a plain ``lock(name)`` while
+    ``read_lock(name)`` / ``write_lock(name)`` holds it, or the other way round.
+
+    Raised at the call, at once: the two kinds keep different state under one
+    key and never exclude each other by waiting, so waiting would only end in
+    a timeout. Give each kind its own name.
+    """
 
 
 class FencedWriteRejected(RedlockError):

@@ -47,6 +47,7 @@ from .watchdog import Watchdog
 
 if TYPE_CHECKING:
     from .aio import AsyncLock
+    from .rwlock import AsyncReadLock, AsyncWriteLock, ReadLock, WriteLock
 
 T = TypeVar("T")
 
@@ -231,7 +232,6 @@ class LockManager:
               reentrant: bool = False) -> "AsyncLock | AsyncReentrantLock":
         """An :class:`~django_redlock.aio.AsyncLock` on ``name``, for asyncio code
         (``reentrant=True``: an ``AsyncReentrantLock``, per asyncio task)."""
-        from ..transport.aio import AsyncTransport
         from .aio import AsyncLock
 
         opts = self.lock(name, ttl=ttl, timeout=timeout, auto_renew=auto_renew, fencing=fencing,
@@ -242,13 +242,85 @@ class LockManager:
             return AsyncReentrantLock(self, lambda: self.alock(
                 name, ttl=opts.ttl, timeout=opts.timeout, auto_renew=opts.auto_renew,
                 fencing=fencing, max_hold=opts.max_hold, label=label), opts.timeout)
+        return AsyncLock(self, self._async(), opts.name, ttl=opts.ttl,
+                         timeout=opts.timeout, auto_renew=opts.auto_renew, fencing=fencing,
+                         max_hold=opts.max_hold, label=label)
+
+    def read_lock(self, name: str, *, ttl: float | EllipsisType = ...,
+                  timeout: float | None | EllipsisType = ...,
+                  auto_renew: bool | EllipsisType = ..., fencing: bool = True,
+                  max_hold: float | None | EllipsisType = ...,
+                  label: str | None = None) -> "ReadLock":
+        """A shared hold of ``name``: many readers at once, never with a writer
+        (:mod:`django_redlock.engine.rwlock`). Options as :meth:`lock`'s."""
+        from .rwlock import ReadLock
+
+        held: ReadLock = self._rw(ReadLock, name, ttl, timeout, auto_renew, fencing, max_hold,
+                                label)
+        return held
+
+    def write_lock(self, name: str, *, ttl: float | EllipsisType = ...,
+                   timeout: float | None | EllipsisType = ...,
+                   auto_renew: bool | EllipsisType = ..., fencing: bool = True,
+                   max_hold: float | None | EllipsisType = ...,
+                   label: str | None = None) -> "WriteLock":
+        """The exclusive hold of ``name``: no reader, no other writer; a waiting
+        writer stops new readers. Options as :meth:`lock`'s."""
+        from .rwlock import WriteLock
+
+        held: WriteLock = self._rw(WriteLock, name, ttl, timeout, auto_renew, fencing, max_hold,
+                                label)
+        return held
+
+    def aread_lock(self, name: str, *, ttl: float | EllipsisType = ...,
+                   timeout: float | None | EllipsisType = ...,
+                   auto_renew: bool | EllipsisType = ..., fencing: bool = True,
+                   max_hold: float | None | EllipsisType = ...,
+                   label: str | None = None) -> "AsyncReadLock":
+        """The asyncio twin of :meth:`read_lock`."""
+        from .rwlock import AsyncReadLock
+
+        held: AsyncReadLock = self._rw(AsyncReadLock, name, ttl, timeout, auto_renew, fencing, max_hold,
+                                label)
+        return held
+
+    def awrite_lock(self, name: str, *, ttl: float | EllipsisType = ...,
+                    timeout: float | None | EllipsisType = ...,
+                    auto_renew: bool | EllipsisType = ..., fencing: bool = True,
+                    max_hold: float | None | EllipsisType = ...,
+                    label: str | None = None) -> "AsyncWriteLock":
+        """The asyncio twin of :meth:`write_lock`."""
+        from .rwlock import AsyncWriteLock
+
+        held: AsyncWriteLock = self._rw(AsyncWriteLock, name, ttl, timeout, auto_renew, fencing, max_hold,
+                                label)
+        return held
+
+    def _rw(self, cls: Any, name: str, ttl: float | EllipsisType,
+            timeout: float | None | EllipsisType, auto_renew: bool | EllipsisType,
+            fencing: bool, max_hold: float | None | EllipsisType, label: str | None) -> Any:
+        """A read-write lock's holder of class ``cls``, its options checked as
+        :meth:`lock` checks them (no I/O)."""
+        opts = self.lock(name, ttl=ttl, timeout=timeout, auto_renew=auto_renew, fencing=fencing,
+                         max_hold=max_hold, label=label)
+        kwargs: dict[str, Any] = dict(ttl=opts.ttl, timeout=opts.timeout,
+                                      auto_renew=opts.auto_renew, fencing=fencing,
+                                      max_hold=opts.max_hold, label=label)
+        from .aio import AsyncLock
+
+        if issubclass(cls, AsyncLock):
+            return cls(self, self._async(), opts.name, **kwargs)
+        return cls(self, opts.name, **kwargs)
+
+    def _async(self) -> Any:
+        """The asyncio transport, made on first use."""
+        from ..transport.aio import AsyncTransport
+
         if self._async_transport is None:
             with self._lazy_lock:
                 if self._async_transport is None:
                     self._async_transport = AsyncTransport(self.nodes, clock=self.clock)
-        return AsyncLock(self, self._async_transport, opts.name, ttl=opts.ttl,
-                         timeout=opts.timeout, auto_renew=opts.auto_renew, fencing=fencing,
-                         max_hold=opts.max_hold, label=label)
+        return self._async_transport
 
     def multi_lock(self, names: Iterable[str], *, ttl: float | EllipsisType = ...,
                    timeout: float | None | EllipsisType = ...,

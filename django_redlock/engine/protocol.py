@@ -207,6 +207,11 @@ class LockBase:
     right even when the renewal could not run).
     """
 
+    #: What the holder's token starts with: empty for a plain lock; a read-write
+    #: lock's holders say their mode in it ("r." / "w."), and the rounds pick
+    #: that kind's scripts by it (rounds.READ_PREFIX).
+    token_prefix = ""
+
     def __init__(self, manager: "LockHost", name: str, *, ttl: float,
                  timeout: float | None, auto_renew: bool, fencing: bool = True,
                  max_hold: float | None = None, label: str | None = None) -> None:
@@ -281,7 +286,7 @@ class LockBase:
             pause = self.manager._handoff_pause(self._key_b)
             if deadline is not None:
                 pause = min(pause, deadline - started)
-        return (started, deadline, new_token(), owner_json(self.label),
+        return (started, deadline, self.token_prefix + new_token(), owner_json(self.label),
                 max(1, int(self.ttl * 1000)), pause)
 
     def _end_stale_hold(self) -> tuple[str, float] | None:

@@ -26,8 +26,19 @@ from dataclasses import dataclass, field
 from typing import Any, Generator, NamedTuple, Protocol, Sequence, TypeVar
 
 from ..core import quorum as q
-from ..exceptions import QuorumUnavailable
-from ..transport.resp import ACQUIRE, EXTEND, EXTEND_MANY, RELEASE, Call, Command
+from ..exceptions import LockKindConflict, QuorumUnavailable
+from ..transport.resp import (
+    ACQUIRE,
+    EXTEND,
+    EXTEND_MANY,
+    RELEASE,
+    RW_ACQUIRE,
+    RW_EXTEND,
+    RW_RELEASE,
+    Call,
+    Command,
+    Script,
+)
 from ..transport.sync import NOT_AWAITED, NodeError, Settle
 
 logger = logging.getLogger("django_redlock.manager")
@@ -136,6 +147,30 @@ WAITERS_GRACE_MS = 30_000
 _WAITERS_GRACE_B = b"%d" % WAITERS_GRACE_MS
 
 
+#: Token prefixes of a read-write lock's holders (``ReadLock``, ``WriteLock``):
+#: the token says which scripts serve the hold, on every node and in every
+#: round (acquire, release, renewal, the batch), so no round needs to be told.
+#: A plain lock's token (url-safe base64) never has a '.' second.
+READ_PREFIX = "r."
+WRITE_PREFIX = "w."
+
+
+def _rw(token: str) -> bool:
+    return token[1:2] == "."
+
+
+def _acquire_script(token: str) -> Script:
+    return RW_ACQUIRE if _rw(token) else ACQUIRE
+
+
+def _release_script(token: str) -> Script:
+    return RW_RELEASE if _rw(token) else RELEASE
+
+
+def _extend_script(token: str) -> Script:
+    return RW_EXTEND if _rw(token) else EXTEND
+
+
 def acquire_call(key: bytes, fkey: bytes, wkey: bytes, token: str, ttl_ms: int, owner: str,
                  fencing: bool, waiter: bytes = b"", woken: bool = False) -> Call:
     """One node's acquire script call.
@@ -146,7 +181,7 @@ def acquire_call(key: bytes, fkey: bytes, wkey: bytes, token: str, ttl_ms: int, 
     that got there first, goes back to the front.
     """
     mode = b"0" if not waiter else b"2" if woken else b"1"
-    return Call(ACQUIRE, (key, fkey, wkey),
+    return Call(_acquire_script(token), (key, fkey, wkey),
                 (token, ttl_ms, owner, b"1" if fencing else b"0", _FENCE_GRACE_B, mode,
                  _WAITERS_GRACE_B, waiter))
 
@@ -233,7 +268,24 @@ def error_reply_reason(reply: BaseException) -> str:
 
 
 _FOREIGN_KINDS = {1: "a value of another type (not a string)",
-                  2: "a string not written by a lock"}
+                  2: "a string not written by a lock",
+                  3: "a read-write lock (read_lock / write_lock)",
+                  4: "a plain lock (lock)"}
+
+#: The foreign codes that are another kind of lock (rw_acquire.lua, acquire.lua).
+_OTHER_KIND = (3, 4)
+
+
+def kind_conflict(tally: AcquireTally, lock_name: str) -> LockKindConflict | None:
+    """The error for a name used as two kinds of lock, when a node said so."""
+    kinds = {kind for kind in tally.foreign.values() if kind in _OTHER_KIND}
+    return _conflict(min(kinds), lock_name) if kinds else None
+
+
+def _conflict(kind: int, lock_name: str) -> LockKindConflict:
+    return LockKindConflict(
+        f"lock name {lock_name!r} is held as {_FOREIGN_KINDS[kind]} now; one name cannot be "
+        f"two kinds of lock at once: give each kind its own name", lock_name=lock_name)
 
 
 def obstacle(tally: AcquireTally, key: bytes) -> str:
@@ -409,13 +461,14 @@ def release_requests(n_nodes: int, key: bytes, fkey: bytes, wkey: bytes, token: 
     """Release on every node, or only where ``only`` says (the clean-up after a
     lost attempt, which wakes nobody: the lock was never held; except on node
     ``wake_at``, whose lock was handed to us while others queued there)."""
-    call = Call(RELEASE, (key, fkey, wkey),
+    script = _release_script(token)
+    call = Call(script, (key, fkey, wkey),
                 (token, fence, _FENCE_GRACE_B, b"1" if only is None else b"0"),
                 last_of_token=only is None)
     requests: list[Call | None] = [call if only is None or only[i] else None
                                    for i in range(n_nodes)]
     if only is not None and wake_at is not None and only[wake_at]:
-        requests[wake_at] = Call(RELEASE, (key, fkey, wkey), (token, fence, _FENCE_GRACE_B, b"1"))
+        requests[wake_at] = Call(script, (key, fkey, wkey), (token, fence, _FENCE_GRACE_B, b"1"))
     return requests
 
 
@@ -463,7 +516,8 @@ def tally_release(replies: Sequence[Any], key: bytes) -> ReleaseResult:
 
 # -- extend --------------------------------------------------------------------
 def extend_call(key: bytes, fkey: bytes, token: str, fence: int, ttl: float) -> Call:
-    return Call(EXTEND, (key, fkey), (token, max(1, int(ttl * 1000)), fence, _FENCE_GRACE_B))
+    return Call(_extend_script(token), (key, fkey),
+                (token, max(1, int(ttl * 1000)), fence, _FENCE_GRACE_B))
 
 
 def tally_extend(replies: Sequence[Any], *, start: float, elapsed: float, ttl: float,
@@ -586,7 +640,9 @@ def acquire_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token
         calls[h] = acquire_call(key, fkey, wkey, token, ttl_ms, owner, fencing, hand_over, woken)
     start = mgr.clock()
     # A waiter (it queues) asks the gate node first; see gate_node.
-    gate = gate_node(key, nodes, start) if waiter and not ask_all else None
+    # A read-write lock's waiters ask every node: a writer must stand in line
+    # on every node, or readers would pass it on the nodes it never asked.
+    gate = gate_node(key, nodes, start) if waiter and not ask_all and not _rw(token) else None
     if gate is not None:
         if handed is not None:
             first: Any = [1, handed.fence]  # the gate's release handed it to us
@@ -595,6 +651,8 @@ def acquire_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token
                                tag=token, skip_backoff=not again))[gate]
             busy = busy_at_gate(first, start, nodes[gate].name, key)
             if busy is not None:
+                if isinstance(first, list) and len(first) > 3 and first[3] in _OTHER_KIND:
+                    raise _conflict(int(first[3]), lock_name)
                 return busy
         need = mgr.quorum - (1 if granted_by(first) else 0)
         # A woken waiter's place at the front is the gate's, where the release
@@ -630,6 +688,9 @@ def acquire_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token
         # gate's lock, when it was handed to us, goes on to the next in line.
         yield from release_steps(mgr, key, fkey, wkey, token, 0, only=tally.maybe_ours,
                                  wake_at=gate if handed is not None else None)
+    conflict = kind_conflict(tally, lock_name)
+    if conflict is not None:
+        raise conflict
     return refused(tally, n_nodes=n, start=start, elapsed=elapsed, ttl=ttl,
                    lock_name=lock_name, key=key)
 
@@ -722,7 +783,8 @@ def give_up_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token
     there, :func:`waiter_entries`), and in the same script a lock handed to it
     meanwhile is released and handed on, so a waiter leaving never holds the
     lock for a lease nobody uses."""
-    yield Ask([Call(RELEASE, (key, fkey, wkey), (token, 0, _FENCE_GRACE_B, b"1", entry),
+    yield Ask([Call(_release_script(token), (key, fkey, wkey),
+                    (token, 0, _FENCE_GRACE_B, b"1", entry),
                     last_of_token=True) for entry in entries], tag=token, final=True)
 
 

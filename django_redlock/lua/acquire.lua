@@ -12,7 +12,8 @@
 -- busy, {0, pttl, now} when busy for a waiter (this node's clock in ms: a lock
 -- handed over later is timed from it, see rounds.handed_over); a fourth
 -- element when the key holds something no lock wrote: 1 a value of another
--- type (a list, a hash...), 2 a string not in the lock's format. Such a key is
+-- type (a list, a set...), 2 a string not in the lock's format; or 3 when it
+-- is a read-write lock's (a hash: one name used as two kinds of lock). Such a key is
 -- busy like any other, and the waiter can say what is in the way.
 --#include fence_issue
 local mine = ARGV[1] .. '|'
@@ -23,6 +24,9 @@ local current = redis.pcall('GET', KEYS[1])
 local foreign = 0
 if type(current) == 'table' then
   foreign = 1
+  if redis.call('TYPE', KEYS[1]).ok == 'hash' then
+    foreign = 3  -- a read-write lock's (rw_acquire.lua): one name, two kinds of lock
+  end
 elseif current and not string.find(current, '^[^|]+|%d+|') then
   foreign = 2
 end

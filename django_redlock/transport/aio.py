@@ -68,7 +68,7 @@ from typing import Any
 import redis.asyncio.connection as aconn
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
-from .resp import RELEASE, Call
+from .resp import Call
 from .sync import (
     NODE_DOWN_ERRORS,
     NodeClient,
@@ -440,7 +440,7 @@ class AsyncTransport:
                     if isinstance(conn, NodeError):
                         results[i] = conn
                         request = requests[i]
-                        if (isinstance(request, Call) and request.script is RELEASE
+                        if (isinstance(request, Call) and request.script.releases
                                 and state.nodes[i].setting_up):
                             # A release is never dropped for want of time: the
                             # set-up sends it first (NodeClient.deliver_later).

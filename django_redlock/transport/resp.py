@@ -77,10 +77,14 @@ def _load_lua(name: str) -> str:
 
 
 class Script:
-    """A Lua script shipped with the package, addressed by its SHA1."""
+    """A Lua script shipped with the package, addressed by its SHA1.
 
-    def __init__(self, name: str) -> None:
+    ``releases``: a release of some kind of lock (a clean-up is never dropped
+    for want of a connection: see ``NodeClient.deliver_later``)."""
+
+    def __init__(self, name: str, *, releases: bool = False) -> None:
         self.name = name
+        self.releases = releases
         self.source = _load_lua(name).encode("utf-8")
         self.sha = hashlib.sha1(self.source).hexdigest().encode("ascii")
         #: (keys, number of args) -> the packed command up to its args: one
@@ -139,7 +143,7 @@ class Command:
 
 
 ACQUIRE = Script("acquire")
-RELEASE = Script("release")
+RELEASE = Script("release", releases=True)
 EXTEND = Script("extend")
 EXTEND_MANY = Script("extend_many")
 FORCE_RELEASE = Script("force_release")
@@ -149,7 +153,11 @@ FORCE_RELEASE = Script("force_release")
 #: a settled round does not wait for (a server that restarted empty is reached
 #: through new connections). ``EVALSHA`` then ``EVAL`` after ``NOSCRIPT``
 #: remains for a script cache flushed under a live connection.
-PRELOAD_SCRIPTS = (ACQUIRE, RELEASE, EXTEND, EXTEND_MANY)
+#: The read-write lock's (rw_common.lua says how its key is laid out).
+RW_ACQUIRE = Script("rw_acquire")
+RW_RELEASE = Script("rw_release", releases=True)
+RW_EXTEND = Script("rw_extend")
+PRELOAD_SCRIPTS = (ACQUIRE, RELEASE, EXTEND, EXTEND_MANY, RW_ACQUIRE, RW_RELEASE, RW_EXTEND)
 PRELOAD = b"".join(pack(b"SCRIPT", b"LOAD", script.source) for script in PRELOAD_SCRIPTS)
 
 

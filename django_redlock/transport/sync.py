@@ -51,7 +51,7 @@ from redis.exceptions import InvalidResponse, NoScriptError, RedisError, Respons
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..core.config import NodeSpec
-from .resp import PRELOAD, PRELOAD_SCRIPTS, RELEASE, Call, Command
+from .resp import PRELOAD, PRELOAD_SCRIPTS, Call, Command
 
 logger = logging.getLogger("django_redlock.transport")
 
@@ -816,7 +816,7 @@ class SyncTransport:
         try:
             conns[i] = node.wait_connection(start, until, self.clock)
         except NodeError as e:
-            if isinstance(request, Call) and request.script is RELEASE:
+            if isinstance(request, Call) and request.script.releases:
                 node.deliver_later(request, tag)  # never dropped for want of time
             results[i] = e
             return

@@ -363,13 +363,42 @@ def _read_values(client: redis.Redis, keys: Sequence[bytes]
             pipe = client.pipeline(transaction=False)
             for k in other_type:
                 pipe.type(k)
-            for k, kind in zip(other_type, pipe.execute(raise_on_error=False), strict=True):
-                name = _type_name(kind)
+                pipe.hgetall(k)
+            replies = pipe.execute(raise_on_error=False)
+            for j, k in enumerate(other_type):
+                name = _type_name(replies[2 * j])
+                held = _read_write_holder(replies[2 * j + 1]) if name == "hash" else None
                 if name == "none":
                     del foreign[k]
+                elif held is not None:
+                    found[k] = (held, foreign.pop(k)[1])
+                    count = _queue_length(client.llen(_queue_key(k)))
+                    if count is not None:
+                        queued[k] = count
                 else:
                     foreign[k] = (name, foreign[k][1], None)
     return found, queued, foreign
+
+
+def _read_write_holder(fields: Any) -> bytes | None:
+    """A read-write lock's key (a hash, rw_common.lua) as one lock value: its
+    writer's, or its reader with the highest fence; None when the hash is not
+    a read-write lock's. The token shows the mode: ``r.`` a reader, ``w.`` the
+    writer (``locks show`` lists one holder per node)."""
+    if not isinstance(fields, dict) or not fields:
+        return None
+    best: tuple[bool, int, bytes] | None = None
+    for token, value in fields.items():
+        if not (isinstance(token, bytes) and isinstance(value, bytes)
+                and token[1:2] == b"." and token[:1] in (b"r", b"w")):
+            return None
+        parts = value.split(b"|", 2)
+        if len(parts) != 3 or not parts[0].isdigit() or not parts[1].isdigit():
+            return None
+        rank = (token[:1] == b"w", int(parts[1]), token + b"|" + parts[1] + b"|" + parts[2])
+        if best is None or rank[:2] > best[:2]:
+            best = rank
+    return None if best is None else best[2]
 
 
 @dataclass

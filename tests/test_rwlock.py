@@ -1,0 +1,320 @@
+"""Read-write locks: many readers or one writer, on real nodes (1 and 3).
+
+Each guarantee of the docs is driven by its worst schedule: a writer waiting
+while readers keep arriving (no starvation), a reader paused past its lease
+(its loss is reported), a name used as a plain lock and a read-write lock at
+once (an error at the call, not a timeout), several processes reading and
+writing (no reader ever overlaps a writer), a node killed, paused and
+restarted empty. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from typing import Any, Callable
+
+import pytest
+import redis
+
+from django_redlock import LockKindConflict, LockLost, QuorumUnavailable
+from django_redlock.core.keys import waiters_key
+from django_redlock.decorators import with_lock
+from django_redlock.testing import RedisNodes
+from tests.polling import wait_until
+
+MakeManager = Callable[..., Any]
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(params=[1, 3], ids=["1-node", "3-nodes"])
+def nodes(request: pytest.FixtureRequest, redis_nodes_factory: Callable[..., RedisNodes]
+          ) -> RedisNodes:
+    return redis_nodes_factory(request.param)
+
+
+def test_readers_share_and_the_writer_holds_alone(nodes: RedisNodes,
+                                                  make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes)
+    r1, r2 = mgr.read_lock("doc"), mgr.read_lock("doc")
+    assert r1.acquire(timeout=1) and r2.acquire(timeout=1)
+    assert r1.owned() and r2.owned() and r1.fence != r2.fence
+    assert mgr.write_lock("doc").acquire(timeout=0) is False
+    r1.release()
+    assert mgr.write_lock("doc").acquire(timeout=0) is False  # r2 still reads
+    r2.release()
+    with mgr.write_lock("doc", timeout=1) as writer:
+        assert writer.owned()
+        assert mgr.read_lock("doc").acquire(timeout=0) is False
+        assert mgr.write_lock("doc").acquire(timeout=0) is False
+    # Gone from every node once the last holder left.
+    assert not any(server.client().exists(mgr.key("doc")) for server in nodes)
+
+
+def test_a_waiting_writer_stops_new_readers_and_is_woken_by_the_last_release(
+        nodes: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes)
+    reader = mgr.read_lock("doc", ttl=30)
+    assert reader.acquire(timeout=1)
+    got: dict[str, Any] = {}
+
+    def writer() -> None:
+        w = mgr.write_lock("doc", ttl=30)
+        got["ok"] = w.acquire(timeout=10)
+        got["at"] = time.monotonic()
+        got["lock"] = w
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        # The writer stands in line: a new reader queues behind it, although
+        # the reader holding the lock now would let a reader in.
+        assert wait_until(lambda: any(server.client().llen(waiters_key(mgr.key("doc")))
+                                      for server in nodes), timeout=5)
+        assert mgr.read_lock("doc").acquire(timeout=0.3) is False
+        released = time.monotonic()
+        reader.release()
+        thread.join(timeout=12)
+        assert got["ok"], got
+        # Woken by the release notice, not by a timer (the reader's lease was 30 s).
+        assert got["at"] - released < 1.0, got["at"] - released
+        assert got["lock"].fence > reader.fence
+    finally:
+        thread.join(timeout=12)
+        if got.get("lock") is not None and got["lock"].owned():
+            got["lock"].release()
+
+
+def test_the_writers_release_wakes_every_reader_in_line(nodes: RedisNodes,
+                                                        make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes)
+    writer = mgr.write_lock("doc", ttl=30)
+    assert writer.acquire(timeout=1)
+    held: list[Any] = []
+    waited: list[float] = []
+    guard = threading.Lock()
+
+    def reader() -> None:
+        r = mgr.read_lock("doc", ttl=30)
+        if r.acquire(timeout=10):
+            with guard:
+                held.append(r)
+                waited.append(time.monotonic())
+
+    threads = [threading.Thread(target=reader) for _ in range(3)]
+    for t in threads:
+        t.start()
+    assert wait_until(lambda: max(server.client().llen(waiters_key(mgr.key("doc")))
+                                  for server in nodes) == 3, timeout=5)
+    released = time.monotonic()
+    writer.release()
+    for t in threads:
+        t.join(timeout=12)
+    try:
+        assert len(held) == 3, "not every reader in line got the lock"
+        assert all(r.owned() for r in held)  # all three at once
+        assert max(waited) - released < 1.0, max(waited) - released  # notices, not timers
+        assert min(r.fence for r in held) > writer.fence
+    finally:
+        for r in held:
+            r.release()
+
+
+def test_one_name_two_kinds_is_an_error_at_once(nodes: RedisNodes,
+                                                make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes)
+    with mgr.read_lock("both"):
+        started = time.monotonic()
+        with pytest.raises(LockKindConflict, match="read-write lock"):
+            mgr.lock("both", timeout=10).acquire()
+        assert time.monotonic() - started < 2.0  # at the call, not at its timeout
+    with mgr.lock("both2"):
+        started = time.monotonic()
+        with pytest.raises(LockKindConflict, match="plain lock"):
+            mgr.write_lock("both2", timeout=10).acquire()
+        with pytest.raises(LockKindConflict, match="plain lock"):
+            mgr.read_lock("both2", timeout=10).acquire()
+        assert time.monotonic() - started < 4.0
+    # Nothing of the refused kind was left behind: both names work afterwards.
+    with mgr.lock("both"), mgr.write_lock("both2"):
+        pass
+
+
+def test_a_reader_paused_past_its_lease_is_told_its_lock_was_lost(
+        nodes: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes)
+    reader = mgr.read_lock("doc", ttl=0.5, auto_renew=False)
+    assert reader.acquire(timeout=1)
+    time.sleep(0.8)  # "paused": its lease ran out meanwhile
+    writer = mgr.write_lock("doc", ttl=30)
+    assert writer.acquire(timeout=1)  # the writer does not wait for the dead reader
+    with pytest.raises(LockLost):
+        reader.release()
+    assert writer.owned()
+    writer.release()
+
+
+def test_renewal_keeps_readers_and_writers_held(nodes: RedisNodes,
+                                                make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes)
+    r1, r2 = mgr.read_lock("long", ttl=1), mgr.read_lock("long", ttl=1)
+    w = mgr.write_lock("long-w", ttl=1)
+    assert r1.acquire(timeout=1) and r2.acquire(timeout=1) and w.acquire(timeout=1)
+    time.sleep(2.5)  # more than two leases: the renewal thread (batched) kept them
+    assert r1.owned() and r2.owned() and w.owned()
+    assert mgr.write_lock("long").acquire(timeout=0) is False
+    assert mgr.read_lock("long-w").acquire(timeout=0) is False
+    r1.release()
+    r2.release()
+    w.release()
+
+
+def test_asyncio_twins(nodes: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes)
+
+    async def scenario() -> None:
+        async with mgr.aread_lock("adoc") as r1, mgr.aread_lock("adoc") as r2:
+            assert r1.owned() and r2.owned()
+            assert await mgr.awrite_lock("adoc").acquire(timeout=0) is False
+        async with mgr.awrite_lock("adoc") as w:
+            assert w.owned()
+            assert await mgr.aread_lock("adoc").acquire(timeout=0) is False
+            with pytest.raises(LockKindConflict):
+                await mgr.alock("adoc", timeout=5).acquire()
+
+    asyncio.run(scenario())
+
+
+def test_with_lock_modes(nodes: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes)
+    inside: list[tuple[str, bool]] = []
+
+    @with_lock("report:<day>", mode="read", manager=mgr, timeout=0)
+    def read(day: str) -> None:
+        # Another reader may join; a writer may not.
+        inside.append(("read", mgr.read_lock(f"report:{day}").acquire(timeout=0)))
+        inside.append(("write", mgr.write_lock(f"report:{day}").acquire(timeout=0)))
+
+    @with_lock("report:<day>", mode="write", manager=mgr, timeout=0)
+    def write(day: str) -> None:
+        inside.append(("read-in-write", mgr.read_lock(f"report:{day}").acquire(timeout=0)))
+
+    read("mon")
+    write("tue")
+    assert inside == [("read", True), ("write", False), ("read-in-write", False)]
+
+    with pytest.raises(ValueError, match="mode"):
+        with_lock("x", mode="shared")
+    with pytest.raises(ValueError, match="reentrant"):
+        with_lock("x", mode="read", reentrant=True)
+
+
+def test_force_release_frees_a_read_write_lock(nodes: RedisNodes,
+                                               make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes)
+    reader = mgr.read_lock("stuck", ttl=30)
+    assert reader.acquire(timeout=1)
+    mgr.force_release("stuck")
+    with mgr.write_lock("stuck", timeout=1):
+        pass
+    with pytest.raises(LockLost):
+        reader.release()
+
+
+_WORKER = textwrap.dedent("""
+    import random, sys, time
+    import redis
+    from django_redlock import LockManager
+    urls, counter_url, rounds = sys.argv[1].split(","), sys.argv[2], int(sys.argv[3])
+    counter = redis.Redis.from_url(counter_url)
+    mgr = LockManager(urls, node_timeout=0.5)
+    rng = random.Random()
+    for _ in range(rounds):
+        if rng.random() < 0.3:
+            with mgr.write_lock("shared-doc", ttl=10, timeout=30):
+                if counter.incr("writers") != 1 or int(counter.get("readers") or 0):
+                    counter.incr("violations")
+                time.sleep(0.002)
+                counter.decr("writers")
+        else:
+            with mgr.read_lock("shared-doc", ttl=10, timeout=30):
+                counter.incr("readers")
+                if int(counter.get("writers") or 0):
+                    counter.incr("violations")
+                counter.incr("max-readers-seen-" + str(int(counter.get("readers") or 0)))
+                time.sleep(0.002)
+                counter.decr("readers")
+    mgr.close()
+""")
+
+
+@pytest.mark.timeout(180)
+def test_processes_never_overlap_a_writer(redis_nodes_factory: Callable[..., RedisNodes]
+                                          ) -> None:
+    nodes = redis_nodes_factory(3)
+    counter = redis_nodes_factory(1)
+    client = redis.Redis.from_url(counter.urls[0])
+    procs = [subprocess.Popen([sys.executable, "-c", _WORKER, ",".join(nodes.urls),
+                               counter.urls[0], "40"]) for _ in range(4)]
+    for proc in procs:
+        assert proc.wait(timeout=150) == 0
+    assert int(client.get("violations") or 0) == 0
+    assert int(client.get("writers") or 0) == 0 and int(client.get("readers") or 0) == 0
+    # The readers did share: some saw another reader inside with them.
+    shared = sum(int(client.get(f"max-readers-seen-{k}") or 0) for k in range(2, 5))
+    assert shared > 0, "no two readers ever held the lock together"
+
+
+# -- faults ---------------------------------------------------------------------------
+
+def test_a_node_killed_or_paused_keeps_the_quorum(
+        redis_nodes_factory: Callable[..., RedisNodes], make_manager: MakeManager) -> None:
+    nodes = redis_nodes_factory(3)
+    mgr = make_manager(nodes, node_timeout=0.2)
+    nodes.servers[0].kill()
+    with mgr.read_lock("f1") as r1, mgr.read_lock("f1") as r2:
+        assert r1.owned() and r2.owned()
+        assert mgr.write_lock("f1").acquire(timeout=0.2) is False
+    nodes.servers[1].pause()
+    try:
+        # Two of three gone: no quorum, a clear error within the bound.
+        started = time.monotonic()
+        with pytest.raises(QuorumUnavailable):
+            mgr.write_lock("f1").acquire(timeout=0.5)
+        assert time.monotonic() - started < 3.0
+    finally:
+        nodes.servers[1].resume()
+    with mgr.write_lock("f1", timeout=5) as w:  # one node down still leaves a quorum
+        assert w.owned()
+
+
+def test_a_node_restarted_empty_does_not_let_a_writer_in_beside_a_reader(
+        redis_nodes_factory: Callable[..., RedisNodes], make_manager: MakeManager) -> None:
+    nodes = redis_nodes_factory(3)
+    mgr = make_manager(nodes, node_timeout=0.2)
+    reader = mgr.read_lock("f2", ttl=30)
+    assert reader.acquire(timeout=1)
+    nodes.servers[0].restart(empty=True)  # forgets the reader there
+    # Two nodes still have the reader: the writer cannot get a majority.
+    assert mgr.write_lock("f2").acquire(timeout=0.5) is False
+    reader.release()
+    with mgr.write_lock("f2", timeout=5) as w:
+        assert w.owned()
+
+
+def test_manage_py_locks_lists_a_read_write_lock(nodes: RedisNodes,
+                                                 make_manager: MakeManager) -> None:
+    from django_redlock.engine.inspection.locks import scan_locks
+
+    mgr = make_manager(nodes)
+    with mgr.read_lock("listed:r", label="reader-job"), mgr.write_lock("listed:w"):
+        found = {info.name: info for info in scan_locks(mgr, "listed:*").locks}
+    assert set(found) == {"listed:r", "listed:w"}, found
+    assert found["listed:r"].token.startswith("r.") and found["listed:r"].nodes == len(nodes.urls)
+    assert found["listed:r"].owner.get("label") == "reader-job"
+    assert found["listed:w"].token.startswith("w.")
