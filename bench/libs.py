@@ -206,15 +206,17 @@ class Contestant:
 class DjangoRedlock(Contestant):
     """django-redlock with fencing and owner metadata (always stored), lease 10 s."""
 
-    def __init__(self, urls: list[str], *, auto_renew: bool) -> None:
+    def __init__(self, urls: list[str], *, auto_renew: bool, kind: str = "lock") -> None:
         from django_redlock import LockManager
 
         self.manager = LockManager(urls, ttl=TTL, auto_renew=auto_renew)
         self.auto_renew = auto_renew
         self.nodes = len(urls)
+        #: "lock", "read_lock" or "write_lock": the family member measured.
+        self.factory = getattr(self.manager, kind)
 
     def new(self, name: str) -> Any:
-        return self.manager.lock(name, fencing=True)
+        return self.factory(name, fencing=True)
 
     def acquire(self, lock: Any, timeout: float) -> bool:
         return bool(lock.acquire(timeout=timeout))
@@ -288,6 +290,10 @@ LIBRARIES: dict[str, tuple[str, Callable[[list[str], list[str]], Contestant]]] =
     "drl-5": ("django-redlock, 5 nodes", lambda u1, u5: DjangoRedlock(u5, auto_renew=False)),
     "drl-renew-5": ("django-redlock, 5 nodes, auto_renew on",
                     lambda u1, u5: DjangoRedlock(u5, auto_renew=True)),
+    "drl-read-1": ("django-redlock read_lock, 1 node",
+                   lambda u1, u5: DjangoRedlock(u1, auto_renew=False, kind="read_lock")),
+    "drl-write-1": ("django-redlock write_lock, 1 node",
+                    lambda u1, u5: DjangoRedlock(u1, auto_renew=False, kind="write_lock")),
     "redispy-1": ("redis-py Lock, 1 node", lambda u1, u5: RedisPyLock(u1)),
     "prl-1": ("python-redis-lock, 1 node", lambda u1, u5: PythonRedisLock(u1)),
     "pottery-1": ("pottery Redlock, 1 node", lambda u1, u5: PotteryRedlock(u1)),

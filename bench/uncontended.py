@@ -21,6 +21,8 @@ ONE_NODE = [
     ("redispy-floor-1", "floor: redis-py client", 1),
     ("drl-1", "django-redlock (fencing + owner)", 1),
     ("drl-renew-1", "django-redlock (fencing + owner, auto_renew on)", 1),
+    ("drl-read-1", "django-redlock read_lock (fencing + owner)", 1),
+    ("drl-write-1", "django-redlock write_lock (fencing + owner)", 1),
     ("redispy-1", "redis-py Lock", 1),
     ("prl-1", "python-redis-lock", 1),
     ("pottery-1", "pottery Redlock", 1),
