@@ -25,7 +25,7 @@ from .exceptions import (
 if TYPE_CHECKING:  # the real imports happen on first use, in __getattr__ below
     from .aio import AsyncLock, alock
     from .conf import get_manager
-    from .decorators import current_lock, with_lock
+    from .decorators import current_lock, with_lock, with_semaphore
     from .engine.held import release_held_locks
     from .engine.lock import Lock
     from .engine.manager import LockManager
@@ -42,6 +42,7 @@ _LAZY = {
     "get_manager": "conf",
     "current_lock": "decorators",
     "with_lock": "decorators",
+    "with_semaphore": "decorators",
     "Lock": "engine.lock",
     "LockManager": "engine.manager",
     "release_held_locks": "engine.held",
@@ -78,7 +79,10 @@ __all__ = [
     "amulti_lock",
     "segments",
     "asegments",
+    "semaphore",
+    "asemaphore",
     "with_lock",
+    "with_semaphore",
     "current_lock",
     "release_held_locks",
     "get_manager",
@@ -136,3 +140,14 @@ def segments(name: str, count: int, **options: Any) -> Any:
 def asegments(name: str, count: int, **options: Any) -> Any:
     """The asyncio twin of :func:`segments`."""
     return _manager().asegments(name, count, **options)
+
+
+def semaphore(name: str, permits: int, **options: Any) -> Any:
+    """At most ``permits`` holders of ``name`` at once; ``.index`` is the
+    permit held. Options as for :func:`lock`."""
+    return _manager().semaphore(name, permits, **options)
+
+
+def asemaphore(name: str, permits: int, **options: Any) -> Any:
+    """The asyncio twin of :func:`semaphore`."""
+    return _manager().asemaphore(name, permits, **options)

@@ -128,9 +128,13 @@ class _Target:
     def __init__(self, func: Callable[..., Any], template: LockNameTemplate, *, ttl: Any,
                  timeout: Any, auto_renew: Any, atomic: bool, on_busy: Any, fencing: bool,
                  max_hold: Any, label: str | None, using: str | None, manager: Any,
-                 view: bool | None, reentrant: bool = False) -> None:
+                 view: bool | None, reentrant: bool = False, permits: int | None = None,
+                 kind: str = "with_lock") -> None:
         self.func = func
         self.reentrant = reentrant
+        #: ``with_semaphore``'s permits (None: ``with_lock``, a plain lock).
+        self.permits = permits
+        self.kind = kind
         self.template = template
         self.ttl = ttl
         self.timeout = timeout
@@ -294,6 +298,14 @@ class _Target:
     def _manager(self) -> Any:
         return self.manager if self.manager is not None else get_manager()
 
+    def _make(self, manager: Any, name: str, is_view: bool, *, asyncio: bool = False) -> Any:
+        """The lock (or semaphore) this call holds, not yet acquired."""
+        options = self._options(is_view)
+        if self.permits is None:
+            return (manager.alock if asyncio else manager.lock)(name, **options)
+        make = manager.asemaphore if asyncio else manager.semaphore
+        return make(name, self.permits, **options)
+
     def _busy(self, request: Any, exc: LockNotAcquired, manager: Any, name: str) -> Any:
         if self.on_busy is not None:
             return self.on_busy(request, exc)
@@ -315,7 +327,7 @@ class _Target:
         manager = self._manager()
         if request is not None:
             name = self.view_name(request, view_self, kwargs)
-            lock = manager.lock(name, **self._options(True))
+            lock = self._make(manager, name, True)
             lock.metrics_label = self.template.source  # a bounded label (metrics)
             try:
                 lock.__enter__()
@@ -335,7 +347,7 @@ class _Target:
                 else:
                     request.redlock = previous
         name = self.call_name(args, kwargs)
-        lock = manager.lock(name, **self._options(False))
+        lock = self._make(manager, name, False)
         lock.metrics_label = self.template.source
         try:
             lock.__enter__()
@@ -402,7 +414,7 @@ class _Target:
             name = self.view_name(request, view_self, kwargs)
         else:
             name = self.call_name(args, kwargs)
-        lock = manager.alock(name, **self._options(is_view))
+        lock = self._make(manager, name, is_view, asyncio=True)
         lock.metrics_label = self.template.source
         try:
             await lock.__aenter__()
@@ -442,6 +454,30 @@ class _Target:
                         del request.redlock
                 else:
                     request.redlock = previous
+
+
+def with_semaphore(template: str, permits: int, *, ttl: float | EllipsisType = ...,
+                   timeout: float | None | EllipsisType = ...,
+                   auto_renew: bool | EllipsisType = ..., atomic: bool = False,
+                   on_busy: Callable[[Any, LockNotAcquired], Any] | None = None,
+                   fencing: bool = True, max_hold: float | None | EllipsisType = ...,
+                   label: str | None = None, using: str | None = None, manager: Any = None,
+                   view: bool | None = None) -> Callable[[F], F]:
+    """Hold one of ``permits`` permits of the semaphore named by ``template``
+    while the decorated callable runs (:meth:`LockManager.semaphore`).
+
+    Everything else is as for :func:`with_lock`: the placeholders, the busy
+    answers of a view (``BUSY_STATUS`` with ``Retry-After``, 503 without a
+    quorum), ``on_busy``, ``atomic``, ``current_lock()`` and ``request.redlock``
+    (here the semaphore: ``.index`` is the permit held, ``.fence`` its fence).
+    ``permits`` is checked at decoration time (``ValueError``).
+    """
+    from .engine.semaphore import check_permits
+
+    return with_lock(template, ttl=ttl, timeout=timeout, auto_renew=auto_renew, atomic=atomic,
+                     on_busy=on_busy, fencing=fencing, max_hold=max_hold, label=label,
+                     using=using, manager=manager, view=view,
+                     _permits=check_permits(permits))
 
 
 def _partial_self(func: Any) -> Any:
@@ -486,7 +522,8 @@ def with_lock(template: str, *, ttl: float | EllipsisType = ...,
               on_busy: Callable[[Any, LockNotAcquired], Any] | None = None,
               fencing: bool = True, max_hold: float | None | EllipsisType = ...,
               label: str | None = None, using: str | None = None, manager: Any = None,
-              view: bool | None = None, reentrant: bool = False) -> Callable[[F], F]:
+              view: bool | None = None, reentrant: bool = False,
+              _permits: int | None = None) -> Callable[[F], F]:
     """Hold the lock named by ``template`` while the decorated callable runs.
 
     ``ttl``, ``timeout``, ``max_hold``: as for :func:`django_redlock.lock`; left
@@ -546,7 +583,7 @@ def with_lock(template: str, *, ttl: float | EllipsisType = ...,
         target = _Target(func, parsed, ttl=ttl, timeout=timeout, auto_renew=auto_renew,
                          atomic=atomic, on_busy=on_busy, fencing=fencing, max_hold=max_hold,
                          label=label, using=using, manager=manager, view=view,
-                         reentrant=reentrant)
+                         reentrant=reentrant, permits=_permits)
         if is_async:
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:
