@@ -49,7 +49,13 @@ from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
 
 from ..core.arguments import check_timeout
 from ..core.keys import lock_key, permits_key, validate_name
-from ..exceptions import LockNotAcquired, LockNotOwned, QuorumUnavailable, RedlockError
+from ..exceptions import (
+    LockLost,
+    LockNotAcquired,
+    LockNotOwned,
+    QuorumUnavailable,
+    RedlockError,
+)
 from ..transport.resp import Call, Command, Script
 from . import compose
 from .compose import Drop, Take
@@ -253,6 +259,13 @@ class SemaphoreBase(compose.Composite):
             raise LockNotOwned(f"semaphore {self.name!r}: no permit held", lock_name=self.name)
         return [self._locks[self.index]]
 
+    def _lost(self, lock: Any) -> LockLost:
+        """The error of ``extend()`` on a permit this object still counts as
+        held but whose lock was lost (it calls itself not held)."""
+        return LockLost(f"semaphore {self.name!r}: permit {self.index} was lost "
+                        f"({lock._lost_reason or 'its lease ran out'})", lock_name=self.name,
+                        fence=lock.fence)
+
     def _busy(self) -> LockNotAcquired:
         return LockNotAcquired(
             f"semaphore {self.name!r}: all {self.permits} permits busy for "
@@ -270,6 +283,15 @@ class Semaphore(SemaphoreBase, compose.Composed):
     def release(self) -> None:
         """Release the permit held; ``LockLost`` afterwards if it was lost."""
         self._run(self._release_plan())
+
+    def extend(self, ttl: float | EllipsisType = ...) -> None:
+        """Extend the permit held (see :meth:`Lock.extend`); ``LockLost`` when
+        it was lost (the renewal found it gone, or its lease ran out)."""
+        lock = self._extend_targets()[0]
+        try:
+            lock.extend(ttl)
+        except LockNotOwned:
+            raise self._lost(lock) from None
 
     def _run(self, plan: compose.Plan) -> Any:
         mgr = self.manager
@@ -327,6 +349,13 @@ class AsyncSemaphore(SemaphoreBase, compose.AsyncComposed):
 
     async def release(self) -> None:
         await self._arun(self._release_plan())
+
+    async def extend(self, ttl: float | EllipsisType = ...) -> None:
+        lock = self._extend_targets()[0]
+        try:
+            await lock.extend(ttl)
+        except LockNotOwned:
+            raise self._lost(lock) from None
 
     async def _arun(self, plan: compose.Plan) -> Any:
         from .aio import _subscribe
