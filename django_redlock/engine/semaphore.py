@@ -45,7 +45,7 @@ from __future__ import annotations
 
 import random
 from types import EllipsisType
-from typing import TYPE_CHECKING, Any, NamedTuple, Sequence
+from typing import TYPE_CHECKING, Any, Generator, NamedTuple, Sequence, Union
 
 from ..core.arguments import check_timeout
 from ..core.keys import lock_key, permits_key, validate_name
@@ -117,6 +117,11 @@ class Notice(NamedTuple):
 
 class Ring(NamedTuple):
     """Publish a free notice (best effort); answer anything."""
+
+
+Step = Union[Take, Drop, CheckCount, Listen, Notice, Ring]
+#: A semaphore's plan: the composites' steps and its own four.
+Plan = Generator[Step, Any, Any]
 
 
 class SemaphoreBase(compose.Composite):
@@ -200,7 +205,7 @@ class SemaphoreBase(compose.Composite):
     def _ring_requests(self) -> list[Command]:
         return [Command(b"PUBLISH", self._free_channel, b"1")] * len(self.manager.nodes)
 
-    def _acquire_plan(self, wait: float | None) -> compose.Plan:
+    def _acquire_plan(self, wait: float | None) -> Plan:  # type: ignore[override]
         clock = self.manager.clock
         deadline = None if wait is None else clock() + wait
         self._deadline = deadline
@@ -241,7 +246,7 @@ class SemaphoreBase(compose.Composite):
             yield Drop(line)
             raise
 
-    def _release_plan(self) -> compose.Plan:
+    def _release_plan(self) -> Plan:  # type: ignore[override]
         if self.index is None:
             raise LockNotOwned(f"semaphore {self.name!r}: no permit held by this object",
                                lock_name=self.name)
@@ -293,7 +298,7 @@ class Semaphore(SemaphoreBase, compose.Composed):
         except LockNotOwned:
             raise self._lost(lock) from None
 
-    def _run(self, plan: compose.Plan) -> Any:
+    def _run(self, plan: Plan) -> Any:
         mgr = self.manager
         locks = self._locks
         sub = None
@@ -301,20 +306,19 @@ class Semaphore(SemaphoreBase, compose.Composed):
             step = next(plan)
             while True:
                 try:
-                    kind = type(step)
                     answer: Any = None
-                    if kind is Take:
+                    if isinstance(step, Take):
                         answer = locks[step.at].acquire(timeout=step.timeout)
-                    elif kind is Drop:
+                    elif isinstance(step, Drop):
                         answer = compose._drop(locks[step.at])
-                    elif kind is CheckCount:
+                    elif isinstance(step, CheckCount):
                         until = self._deadline
                         self._count_verdict(mgr.transport.round(
                             self._count_requests(), skip_backoff=False,
                             until=None if until is None else max(until, mgr.clock())))
-                    elif kind is Listen:
+                    elif isinstance(step, Listen):
                         sub = mgr.notifier.subscribe(self._free_channel, step.confirm)
-                    elif kind is Notice:
+                    elif isinstance(step, Notice):
                         assert sub is not None
                         answer = sub.wait(step.seconds)
                         sub.clear()
@@ -357,7 +361,7 @@ class AsyncSemaphore(SemaphoreBase, compose.AsyncComposed):
         except LockNotOwned:
             raise self._lost(lock) from None
 
-    async def _arun(self, plan: compose.Plan) -> Any:
+    async def _arun(self, plan: Plan) -> Any:
         from .aio import _subscribe
 
         mgr = self.manager
@@ -368,21 +372,20 @@ class AsyncSemaphore(SemaphoreBase, compose.AsyncComposed):
             step = next(plan)
             while True:
                 try:
-                    kind = type(step)
                     answer: Any = None
-                    if kind is Take:
+                    if isinstance(step, Take):
                         answer = await locks[step.at].acquire(timeout=step.timeout)
-                    elif kind is Drop:
+                    elif isinstance(step, Drop):
                         answer = await compose._adrop(locks[step.at])
-                    elif kind is CheckCount:
+                    elif isinstance(step, CheckCount):
                         until = self._deadline
                         self._count_verdict(await transport.round(
                             self._count_requests(), skip_backoff=False,
                             until=None if until is None else max(until, mgr.clock())))
-                    elif kind is Listen:
+                    elif isinstance(step, Listen):
                         waiter = await _subscribe(mgr, self._free_channel, step.confirm,
                                                   b"", b"")
-                    elif kind is Notice:
+                    elif isinstance(step, Notice):
                         assert waiter is not None
                         answer = await waiter.wait(step.seconds)
                         waiter.clear()
