@@ -420,6 +420,15 @@ def test_a_node_restarted_empty_learns_the_count_again(
         mgr.semaphore("relearn", 5, timeout=1).acquire()
 
 
+@pytest.mark.parametrize("name", ["plain", "{tag}x", "odd}name"])
+def test_the_count_key_reads_back(name: str) -> None:
+    from django_redlock.core.keys import fence_key, parse_internal_key
+
+    key = lock_key("redlock", name)
+    assert parse_internal_key(permits_key(key)) == (key, "permits")
+    assert permits_key(key) not in (fence_key(key), waiters_key(key))
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2", None])
 def test_bad_permits_are_a_clear_error_before_anything_is_sent(
         bad: Any, nodes3: RedisNodes, make_manager: MakeManager) -> None:

@@ -31,6 +31,11 @@ Every key django-redlock writes, for a lock key ``K = {KEY_PREFIX}:{NAME}``:
   ``lua/release.lua``), so one release costs one retry, not one per waiter. It
   expires shortly after the lock does when nobody waits any more.
 
+A semaphore named NAME (``engine.semaphore``) keeps its permit count under a
+third role, ``permits``, of NAME's lock key (same three forms); its permits,
+line and free channel are the plain lock names ``NAME#<i>``, ``NAME#line`` and
+``NAME#free``.
+
 Release notices are published on a channel named like the lock key (channels and
 keys are separate namespaces in Redis).
 """
