@@ -7,7 +7,8 @@
 * queue: 5 holders hold the 5 permits while 50 waiters arrive one at a time
   (each starts once the one before it is in line); then the holders let go and
   every waiter holds its permit 2 ms. Reported: grants out of arrival order (a
-  grant to a waiter that arrived before one already served), and the handoff
+  grant to a waiter that arrived before one already served, in the order the
+  permits were acquired), and the handoff
   latency (the k-th release to the k-th grant after the holders let go) p50/p99.
 """
 
@@ -69,7 +70,7 @@ class SemaphoreBench:
             h.acquire()
         line_key = lock_key(mgr.key_prefix, f"{name}#line")
         queue = waiters_key(line_key)
-        served: list[int] = []
+        served: list[tuple[float, int]] = []
         grants: list[float] = []
         releases: list[float] = []
         guard = threading.Lock()
@@ -78,9 +79,13 @@ class SemaphoreBench:
             sem = mgr.semaphore(name, PERMITS, timeout=60)
             if not sem.acquire():
                 return
+            now = time.perf_counter()
+            # The order of the grants is the order of the permits' acquisitions
+            # (each before its line was handed on), not the order in which the
+            # threads got to run this line afterwards.
             with guard:
-                grants.append(time.perf_counter())
-                served.append(i)
+                grants.append(now)
+                served.append((sem.lock._acquired_at, i))
             time.sleep(HOLD)
             with guard:
                 releases.append(time.perf_counter())
@@ -114,7 +119,7 @@ class SemaphoreBench:
         self.handoff_ms += [(g - r) * 1000 for r, g in zip(releases, grants)]
         most = -1
         late = 0
-        for i in served:
+        for _, i in sorted(served):
             if i < most:
                 late += 1
             most = max(most, i)

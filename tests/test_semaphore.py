@@ -190,11 +190,13 @@ def test_waiters_are_served_in_arrival_order(count: int, redis_nodes_factory: No
     assert all(h.acquire() for h in holders)
     line_key = lock_key(mgr.key_prefix, "fifo#line")
     queue = waiters_key(line_key)
-    served: list[int] = []
+    served: list[tuple[float, int]] = []
 
     def waiter(i: int) -> None:
-        with mgr.semaphore("fifo", 2, timeout=30):
-            served.append(i)
+        with mgr.semaphore("fifo", 2, timeout=30) as held:
+            # When its permit was granted (before it handed the line on), not
+            # when this thread got to run again afterwards.
+            served.append((held.lock._acquired_at, i))
 
     threads = []
     for i in range(6):
@@ -208,8 +210,26 @@ def test_waiters_are_served_in_arrival_order(count: int, redis_nodes_factory: No
     for t in threads:
         t.join(30)
     assert not any(t.is_alive() for t in threads)
-    assert served == list(range(6))
+    assert [i for _, i in sorted(served)] == list(range(6))
     holders[1].release()
+
+
+def test_a_try_does_not_queue_behind_the_line(nodes3: RedisNodes,
+                                              make_manager: MakeManager) -> None:
+    """timeout=0 takes a free permit even while another acquirer holds the line."""
+    mgr = make_manager(nodes3)
+    line = mgr.lock("try#line", fencing=False)
+    assert line.acquire()
+    first = mgr.semaphore("try", 2, timeout=0)
+    second = mgr.semaphore("try", 2)
+    assert first.acquire() and second.acquire(blocking=False)
+    assert {first.index, second.index} == {0, 1}
+    assert mgr.semaphore("try", 2).acquire(timeout=0) is False  # both taken
+    waiting = mgr.semaphore("try", 2, timeout=0.2)
+    assert waiting.acquire() is False  # a blocking acquire queues on the line
+    line.release()
+    first.release()
+    second.release()
 
 
 # -- leases: a crashed holder, a paused one ------------------------------------------

@@ -31,7 +31,9 @@ on that channel, or until the soonest lease of a busy permit runs out (a
 crashed holder never publishes), or its timeout. With a permit, it gives the
 line to the next in it. So arrival order is kept among acquirers, as far as
 the line lock's waiter queue keeps it, and a release costs one wake-up, not
-one per waiter. Newcomers cannot jump ahead: they queue on the line too.
+one per waiter. Newcomers cannot jump ahead: they queue on the line too. The
+one exception is a try (``timeout=0`` or ``blocking=False``): it does not
+queue, and takes a permit that is free at that moment, if any.
 
 Permits must agree: ``permits`` is recorded per name on the nodes (the key
 ``keys.permits_key``, written with SET NX by a script that answers the count
@@ -211,6 +213,18 @@ class SemaphoreBase(compose.Composite):
         self._deadline = deadline
         line = self.permits
         yield CheckCount()
+        if wait == 0:
+            # A try (timeout 0, blocking=False) does not queue: it takes a free
+            # permit if there is one now. Through the line it would answer busy
+            # whenever another acquirer held the line for its own try.
+            order = list(range(self.permits))
+            self._rng.shuffle(order)
+            for index in order:
+                if (yield Take(index, 0)):
+                    self.index = index
+                    return True
+            self.retry_after = min(lock.retry_after for lock in self._locks[:line])
+            return False
         if not (yield Take(line, None if deadline is None else max(0.0, deadline - clock()))):
             self.retry_after = self._locks[line].retry_after
             return False
