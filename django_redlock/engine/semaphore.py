@@ -67,6 +67,9 @@ if TYPE_CHECKING:
 
 #: How long a permit count stays recorded after the last acquire of its name (s).
 COUNT_LEASE = 3600.0
+#: Rounds of the count check asked again, while time is left, after one that
+#: reached no quorum.
+COUNT_RETRIES = 2
 #: The shortest wait of a head between two tries when no notice comes (s).
 MIN_PAUSE = 0.005
 
@@ -212,7 +215,16 @@ class SemaphoreBase(compose.Composite):
         deadline = None if wait is None else clock() + wait
         self._deadline = deadline
         line = self.permits
-        yield CheckCount()
+        for asked in range(COUNT_RETRIES + 1):
+            try:
+                yield CheckCount()
+                break
+            except QuorumUnavailable:
+                # A cold manager under a burst can miss a round with every node
+                # up (its connections are still being set up); the next one
+                # finds them ready. A majority that is down fails each round.
+                if asked == COUNT_RETRIES or (deadline is not None and clock() >= deadline):
+                    raise
         if wait == 0:
             # A try (timeout 0, blocking=False) does not queue: it takes a free
             # permit if there is one now. Through the line it would answer busy
