@@ -394,6 +394,34 @@ def test_majority_down_is_quorum_unavailable_within_the_timeout(
     assert time.monotonic() - started < 1.0 + 1.0
 
 
+def test_majority_lost_while_waiting_is_quorum_unavailable_by_the_timeout(
+        redis_nodes_factory: NodesFactory, make_manager: MakeManager) -> None:
+    nodes = redis_nodes_factory(3)
+    mgr = make_manager(nodes)
+    holder = mgr.semaphore("lost-quorum", 1)
+    assert holder.acquire()
+    outcome: list[Any] = []
+
+    def wait() -> None:
+        started = time.monotonic()
+        try:
+            outcome.append(mgr.semaphore("lost-quorum", 1, timeout=2).acquire())
+        except QuorumUnavailable as exc:
+            outcome.append(exc)
+        outcome.append(time.monotonic() - started)
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    line_key = lock_key(mgr.key_prefix, "lost-quorum#line")
+    assert wait_until(lambda: _holders(nodes, line_key) == 3, timeout=5)  # it is the head
+    nodes[0].kill()
+    nodes[1].kill()
+    waiter.join(10)
+    assert not waiter.is_alive()
+    assert isinstance(outcome[0], QuorumUnavailable), outcome
+    assert outcome[1] < 2 + 1.0
+
+
 # -- the permit count ------------------------------------------------------------
 
 def test_disagreeing_permits_are_an_error(nodes3: RedisNodes, make_manager: MakeManager,

@@ -67,8 +67,8 @@ if TYPE_CHECKING:
 
 #: How long a permit count stays recorded after the last acquire of its name (s).
 COUNT_LEASE = 3600.0
-#: Rounds of the count check asked again, while time is left, after one that
-#: reached no quorum.
+#: Rounds asked again, while time is left, after one that reached no quorum:
+#: of the count check, and of the head's tries of the permits (in a row).
 COUNT_RETRIES = 2
 #: The shortest wait of a head between two tries when no notice comes (s).
 MIN_PAUSE = 0.005
@@ -242,11 +242,23 @@ class SemaphoreBase(compose.Composite):
             return False
         try:
             listening = False
+            missed = 0
             while True:
                 start = self._rng.randrange(self.permits)
                 for k in range(self.permits):
                     index = (start + k) % self.permits
-                    if (yield Take(index, 0)):
+                    try:
+                        got = yield Take(index, 0)
+                    except QuorumUnavailable:
+                        # A try has no time of its own to ask again; the head
+                        # has the caller's. Missed rounds in a row end it.
+                        missed += 1
+                        if missed > COUNT_RETRIES or (deadline is not None
+                                                      and clock() >= deadline):
+                            raise
+                        continue
+                    missed = 0
+                    if got:
                         self.index = index
                         yield Drop(line)  # the next in line becomes the head
                         return True
