@@ -24,12 +24,14 @@ from .coldburst import ColdBurst
 from .libs import quiet_loggers
 from .nodes import running_nodes, server_version
 from .procs import Contended, Handoff, Workers
+from .semaphore import SemaphoreBench
 from .slownode import SlowNode
 from .uncontended import Uncontended
 from .view import ViewOverhead
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
-SECTIONS = ("uncontended", "slownode", "view", "contended", "handoff", "coldburst")
+SECTIONS = ("uncontended", "slownode", "view", "contended", "handoff", "coldburst",
+            "semaphore")
 
 #: (rounds, uncontended ops per batch, view requests per variant, contended seconds,
 #: handoff sample scale). A full run takes about 4 minutes on 2 shared cores.
@@ -83,10 +85,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             else None
         hand = Handoff(workers, scale=scale) if workers and "handoff" in sections else None
         cold = ColdBurst(urls5) if "coldburst" in sections else None
+        sem = SemaphoreBench(urls1, ops=ops // 2) if "semaphore" in sections else None
         try:
             for r in range(rounds):
                 t = time.monotonic()
-                for part in (unc, slow, view, con, hand, cold):
+                for part in (unc, slow, view, con, hand, cold, sem):
                     if part is not None:
                         part.run_round(rng)
                 print(f"bench: round {r + 1}/{rounds} done in {time.monotonic() - t:.1f} s",
@@ -98,6 +101,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 slow.close()
             if workers is not None:
                 workers.close()
+            if sem is not None:
+                sem.close()
     info["loadavg_end"] = machine.loadavg()
     results: dict[str, Any] = {
         "machine": info,
@@ -118,6 +123,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         results["view"] = view.summary()
     if cold is not None:
         results["cold_burst"] = cold.summary()
+    if sem is not None:
+        results["semaphore"] = sem.summary()
     results["goals"] = report.evaluate(results)
     return results
 

@@ -196,6 +196,16 @@ def tables(results: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]
         out.append(("Cold burst: concurrent first acquisitions on a new manager",
                     ["driver", "nodes", "acquisitions", "median ms", "worst ms", "failed"],
                     rows))
+
+    sem = results.get("semaphore")
+    if sem:
+        out.append(("Semaphore, 1 node: acquire + release against lock(), and a queue of "
+                    f"{sem['waiters']} waiters on {sem['permits']} permits",
+                    ["semaphore p50 µs", "lock() p50 µs", "x lock()", "grants out of order",
+                     "handoff p50 ms", "handoff p99 ms"],
+                    [[_num(sem["semaphore_p50_us"]), _num(sem["lock_p50_us"]),
+                      _num(sem["ratio"], 2), str(sum(sem["out_of_order"])),
+                      _num(sem["handoff_p50_ms"], 2), _num(sem["handoff_p99_ms"], 2)]]))
     return out
 
 

@@ -26,7 +26,7 @@ from .exceptions import (
 if TYPE_CHECKING:  # the real imports happen on first use, in __getattr__ below
     from .aio import AsyncLock, alock
     from .conf import get_manager
-    from .decorators import current_lock, with_lock
+    from .decorators import current_lock, with_lock, with_semaphore
     from .engine.held import release_held_locks
     from .engine.lock import Lock
     from .engine.manager import LockManager
@@ -43,6 +43,7 @@ _LAZY = {
     "get_manager": "conf",
     "current_lock": "decorators",
     "with_lock": "decorators",
+    "with_semaphore": "decorators",
     "Lock": "engine.lock",
     "LockManager": "engine.manager",
     "release_held_locks": "engine.held",
@@ -83,7 +84,10 @@ __all__ = [
     "write_lock",
     "aread_lock",
     "awrite_lock",
+    "semaphore",
+    "asemaphore",
     "with_lock",
+    "with_semaphore",
     "current_lock",
     "release_held_locks",
     "get_manager",
@@ -164,3 +168,14 @@ def aread_lock(name: str, **options: Any) -> Any:
 def awrite_lock(name: str, **options: Any) -> Any:
     """The asyncio twin of :func:`write_lock`."""
     return _manager().awrite_lock(name, **options)
+
+
+def semaphore(name: str, permits: int, **options: Any) -> Any:
+    """At most ``permits`` holders of ``name`` at once; ``.index`` is the
+    permit held. Options as for :func:`lock`."""
+    return _manager().semaphore(name, permits, **options)
+
+
+def asemaphore(name: str, permits: int, **options: Any) -> Any:
+    """The asyncio twin of :func:`semaphore`."""
+    return _manager().asemaphore(name, permits, **options)

@@ -132,10 +132,13 @@ class _Target:
     def __init__(self, func: Callable[..., Any], template: LockNameTemplate, *, ttl: Any,
                  timeout: Any, auto_renew: Any, atomic: bool, on_busy: Any, fencing: bool,
                  max_hold: Any, label: str | None, using: str | None, manager: Any,
-                 view: bool | None, reentrant: bool = False, mode: str = "exclusive") -> None:
+                 view: bool | None, reentrant: bool = False, mode: str = "exclusive",
+                 permits: int | None = None) -> None:
         self.func = func
         self.reentrant = reentrant
         self.mode = mode
+        #: ``with_semaphore``'s permits (None: ``with_lock``, a lock of ``mode``).
+        self.permits = permits
         self.template = template
         self.ttl = ttl
         self.timeout = timeout
@@ -300,9 +303,13 @@ class _Target:
         return self.manager if self.manager is not None else get_manager()
 
     def _make(self, manager: Any, name: str, is_view: bool, *, aio: bool = False) -> Any:
-        """The lock for one call: a plain lock, or a read-write lock's reader or
-        writer (``mode``), sync or asyncio."""
+        """The lock (or semaphore) for one call, not yet acquired: a plain lock,
+        a read-write lock's reader or writer (``mode``), or a semaphore
+        (``permits``), sync or asyncio."""
         options = self._options(is_view)
+        if self.permits is not None:
+            make = manager.asemaphore if aio else manager.semaphore
+            return make(name, self.permits, **options)
         factory = {("exclusive", False): manager.lock, ("exclusive", True): manager.alock,
                    ("read", False): manager.read_lock, ("read", True): manager.aread_lock,
                    ("write", False): manager.write_lock, ("write", True): manager.awrite_lock,
@@ -459,6 +466,30 @@ class _Target:
                     request.redlock = previous
 
 
+def with_semaphore(template: str, permits: int, *, ttl: float | EllipsisType = ...,
+                   timeout: float | None | EllipsisType = ...,
+                   auto_renew: bool | EllipsisType = ..., atomic: bool = False,
+                   on_busy: Callable[[Any, LockNotAcquired], Any] | None = None,
+                   fencing: bool = True, max_hold: float | None | EllipsisType = ...,
+                   label: str | None = None, using: str | None = None, manager: Any = None,
+                   view: bool | None = None) -> Callable[[F], F]:
+    """Hold one of ``permits`` permits of the semaphore named by ``template``
+    while the decorated callable runs (:meth:`LockManager.semaphore`).
+
+    Everything else is as for :func:`with_lock`: the placeholders, the busy
+    answers of a view (``BUSY_STATUS`` with ``Retry-After``, 503 without a
+    quorum), ``on_busy``, ``atomic``, ``current_lock()`` and ``request.redlock``
+    (here the semaphore: ``.index`` is the permit held, ``.fence`` its fence).
+    ``permits`` is checked at decoration time (``ValueError``).
+    """
+    from .engine.semaphore import check_permits
+
+    return with_lock(template, ttl=ttl, timeout=timeout, auto_renew=auto_renew, atomic=atomic,
+                     on_busy=on_busy, fencing=fencing, max_hold=max_hold, label=label,
+                     using=using, manager=manager, view=view,
+                     _permits=check_permits(permits))
+
+
 def _partial_self(func: Any) -> Any:
     """The instance behind ``method_decorator``'s ``partial(bound method)``, else None."""
     if isinstance(func, functools.partial):
@@ -502,7 +533,7 @@ def with_lock(template: str, *, ttl: float | EllipsisType = ...,
               fencing: bool = True, max_hold: float | None | EllipsisType = ...,
               label: str | None = None, using: str | None = None, manager: Any = None,
               view: bool | None = None, reentrant: bool = False,
-              mode: str = "exclusive") -> Callable[[F], F]:
+              mode: str = "exclusive", _permits: int | None = None) -> Callable[[F], F]:
     """Hold the lock named by ``template`` while the decorated callable runs.
 
     ``mode``: ``"exclusive"`` (a plain lock), or ``"read"`` / ``"write"``: a
@@ -572,7 +603,7 @@ def with_lock(template: str, *, ttl: float | EllipsisType = ...,
         target = _Target(func, parsed, ttl=ttl, timeout=timeout, auto_renew=auto_renew,
                          atomic=atomic, on_busy=on_busy, fencing=fencing, max_hold=max_hold,
                          label=label, using=using, manager=manager, view=view,
-                         reentrant=reentrant, mode=mode)
+                         reentrant=reentrant, mode=mode, permits=_permits)
         if is_async:
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:

@@ -31,6 +31,11 @@ Every key django-redlock writes, for a lock key ``K = {KEY_PREFIX}:{NAME}``:
   ``lua/release.lua``), so one release costs one retry, not one per waiter. It
   expires shortly after the lock does when nobody waits any more.
 
+A semaphore named NAME (``engine.semaphore``) keeps its permit count under a
+third role, ``permits``, of NAME's lock key (same three forms); its permits,
+line and free channel are the plain lock names ``NAME#<i>``, ``NAME#line`` and
+``NAME#free``.
+
 Release notices are published on a channel named like the lock key (channels and
 keys are separate namespaces in Redis).
 """
@@ -113,6 +118,10 @@ def hash_tag(key: str) -> str | None:
 
 #: The roles of the keys kept beside a lock key.
 ROLES = ("fence", "waiters")
+#: Roles added after the layout change that ``legacy_internal_role`` is about
+#: (no release ever kept these under the old layout): ``permits``, the
+#: permit count of a semaphore, kept beside the lock key of its name.
+EXTRA_ROLES = ("permits",)
 
 
 def _internal_key(lock_key_: str, role: str) -> str:
@@ -143,7 +152,7 @@ def parse_internal_key(key: str) -> tuple[str, str] | None:
     if close < 0:
         return None
     tag, rest = key[1:close], key[close + 1:]
-    for role in ROLES:
+    for role in ROLES + EXTRA_ROLES:
         if rest == ":" + role:
             if tag and hash_tag(tag) is None and "}" not in tag:
                 return tag, role
@@ -167,6 +176,12 @@ def fence_key(lock_key_: str) -> str:
 def waiters_key(lock_key_: str) -> str:
     """The waiter queue key of a lock key, in the same Cluster slot."""
     return _internal_key(lock_key_, "waiters")
+
+
+def permits_key(lock_key_: str) -> str:
+    """The permit count key of a semaphore whose name has lock key ``lock_key_``
+    (``engine.semaphore``), in the same Cluster slot."""
+    return _internal_key(lock_key_, "permits")
 
 
 def legacy_internal_role(name: str) -> tuple[str, str] | None:

@@ -43,6 +43,7 @@ from .multilock import AsyncMultiLock, MultiLock, check_names
 from .reentrant import AsyncReentrantLock, HoldTable, ReentrantLock
 from .rounds import AcquireResult, ExtendResult, ReleaseResult
 from .segments import AsyncSegments, Segments, check_count, segment_name
+from .semaphore import AsyncSemaphore, Semaphore, check_permits, line_name, permit_name
 from .watchdog import Watchdog
 
 if TYPE_CHECKING:
@@ -369,6 +370,43 @@ class LockManager:
                             auto_renew=auto_renew, fencing=fencing, max_hold=max_hold,
                             label=label) for i in range(count)]
         return AsyncSegments(self, name, locks, locks[0].timeout, rng=random.Random(self.rng.random()))
+
+    def semaphore(self, name: str, permits: int, *, ttl: float | EllipsisType = ...,
+                  timeout: float | None | EllipsisType = ...,
+                  auto_renew: bool | EllipsisType = ..., fencing: bool = True,
+                  max_hold: float | None | EllipsisType = ...,
+                  label: str | None = None) -> Semaphore:
+        """At most ``permits`` holders of ``name`` at once
+        (:mod:`django_redlock.engine.semaphore`)."""
+        return Semaphore(self, name, *self._semaphore_locks(
+            self.lock, name, permits, ttl=ttl, timeout=timeout, auto_renew=auto_renew,
+            fencing=fencing, max_hold=max_hold, label=label),
+            rng=random.Random(self.rng.random()))
+
+    def asemaphore(self, name: str, permits: int, *, ttl: float | EllipsisType = ...,
+                   timeout: float | None | EllipsisType = ...,
+                   auto_renew: bool | EllipsisType = ..., fencing: bool = True,
+                   max_hold: float | None | EllipsisType = ...,
+                   label: str | None = None) -> AsyncSemaphore:
+        """The asyncio twin of :meth:`semaphore`."""
+        return AsyncSemaphore(self, name, *self._semaphore_locks(
+            self.alock, name, permits, ttl=ttl, timeout=timeout, auto_renew=auto_renew,
+            fencing=fencing, max_hold=max_hold, label=label),
+            rng=random.Random(self.rng.random()))
+
+    @staticmethod
+    def _semaphore_locks(make: Callable[..., Any], name: str, permits: int, *, ttl: Any,
+                         timeout: Any, auto_renew: Any, fencing: bool, max_hold: Any,
+                         label: str | None) -> tuple[list[Any], float | None]:
+        """The permits' locks, then the line's (renewed while its holder waits
+        for a permit, whatever ``auto_renew`` says), and the timeout."""
+        permits = check_permits(permits)
+        validate_name(name)
+        locks = [make(permit_name(name, i), ttl=ttl, timeout=timeout, auto_renew=auto_renew,
+                      fencing=fencing, max_hold=max_hold, label=label) for i in range(permits)]
+        locks.append(make(line_name(name), ttl=locks[0].ttl, timeout=locks[0].timeout,
+                          auto_renew=True, fencing=False, max_hold=None, label=label))
+        return locks, locks[0].timeout
 
     def close(self) -> None:
         """Stop the renewal and listener threads and close our connection pools."""

@@ -1,0 +1,606 @@
+"""The counting semaphore: at most ``permits`` holders, on real nodes (1 and 3).
+
+Holders run in several OS processes and count themselves in a separate Redis
+(the *meter*) inside the critical section; the highest count seen must never
+exceed ``permits``. Every wait is bounded.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from django_redlock import LockLost, LockNotAcquired, QuorumUnavailable, RedlockError
+from django_redlock.core.keys import lock_key, permits_key, waiters_key
+from django_redlock.decorators import with_semaphore
+from django_redlock.engine import semaphore as semaphore_module
+from django_redlock.testing import RedisNodes
+from tests.polling import run_in_threads, wait_until
+
+MakeManager = Callable[..., Any]
+NodesFactory = Callable[..., RedisNodes]
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parent.parent
+
+#: Enter: count one more holder and keep the highest count seen; exit: one less.
+ENTER = """
+local n = redis.call('INCR', KEYS[1])
+if n > tonumber(redis.call('GET', KEYS[2]) or '0') then redis.call('SET', KEYS[2], n) end
+return n
+"""
+
+
+class Meter:
+    """Counts the holders inside the critical section, in a Redis of its own."""
+
+    def __init__(self, nodes: RedisNodes) -> None:
+        self.url = nodes.urls[0]
+        self.client = nodes[0].client()
+        self.client.delete("inside", "most", "done")
+
+    def enter(self) -> None:
+        self.client.eval(ENTER, 2, "inside", "most")
+
+    def leave(self) -> None:
+        self.client.incr("done")
+        self.client.decr("inside")
+
+    @property
+    def most(self) -> int:
+        return int(self.client.get("most") or 0)
+
+    @property
+    def done(self) -> int:
+        return int(self.client.get("done") or 0)
+
+
+WORKER = textwrap.dedent("""
+    import sys, time
+    import redis
+    from django.conf import settings
+    settings.configure()
+    from django_redlock import LockManager
+    urls, meter_url, permits, rounds = sys.argv[1].split(","), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
+    meter = redis.Redis.from_url(meter_url)
+    enter = meter.register_script(sys.argv[5])
+    mgr = LockManager(urls, node_timeout=0.2)
+    for _ in range(rounds):
+        with mgr.semaphore("procs", permits, timeout=30):
+            enter(keys=["inside", "most"])
+            time.sleep(0.02)
+            meter.incr("done")
+            meter.decr("inside")
+    mgr.close()
+    print("OK", flush=True)
+""")
+
+
+def _holders(nodes: RedisNodes, key: str) -> int:
+    return sum(bool(server.client().exists(key)) for server in nodes)
+
+
+# -- the bound, across processes ------------------------------------------------------
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_never_more_than_permits_holders_across_processes(
+        count: int, redis_nodes_factory: NodesFactory) -> None:
+    nodes = redis_nodes_factory(count)
+    meter = Meter(redis_nodes_factory(1))
+    procs, rounds, permits = 4, 6, 2
+    workers = [subprocess.Popen([sys.executable, "-c", WORKER, ",".join(nodes.urls), meter.url,
+                                 str(permits), str(rounds), ENTER], stdout=subprocess.PIPE, text=True,
+                                cwd=ROOT) for _ in range(procs)]
+    try:
+        outs = [w.communicate(timeout=90)[0] for w in workers]
+    finally:
+        for w in workers:
+            if w.poll() is None:
+                w.kill()
+    assert all("OK" in out for out in outs), outs
+    assert meter.done == procs * rounds
+    # Never more than permits; and more than one at a time (a semaphore, not a mutex).
+    assert meter.most == permits
+
+
+def test_async_semaphore_never_more_than_permits(
+        nodes3: RedisNodes, redis_nodes_factory: NodesFactory,
+        make_manager: MakeManager) -> None:
+    meter = Meter(redis_nodes_factory(1))
+    mgr = make_manager(nodes3)
+    inside = [0]
+    most = [0]
+
+    async def worker() -> None:
+        for _ in range(5):
+            async with mgr.asemaphore("async-procs", 3, timeout=30) as held:
+                assert held.owned() and 0 <= held.index < 3 and held.fence > 0
+                inside[0] += 1
+                most[0] = max(most[0], inside[0])
+                meter.enter()
+                await asyncio.sleep(0.01)
+                meter.leave()
+                inside[0] -= 1
+
+    async def scenario() -> None:
+        await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(6))), 60)
+
+    asyncio.run(scenario())
+    assert meter.done == 30
+    assert meter.most == most[0] == 3
+
+
+# -- waiting: woken by a release, in arrival order ---------------------------------
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_a_release_wakes_a_waiter_at_once(flavour: str, nodes3: RedisNodes,
+                                          make_manager: MakeManager) -> None:
+    """The holder's lease is 10 s: a waiter served well under that was woken by
+    the release, not by a timer."""
+    mgr = make_manager(nodes3)
+    holder = mgr.semaphore("wake", 1, ttl=10)
+    assert holder.acquire()
+    released_at = [0.0]
+
+    def release_later() -> None:
+        time.sleep(0.3)
+        released_at[0] = time.monotonic()
+        holder.release()
+
+    releaser = threading.Thread(target=release_later)
+    releaser.start()
+    if flavour == "sync":
+        waiter = mgr.semaphore("wake", 1, timeout=10)
+        assert waiter.acquire()
+    else:
+        async def wait() -> Any:
+            waiter = mgr.asemaphore("wake", 1, timeout=10)
+            assert await waiter.acquire()
+            return waiter
+
+        waiter = asyncio.run(wait())
+    served = time.monotonic() - released_at[0]
+    releaser.join(5)
+    assert released_at[0] > 0
+    assert served < 1.0, f"served {served:.3f} s after the release"
+    assert waiter.owned() and waiter.index == 0
+    if flavour == "sync":
+        waiter.release()
+    else:
+        asyncio.run(waiter.release())
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_waiters_are_served_in_arrival_order(count: int, redis_nodes_factory: NodesFactory,
+                                             make_manager: MakeManager) -> None:
+    nodes = redis_nodes_factory(count)
+    mgr = make_manager(nodes)
+    holders = [mgr.semaphore("fifo", 2) for _ in range(2)]
+    assert all(h.acquire() for h in holders)
+    line_key = lock_key(mgr.key_prefix, "fifo#line")
+    queue = waiters_key(line_key)
+    served: list[tuple[float, int]] = []
+
+    def waiter(i: int) -> None:
+        with mgr.semaphore("fifo", 2, timeout=30) as held:
+            # When its permit was granted (before it handed the line on), not
+            # when this thread got to run again afterwards.
+            served.append((held.lock._acquired_at, i))
+
+    threads = []
+    for i in range(6):
+        t = threading.Thread(target=waiter, args=(i,), daemon=True)
+        t.start()
+        threads.append(t)
+        # The first becomes the head (holds the line); each next one queues behind.
+        assert wait_until(lambda i=i: _holders(nodes, line_key) == count if i == 0 else
+                          max(s.client().llen(queue) for s in nodes) >= i, timeout=10)
+    holders[0].release()
+    for t in threads:
+        t.join(30)
+    assert not any(t.is_alive() for t in threads)
+    assert [i for _, i in sorted(served)] == list(range(6))
+    holders[1].release()
+
+
+def test_a_try_does_not_queue_behind_the_line(nodes3: RedisNodes,
+                                              make_manager: MakeManager) -> None:
+    """timeout=0 takes a free permit even while another acquirer holds the line."""
+    mgr = make_manager(nodes3)
+    line = mgr.lock("try#line", fencing=False)
+    assert line.acquire()
+    first = mgr.semaphore("try", 2, timeout=0)
+    second = mgr.semaphore("try", 2)
+    assert first.acquire() and second.acquire(blocking=False)
+    assert {first.index, second.index} == {0, 1}
+    assert mgr.semaphore("try", 2).acquire(timeout=0) is False  # both taken
+    waiting = mgr.semaphore("try", 2, timeout=0.2)
+    assert waiting.acquire() is False  # a blocking acquire queues on the line
+    line.release()
+    first.release()
+    second.release()
+
+
+# -- leases: a crashed holder, a paused one ------------------------------------------
+
+CRASHING = textwrap.dedent("""
+    import sys, time
+    from django.conf import settings
+    settings.configure()
+    from django_redlock import LockManager
+    mgr = LockManager(sys.argv[1].split(","), node_timeout=0.2)
+    held = mgr.semaphore("crash", 1, ttl=1.0)
+    assert held.acquire()
+    print("ACQUIRED", flush=True)
+    time.sleep(60)
+""")
+
+
+def test_a_crashed_holders_permit_comes_back_after_its_lease(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", CRASHING, ",".join(nodes3.urls)],
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        assert proc.stdout.readline().startswith("ACQUIRED")
+        proc.kill()  # SIGKILL: no release, no notice
+        proc.wait(10)
+        killed = time.monotonic()
+        mgr = make_manager(nodes3)
+        waiter = mgr.semaphore("crash", 1, timeout=10)
+        assert waiter.acquire()
+        back = time.monotonic() - killed
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        proc.communicate(timeout=10)
+    assert back < 1.0 + 1.5, f"the permit came back after {back:.3f} s"
+    waiter.release()
+
+
+PAUSED = textwrap.dedent("""
+    import sys, time
+    from django.conf import settings
+    settings.configure()
+    from django_redlock import LockManager, LockLost
+    mgr = LockManager(sys.argv[1].split(","), node_timeout=0.2)
+    held = mgr.semaphore("paused", 1, ttl=0.8)
+    assert held.acquire()
+    print("ACQUIRED", held.fence, flush=True)
+    time.sleep(1.5)   # SIGSTOP lands here
+    print("OWNED", held.owned(), flush=True)
+    for what in (held.extend, held.release):
+        try:
+            what()
+            print("NO-ERROR", flush=True)
+        except LockLost:
+            print("LOCKLOST", flush=True)
+    mgr.close()
+""")
+
+
+def test_a_holder_paused_past_its_lease_loses_its_permit(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    proc = subprocess.Popen([sys.executable, "-c", PAUSED, ",".join(nodes3.urls)],
+                            stdout=subprocess.PIPE, text=True, cwd=ROOT)
+    try:
+        assert proc.stdout is not None
+        line = proc.stdout.readline()
+        assert line.startswith("ACQUIRED"), line
+        old_fence = int(line.split()[1])
+        os.kill(proc.pid, signal.SIGSTOP)
+        try:
+            mgr = make_manager(nodes3)
+            newer = mgr.semaphore("paused", 1, timeout=5)
+            assert newer.acquire()  # the paused holder's lease ran out
+            assert newer.fence > old_fence
+        finally:
+            os.kill(proc.pid, signal.SIGCONT)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert "OWNED False" in out
+    assert out.count("LOCKLOST") == 2 and "NO-ERROR" not in out
+    assert newer.owned()  # the stale release left the new holder's permit alone
+    newer.release()
+
+
+def test_a_lease_that_ran_out_in_process_is_reported(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3, auto_renew=False)
+    stale = mgr.semaphore("ran-out", 1, ttl=0.3)
+    assert stale.acquire()
+    time.sleep(0.5)
+    assert not stale.owned()
+    other = mgr.semaphore("ran-out", 1, timeout=1)
+    assert other.acquire()
+    with pytest.raises(LockLost):
+        stale.extend()
+    with pytest.raises(LockLost):
+        stale.release()
+    assert other.owned()
+    other.release()
+
+
+# -- node faults -------------------------------------------------------------------
+
+@pytest.mark.parametrize("fault", ["kill", "pause", "restart-empty"])
+def test_a_node_fault_keeps_the_bound(fault: str, redis_nodes_factory: NodesFactory,
+                                      make_manager: MakeManager) -> None:
+    nodes = redis_nodes_factory(3)
+    meter = Meter(redis_nodes_factory(1))
+    managers = [make_manager(nodes) for _ in range(3)]
+    failures: list[BaseException] = []
+    faulted = threading.Event()
+
+    def work() -> None:
+        mgr = managers[threading.get_ident() % len(managers)]
+        for _ in range(12):
+            try:
+                with mgr.semaphore("faults", 2, timeout=20, ttl=3.0):
+                    meter.enter()
+                    time.sleep(0.01)
+                    meter.leave()
+            except (QuorumUnavailable, LockLost) as exc:  # pragma: no cover - reported
+                failures.append(exc)
+
+    def nemesis() -> None:
+        wait_until(lambda: meter.done >= 8, timeout=30)
+        if fault == "kill":
+            nodes[0].kill()
+        elif fault == "pause":
+            nodes[0].pause()
+        else:
+            nodes[0].restart(empty=True)
+        faulted.set()
+
+    chaos = threading.Thread(target=nemesis, daemon=True)
+    chaos.start()
+    try:
+        run_in_threads(work, 5, timeout=120)
+    finally:
+        chaos.join(30)
+        if fault == "pause":
+            nodes[0].resume()
+    assert faulted.is_set()
+    assert not failures, failures
+    assert meter.done == 60
+    assert 1 <= meter.most <= 2
+
+
+def test_majority_down_is_quorum_unavailable_within_the_timeout(
+        redis_nodes_factory: NodesFactory, make_manager: MakeManager) -> None:
+    nodes = redis_nodes_factory(3)
+    mgr = make_manager(nodes)
+    with mgr.semaphore("down", 2, timeout=1):
+        pass
+    nodes[0].kill()
+    nodes[1].kill()
+    started = time.monotonic()
+    with pytest.raises(QuorumUnavailable):
+        mgr.semaphore("down", 2, timeout=1).acquire()
+    assert time.monotonic() - started < 1.0 + 1.0
+
+
+def test_majority_lost_while_waiting_is_quorum_unavailable_by_the_timeout(
+        redis_nodes_factory: NodesFactory, make_manager: MakeManager) -> None:
+    nodes = redis_nodes_factory(3)
+    mgr = make_manager(nodes)
+    holder = mgr.semaphore("lost-quorum", 1)
+    assert holder.acquire()
+    outcome: list[Any] = []
+
+    def wait() -> None:
+        started = time.monotonic()
+        try:
+            outcome.append(mgr.semaphore("lost-quorum", 1, timeout=2).acquire())
+        except QuorumUnavailable as exc:
+            outcome.append(exc)
+        outcome.append(time.monotonic() - started)
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    line_key = lock_key(mgr.key_prefix, "lost-quorum#line")
+    assert wait_until(lambda: _holders(nodes, line_key) == 3, timeout=5)  # it is the head
+    nodes[0].kill()
+    nodes[1].kill()
+    waiter.join(10)
+    assert not waiter.is_alive()
+    assert isinstance(outcome[0], QuorumUnavailable), outcome
+    assert outcome[1] < 2 + 1.0
+
+
+# -- the permit count ------------------------------------------------------------
+
+def test_disagreeing_permits_are_an_error(nodes3: RedisNodes, make_manager: MakeManager,
+                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    mgr = make_manager(nodes3)
+    first = mgr.semaphore("count", 3, ttl=0.2)
+    assert first.acquire()
+    other = mgr.semaphore("count", 2, timeout=1)
+    with pytest.raises(RedlockError, match=r"permits=2.*permits=3") as info:
+        other.acquire()
+    assert isinstance(info.value, semaphore_module.PermitsMismatch)
+    assert info.value.permits == 2 and info.value.recorded == 3
+    assert other.index is None
+    assert _holders(nodes3, lock_key(mgr.key_prefix, "count#line")) == 0  # line given back
+    count_key = permits_key(lock_key(mgr.key_prefix, "count"))
+    assert all(s.client().get(count_key) == b"3" for s in nodes3)
+    first.release()
+    # After the record's lease (an hour by default, short here) a new count may be used.
+    monkeypatch.setattr(semaphore_module, "COUNT_LEASE", 0.3)
+    for server in nodes3:
+        server.client().pexpire(count_key, 300)
+    assert wait_until(lambda: _holders(nodes3, count_key) == 0, timeout=5)
+    with mgr.semaphore("count", 2, timeout=1) as held:
+        assert held.permits == 2
+    assert all(s.client().get(count_key) == b"2" for s in nodes3)
+
+
+def test_a_node_restarted_empty_learns_the_count_again(
+        redis_nodes_factory: NodesFactory, make_manager: MakeManager) -> None:
+    nodes = redis_nodes_factory(3)
+    mgr = make_manager(nodes)
+    with mgr.semaphore("relearn", 4, timeout=1):
+        pass
+    nodes[2].restart(empty=True)
+    count_key = permits_key(lock_key(mgr.key_prefix, "relearn"))
+
+    def relearned() -> bool:
+        with mgr.semaphore("relearn", 4, timeout=5):  # writes it where it is missing
+            pass
+        return bool(nodes[2].client().get(count_key) == b"4")
+
+    assert wait_until(relearned, timeout=5, interval=0.1)
+    with pytest.raises(RedlockError, match="permits"):
+        mgr.semaphore("relearn", 5, timeout=1).acquire()
+
+
+@pytest.mark.parametrize("name", ["plain", "{tag}x", "odd}name"])
+def test_the_count_key_reads_back(name: str) -> None:
+    from django_redlock.core.keys import fence_key, parse_internal_key
+
+    key = lock_key("redlock", name)
+    assert parse_internal_key(permits_key(key)) == (key, "permits")
+    assert permits_key(key) not in (fence_key(key), waiters_key(key))
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2", None])
+def test_bad_permits_are_a_clear_error_before_anything_is_sent(
+        bad: Any, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+    with pytest.raises(ValueError, match=r"permits.*" + repr(bad).replace(".", r"\.")):
+        mgr.semaphore("bad", bad)
+    with pytest.raises(ValueError, match="permits"):
+        mgr.asemaphore("bad", bad)
+    with pytest.raises(ValueError, match="permits"):
+        with_semaphore("bad:<x>", bad)
+    assert all(s.client().dbsize() == 0 for s in nodes3)
+
+
+@pytest.mark.parametrize("option", [{"ttl": 0}, {"ttl": "1"}, {"timeout": -1},
+                                    {"auto_renew": "yes"}, {"max_hold": -2}])
+def test_bad_options_are_rejected_as_for_lock(option: dict[str, Any], nodes3: RedisNodes,
+                                              make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+    with pytest.raises(ValueError):
+        mgr.lock("bad", **option)
+    with pytest.raises(ValueError):
+        mgr.semaphore("bad", 2, **option)
+    sem = mgr.semaphore("bad", 2)
+    with pytest.raises(ValueError, match="timeout"):
+        sem.acquire(timeout=-1)
+    with pytest.raises(ValueError, match="blocking"):
+        sem.acquire(blocking="no")  # type: ignore[arg-type]
+    assert all(s.client().dbsize() == 0 for s in nodes3)
+
+
+def test_release_without_a_permit_and_acquire_twice(nodes3: RedisNodes,
+                                                     make_manager: MakeManager) -> None:
+    from django_redlock import LockNotOwned
+
+    mgr = make_manager(nodes3)
+    sem = mgr.semaphore("twice", 2)
+    with pytest.raises(LockNotOwned):
+        sem.release()
+    assert sem.acquire()
+    with pytest.raises(LockNotOwned, match="already holds"):
+        sem.acquire()
+    assert sem.fence > 0 and sem.validity > 0 and sem.lock is not None
+    sem.release()
+    assert sem.index is None and not sem.owned() and sem.fence == 0
+
+
+# -- the decorator ---------------------------------------------------------------
+
+def test_with_semaphore_sync_and_async(nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    from django_redlock import current_lock
+
+    mgr = make_manager(nodes3)
+    seen: list[Any] = []
+
+    @with_semaphore("report:<day>", 2, manager=mgr, timeout=0)
+    def build(day: str) -> int:
+        held = current_lock()
+        seen.append((held.name, held.permits))
+        return int(held.index)
+
+    blockers = [mgr.semaphore("report:mon", 2) for _ in range(2)]
+    assert build("mon") in (0, 1)
+    assert seen == [("report:mon", 2)]
+    assert all(b.acquire() for b in blockers)
+    with pytest.raises(LockNotAcquired, match="report:mon"):
+        build("mon")
+    assert build("tue") in (0, 1)  # another name, another semaphore
+
+    @with_semaphore("areport:<day>", 1, manager=mgr, timeout=0)
+    async def abuild(day: str) -> int:
+        return int(current_lock().index)
+
+    async def scenario() -> None:
+        assert await abuild("mon") == 0
+        async with mgr.asemaphore("areport:mon", 1):
+            with pytest.raises(LockNotAcquired):
+                await abuild("mon")
+
+    asyncio.run(scenario())
+    for b in blockers:
+        b.release()
+
+
+def test_with_semaphore_busy_view_answers_like_with_lock(
+        session_nodes: RedisNodes) -> None:
+    from django.test import RequestFactory
+
+    from django_redlock.conf import get_manager
+
+    @with_semaphore("export:<pk>", 1, timeout=0)
+    def export(request: Any, pk: int) -> Any:
+        from django.http import HttpResponse
+
+        return HttpResponse(f"{request.redlock.name}#{request.redlock.index}")
+
+    request = RequestFactory().get("/export/5/")
+    assert export(request, pk=5).content == b"export:5#0"
+    with get_manager().semaphore("export:5", 1):
+        busy = export(RequestFactory().get("/export/5/"), pk=5)
+    assert busy.status_code == 423 and "Retry-After" in busy
+
+
+def test_top_level_functions_use_the_default_manager(session_nodes: RedisNodes) -> None:
+    import django_redlock
+
+    with django_redlock.semaphore("top", 2, timeout=1) as held:
+        assert held.owned() and held.permits == 2
+
+    async def scenario() -> None:
+        async with django_redlock.asemaphore("atop", 1, timeout=1) as aheld:
+            assert aheld.owned()
+
+    asyncio.run(scenario())
+
+
+def test_the_docs_examples_run(session_nodes: RedisNodes) -> None:
+    """The semaphore section of the family how-to, executed on the session's nodes
+    (tests/test_family.py runs every block of the page too)."""
+    import re
+
+    text = (ROOT / "docs/howto/lock-family.rst").read_text()
+    section = text[text.index("At most N at once"):]
+    blocks = re.findall(r"\.\. code-block:: python\n\n((?:   .*\n|\n)+)", section)
+    assert len(blocks) == 2
+    for block in blocks:
+        code = "\n".join(line[3:] for line in block.splitlines())
+        exec(compile(code, "lock-family.rst", "exec"), {})  # noqa: S102 - our own docs
