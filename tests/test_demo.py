@@ -186,8 +186,8 @@ def test_striped_purchases_sell_every_unit_once(client: Any) -> None:
 @pytest.mark.django_db
 def test_striped_purchase_takes_the_free_segment(client: Any, manager: Any) -> None:
     product = make_product(6, stripes=3)
-    with manager.lock(f"stock:{product.pk}:seg0", ttl=10), \
-            manager.lock(f"stock:{product.pk}:seg2", ttl=10):
+    with manager.lock(f"stock:{product.pk}[0]", ttl=10), \
+            manager.lock(f"stock:{product.pk}[2]", ttl=10):
         answer = client.post(f"/products/{product.pk}/decrement-striped/", **JSON)
     assert answer.status_code == 200
     assert answer.json()["segment"] == 1
@@ -199,8 +199,8 @@ def test_striped_purchase_answers_busy_when_every_segment_stays_locked(
         client: Any, manager: Any, settings: Any) -> None:
     settings.DEMO_STRIPE_TIMEOUT = 0.3
     product = make_product(2, stripes=2)
-    with manager.lock(f"stock:{product.pk}:seg0", ttl=10), \
-            manager.lock(f"stock:{product.pk}:seg1", ttl=10):
+    with manager.lock(f"stock:{product.pk}[0]", ttl=10), \
+            manager.lock(f"stock:{product.pk}[1]", ttl=10):
         answer = client.post(f"/products/{product.pk}/decrement-striped/", **JSON)
     assert answer.status_code == 423 and answer.json()["error"] == "locked"
     assert product.available() == 2

@@ -283,3 +283,19 @@ def test_the_docs_examples_run() -> None:
     for block in blocks:
         code = "\n".join(line[3:] for line in block.splitlines())
         exec(compile(code, "lock-family.rst", "exec"), {})  # noqa: S102 - our own docs
+
+
+def test_segments_skip_leaves_segments_out(nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+    seg = mgr.segments("skip", 3, timeout=0.2)
+    seg.skip = {0, 2}
+    for _ in range(3):  # random order: only segment 1 is ever taken
+        assert seg.acquire()
+        assert seg.index == 1
+        seg.release()
+    with mgr.lock("skip[1]"):
+        assert seg.acquire() is False  # the one left is busy
+    seg.skip = {0, 1, 2}
+    started = time.monotonic()
+    assert seg.acquire(timeout=5) is False  # nothing to try: at once
+    assert time.monotonic() - started < 0.5

@@ -58,6 +58,9 @@ class SegmentsBase(compose.Composite):
         self._rng = rng or random.Random()
         #: The segment held (0 to count - 1), or None.
         self.index: int | None = None
+        #: Segments not to try (a segment whose stock ran out, say): ``acquire()``
+        #: takes any other free one, and returns False at once when none is left.
+        self.skip: set[int] = set()
         self.retry_after = 0.0
 
     def __repr__(self) -> str:
@@ -91,7 +94,10 @@ class SegmentsBase(compose.Composite):
     def _acquire_plan(self, wait: float | None) -> Plan:
         clock = self.manager.clock
         deadline = None if wait is None else clock() + wait
-        order = list(range(self.count))
+        order = [i for i in range(self.count) if i not in self.skip]
+        if not order:
+            self.retry_after = 0.0
+            return False
         while True:
             self._rng.shuffle(order)
             for index in order:
@@ -100,7 +106,7 @@ class SegmentsBase(compose.Composite):
                     return True
             left = None if deadline is None else deadline - clock()
             if left is not None and left <= 0:
-                self.retry_after = min(lock.retry_after for lock in self._locks)
+                self.retry_after = min(self._locks[i].retry_after for i in order)
                 return False
             queue_on = self._rng.choice(order)
             piece = SLICE * self._rng.uniform(0.5, 1.0)

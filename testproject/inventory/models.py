@@ -2,7 +2,8 @@
 
 A product's stock lives either in its own row (``stripes == 0``), decremented under
 the lock ``stock:<pk>``, or, for a hot item, in ``stripes`` :class:`ProductSegment`
-rows, each under its own lock ``stock:<pk>:seg<i>``, so that up to ``stripes``
+rows, each under its own lock ``stock:<pk>[<i>]`` (segment ``i`` of
+``segments("stock:<pk>", stripes)``), so that up to ``stripes``
 purchases of the same product proceed at once (lock striping). Both kinds of row
 carry a fence (:class:`~django_redlock.models.LockableModel`): every purchase
 writes with ``fenced_save``, so a worker whose lease ran out cannot overwrite a
@@ -79,7 +80,9 @@ class ProductSegment(LockableModel):
     index = models.PositiveSmallIntegerField()
     stock = models.PositiveIntegerField(default=0)
 
-    lock_name_template = "stock:<product_id>:seg<index>"
+    #: The lock of segment ``index`` of ``segments("stock:<product_id>", stripes)``
+    #: (views.decrement_striped): the row and the segment share one lock name.
+    lock_name_template = "stock:<product_id>[<index>]"
 
     class Meta:
         ordering = ["product", "index"]

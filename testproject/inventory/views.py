@@ -17,7 +17,6 @@ gap open on purpose, so the demo can count the sales it loses.
 
 from __future__ import annotations
 
-import random
 import time
 from typing import Any
 
@@ -35,6 +34,7 @@ from django_redlock import (
     LockLost,
     LockNotAcquired,
     QuorumUnavailable,
+    RedlockError,
     get_manager,
 )
 from django_redlock.decorators import with_lock
@@ -176,71 +176,71 @@ def decrement_unsafe(request: HttpRequest, pk: int) -> HttpResponse:
 def decrement_striped(request: HttpRequest, pk: int) -> HttpResponse:
     """Sell one unit of a striped product: take any free segment that has stock.
 
-    Each segment has its own lock ``stock:<pk>:seg<i>``, so ``stripes``
-    purchases proceed at once. A pass tries every segment not known to be empty
-    with ``timeout=0``, starting at a random one (so buyers spread out); when all
-    of them are busy, the next pass first *waits* on one of them for a moment
-    (woken by its release notice) instead of spinning. "Sold out" is exact: a
-    segment counts as empty when read empty under its lock, or read empty at all
-    (the stock of a product on sale never goes back up).
+    The stock is split over ``stripes`` rows; ``segments()`` holds any one of
+    their locks (``stock:<pk>[<i>]``, each row's own lock name), so ``stripes``
+    purchases proceed at once, and waiting buyers are woken by releases. A
+    segment read empty is skipped (``seg.skip``), so "sold out" is exact: a
+    segment counts as empty when read empty under its lock, or read empty at
+    all (the stock of a product on sale never goes back up). The write is
+    fenced (``fenced_save``): a holder paused past its lease cannot overwrite a
+    newer sale.
     """
     product = get_object_or_404(Product, pk=pk)
     if not product.striped:
         return _answer(request, {"error": "not striped",
                                  "detail": "use the decrement endpoint"}, 400)
     stripes = product.stripes
-    deadline = time.monotonic() + float(_setting("DEMO_STRIPE_TIMEOUT", 10.0))
-    # A segment read empty without its lock IS empty: stock only goes down while on
-    # sale. So a sold-out answer costs one query, not a lock round per segment.
+    # A segment read empty without its lock IS empty: a sold-out answer costs
+    # one query, not a lock round per segment.
     stocked = set(product.segments.filter(stock__gt=0).values_list("index", flat=True))
-    empty: set[int] = set(range(stripes)) - stocked
-    start = random.randrange(stripes)
-    order = [(start + k) % stripes for k in range(stripes)]
-    wait_on: int | None = None
-    while True:
-        busy: list[int] = []
-        for index in order:
-            if index in empty:
-                continue
-            wait = 0.0
-            if index == wait_on:
-                wait = max(0.0, min(0.25, deadline - time.monotonic()))
-            fence = 0  # set once the sale is written (fenced and committed)
-            try:
-                with ProductSegment.objects.locked(product_id=pk, index=index, timeout=wait,
-                                                   auto_renew=True) as segment:
-                    if segment.stock <= 0:
-                        empty.add(index)
-                        continue
-                    _work()
-                    segment.stock -= 1
-                    segment.fenced_save(segment.held_lock, update_fields=["stock"])
-                    fence = segment.held_lock.fence
-            except LockNotAcquired:
-                busy.append(index)
-                continue
-            except ProductSegment.DoesNotExist:
-                empty.add(index)
-                continue
-            except FencedWriteRejected as exc:
-                return _answer(request, {"error": "stale", "detail": str(exc)}, 409)
-            except QuorumUnavailable as exc:
-                return unavailable_response(request, exc, lock_name=f"stock:{pk}:seg{index}")
-            except LockLost as exc:
-                if not fence:  # lost before the sale was written: nothing was sold
-                    return _answer(request, {"error": "lost", "detail": str(exc)}, 409)
-                # Lost after the fenced write committed (the fence vouched for it
-                # when it landed): the sale is recorded, so it is answered as one,
-                # as with_lock does (docs: views how-to, "a recorded sale").
-            return _answer(request, {"stock": product.available(), "segment": index,
-                                     "segment_stock": segment.stock, "fence": fence})
-        if len(empty) >= stripes:
-            return _answer(request, {"error": "sold out", "stock": 0}, 409)
-        if time.monotonic() >= deadline:
+    seg = get_manager().segments(f"stock:{pk}", stripes, auto_renew=True,
+                                 timeout=float(_setting("DEMO_STRIPE_TIMEOUT", 10.0)))
+    seg.skip = set(range(stripes)) - stocked
+    while len(seg.skip) < stripes:
+        try:
+            got = seg.acquire()
+        except QuorumUnavailable as exc:
+            return unavailable_response(request, exc, lock_name=f"stock:{pk}")
+        if not got:
             exc = LockNotAcquired(f"every segment of {product.sku} stayed busy",
-                                  lock_name=f"stock:{pk}:seg*", retry_after=1.0)
+                                  lock_name=f"stock:{pk}", retry_after=seg.retry_after or 1.0)
             return busy_response(request, exc, status=get_manager().busy_status,
                                  lock_name=exc.lock_name)
-        wait_on = random.choice(busy) if busy else None
-        order = sorted((i for i in range(stripes) if i not in empty),
-                       key=lambda i: (i != wait_on, random.random()))
+        index = seg.index
+        assert index is not None
+        segment = ProductSegment.objects.filter(product_id=pk, index=index).first()
+        fence = 0  # set once the sale is written (fenced and committed)
+        try:
+            if segment is not None and segment.stock > 0:
+                _work()
+                segment.stock -= 1
+                segment.fenced_save(seg.lock, update_fields=["stock"])
+                fence = seg.fence
+        except FencedWriteRejected as exc:
+            _release_quietly(seg)
+            return _answer(request, {"error": "stale", "detail": str(exc)}, 409)
+        except BaseException:
+            _release_quietly(seg)
+            raise
+        try:
+            seg.release()
+        except LockLost as exc:
+            if not fence:  # lost before the sale was written: nothing was sold
+                return _answer(request, {"error": "lost", "detail": str(exc)}, 409)
+            # Lost after the fenced write committed (the fence vouched for it
+            # when it landed): the sale is recorded, so it is answered as one,
+            # as with_lock does (docs: views how-to, "a recorded sale").
+        if fence:
+            assert segment is not None
+            return _answer(request, {"stock": product.available(), "segment": index,
+                                     "segment_stock": segment.stock, "fence": fence})
+        seg.skip.add(index)  # read empty under its lock
+    return _answer(request, {"error": "sold out", "stock": 0}, 409)
+
+
+def _release_quietly(held: Any) -> None:
+    """Release ``held`` on the way out of an error that is answered anyway."""
+    try:
+        held.release()
+    except RedlockError:
+        pass
