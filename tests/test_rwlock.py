@@ -58,7 +58,8 @@ def test_readers_share_and_the_writer_holds_alone(nodes: RedisNodes,
 
 def test_a_waiting_writer_stops_new_readers_and_is_woken_by_the_last_release(
         nodes: RedisNodes, make_manager: MakeManager) -> None:
-    mgr = make_manager(nodes)
+    # Waiters poll every 3-6 s here: only a release notice serves them sooner.
+    mgr = make_manager(nodes, retry_delay=6)
     reader = mgr.read_lock("doc", ttl=30)
     assert reader.acquire(timeout=1)
     got: dict[str, Any] = {}
@@ -92,7 +93,8 @@ def test_a_waiting_writer_stops_new_readers_and_is_woken_by_the_last_release(
 
 def test_the_writers_release_wakes_every_reader_in_line(nodes: RedisNodes,
                                                         make_manager: MakeManager) -> None:
-    mgr = make_manager(nodes)
+    # Waiters poll every 3-6 s here: only a release notice serves them sooner.
+    mgr = make_manager(nodes, retry_delay=6)
     writer = mgr.write_lock("doc", ttl=30)
     assert writer.acquire(timeout=1)
     held: list[Any] = []
@@ -318,3 +320,40 @@ def test_manage_py_locks_lists_a_read_write_lock(nodes: RedisNodes,
     assert found["listed:r"].token.startswith("r.") and found["listed:r"].nodes == len(nodes.urls)
     assert found["listed:r"].owner.get("label") == "reader-job"
     assert found["listed:w"].token.startswith("w.")
+
+
+def test_a_writer_that_gives_up_its_place_lets_the_readers_behind_it_in(
+        nodes: RedisNodes, make_manager: MakeManager) -> None:
+    # Waiters poll every 3-6 s here: only a release notice serves them sooner.
+    mgr = make_manager(nodes, retry_delay=6)
+    reader = mgr.read_lock("gave-up", ttl=30)
+    assert reader.acquire(timeout=1)
+    got: dict[str, Any] = {}
+
+    def writer() -> None:
+        got["writer"] = mgr.write_lock("gave-up", ttl=30).acquire(timeout=1.0)
+
+    def late_reader() -> None:
+        r = mgr.read_lock("gave-up", ttl=30)
+        got["reader"] = r.acquire(timeout=10)
+        got["at"] = time.monotonic()
+        got["lock"] = r
+
+    w = threading.Thread(target=writer)
+    w.start()
+    assert wait_until(lambda: any(server.client().llen(waiters_key(mgr.key("gave-up")))
+                                  for server in nodes), timeout=5)
+    r = threading.Thread(target=late_reader)
+    r.start()  # queues behind the writer, although a reader holds the lock
+    w.join(timeout=5)
+    gave_up = time.monotonic()
+    r.join(timeout=12)
+    try:
+        assert got["writer"] is False
+        assert got["reader"], got
+        # Woken when the writer left the line, not by its timer (the holder's 30 s).
+        assert got["at"] - gave_up < 1.5, got["at"] - gave_up
+    finally:
+        reader.release()
+        if got.get("lock") is not None and got["lock"].owned():
+            got["lock"].release()
