@@ -26,7 +26,31 @@ GOALS: dict[str, tuple[str, str, Callable[[float], bool]]] = {
     "contended-5": ("contended acquisitions/s, 5 nodes, vs pottery", ">= 4x",
                     lambda v: v >= 4.0),
     "view": ("@with_lock view overhead (p50), 1 node", "< 0.5 ms", lambda v: v < 500.0),
+    # The lock family (issue 20): each against lock() in the same run.
+    "read-lock-1": ("1 node: read_lock acquire + release p50 vs lock()", "<= 1.2x",
+                    lambda v: v <= 1.2),
+    "semaphore-1": ("1 node: semaphore acquire + release p50 vs lock()", "<= 1.2x",
+                    lambda v: v <= 1.2),
+    "semaphore-fifo": ("50 waiters on 5 permits: grants out of arrival order", "0",
+                       lambda v: v == 0),
+    "semaphore-handoff": ("50 waiters on 5 permits: handoff p50", "< 2 ms", lambda v: v < 2.0),
 }
+
+
+def _over(section: dict[str, Any], row: str, base: str) -> float | None:
+    """Row ``row``'s p50 over row ``base``'s (the medians over rounds), or None."""
+    top, bottom = section.get(row, {}).get("p50_us"), section.get(base, {}).get("p50_us")
+    return None if not top or not bottom else float(top) / float(bottom)
+
+
+def _field(results: dict[str, Any], section: str, field: str) -> float | None:
+    value = results.get(section, {}).get(field)
+    return None if value is None else float(value)
+
+
+def _out_of_order(results: dict[str, Any]) -> float | None:
+    sem = results.get("semaphore")
+    return None if not sem else float(sum(sem["out_of_order"]))
 
 
 def _status(goal: str, value: float | None) -> str:
@@ -56,6 +80,10 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
         ("fairness-1", "drl-renew-1", get(con, "drl-renew-1", "fairness"), ""),
         ("contended-5", "drl-renew-5", get(con, "drl-renew-5", "x_pottery"), "x"),
         ("view", "with_lock", get(view, "with_lock", "overhead_us"), "us"),
+        ("read-lock-1", "drl-read-1", _over(unc, "drl-read-1", "drl-1"), "x"),
+        ("semaphore-1", "semaphore", _field(results, "semaphore", "ratio"), "x"),
+        ("semaphore-fifo", "semaphore", _out_of_order(results), ""),
+        ("semaphore-handoff", "semaphore", _field(results, "semaphore", "handoff_p50_ms"), "ms"),
     ]
     out = []
     for goal, row, value, unit in measured:
