@@ -484,3 +484,10 @@ def test_a_missed_round_is_asked_again_only_while_a_quorum_shows_life() -> None:
     nodes = [_Counted(n, 1) for n in "vwxyz"]
     assert _quorum_alive(missed("x", "y", "z"), nodes, [1, 1, 0, 1, 1], 3)
     assert not _quorum_alive(missed("x", "y", "z"), nodes, [1, 1, 1, 1, 1], 3)
+    # A node that answered with an error (a replica's READONLY) answered: its
+    # reply count grew by that very reply, yet it is no reason to ask again.
+    readonly = QuorumUnavailable("missed", answered=1, needed=2, errors={
+        "b": "answered with an error (it is a read-only replica): READONLY ...",
+        "c": "answered with an error (it is a read-only replica): READONLY ..."})
+    nodes = [_Counted("a", 6), _Counted("b", 6), _Counted("c", 6)]
+    assert not _quorum_alive(readonly, nodes, before, 2)

@@ -322,3 +322,18 @@ def test_a_grant_that_arrives_after_the_timeout_is_cleaned_up(
     key = mgr.key("late-grant")
     assert wait_until(lambda: not any(node.execute("EXISTS", key) for node in three),
                       timeout=3.0), [node.execute("PTTL", key) for node in three]
+
+
+def test_a_majority_answering_errors_is_quorum_unavailable_at_once(
+        redis_nodes_factory: Any, make_manager: Any) -> None:
+    """Two of three nodes are replicas (READONLY to every write): they answer,
+    with an error, so the call ends at once, not at its 10 s timeout (a round
+    missed while the nodes showed life is asked again only for want of time)."""
+    nodes = redis_nodes_factory(3)
+    for server in nodes.servers[1:]:
+        server.client().replicaof("127.0.0.1", nodes.servers[0].port)
+    mgr = make_manager(nodes, node_timeout=0.2)
+    started = time.monotonic()
+    with pytest.raises(QuorumUnavailable, match="read only replica"):
+        mgr.lock("readonly", timeout=10).acquire()
+    assert time.monotonic() - started < 2.0

@@ -131,6 +131,14 @@ SHORT_ROUND = 3.0
 _SLOW_REPLY = "no answer within"
 
 
+#: The reasons of a node that missed a round for want of time (a reply, a
+#: connection, its back-off after such a miss), as the transports give them;
+#: an error reply (READONLY, OOM...), a refusal or a node that is not Redis is
+#: an answer, and is never asked again for it (_quorum_alive).
+_TRANSIENT = (_SLOW_REPLY, "no connection yet", "skipped: failed recently",
+              "an earlier attempt's clean-up")
+
+
 def _answers(nodes: Sequence[Any]) -> list[int]:
     """Each node's count of replies read so far (``NodeClient.answers``)."""
     return [getattr(node, "answers", 0) for node in nodes]
@@ -142,18 +150,22 @@ def _quorum_alive(exc: QuorumUnavailable, nodes: Sequence[Any], before: list[int
     ended: those that answered it, and those that missed it but answered
     another round meanwhile (their reply count grew since ``before``).
 
-    Then the miss says nothing about the nodes: it was this process that was
-    slow (a burst of 200 rounds on two loaded cores: replies queued behind
+    Only a miss for want of time counts (``_TRANSIENT``): a node that
+    answered with an error (a replica's READONLY, OOM) answered, and its reply
+    counts its reply count up too. Then the miss says nothing about the nodes:
+    it was this process that was slow (a burst of 200 rounds on two loaded cores: replies queued behind
     other threads past the node timeout, connections in use by other rounds)
     and the caller, who still has time, is owed another round. A paused or
     dead node answers nobody, so an outage never passes this test: it keeps
     the bounds of UNAVAILABLE_RETRIES (issue 25, seen again in CI).
     """
-    missed = set(exc.errors)
     alive = 0
     for node, count in zip(nodes, before):
-        if node.name not in missed or getattr(node, "answers", 0) > count:
-            alive += 1
+        reason = exc.errors.get(node.name)
+        if reason is None:
+            alive += 1  # it answered this round
+        elif str(reason).startswith(_TRANSIENT) and getattr(node, "answers", 0) > count:
+            alive += 1  # late for us, answering others
     return alive >= quorum
 
 
