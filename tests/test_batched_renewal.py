@@ -64,3 +64,47 @@ def test_many_held_locks_renew_in_few_calls_and_each_loss_is_its_own(
     for lock in locks:
         if lock is not victim:
             lock.release()
+
+
+def test_asyncio_locks_renew_in_batches_and_each_loss_is_its_own(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """The asyncio twin: locks held in one event loop renew together (one
+    extend_many per node and turn), each with its own outcome."""
+    import asyncio
+
+    mgr = make_manager(nodes3, auto_renew=True)
+    lost: list[str] = []
+
+    def on_lost(name: str, **kwargs: Any) -> None:
+        lost.append(name)
+
+    async def scenario() -> None:
+        locks = [mgr.alock(f"abatch:{i}", ttl=TTL) for i in range(HELD)]
+        for lock in locks:
+            assert await lock.acquire(timeout=1)
+        before = [_script_calls(s) for s in nodes3]
+        await asyncio.sleep(3 * TTL)  # about nine renewal periods
+        calls = [_script_calls(s) - b for s, b in zip(nodes3, before)]
+        # One call per lock and period would be 300 x 9 = 2,700 per node.
+        assert max(calls) < HELD, calls
+        assert all(lock.owned() for lock in locks)
+        victim = locks[7]
+        for server in nodes3.servers[:2]:
+            server.client().delete(victim.key)
+        deadline = asyncio.get_running_loop().time() + 3 * TTL
+        while victim.owned() and asyncio.get_running_loop().time() < deadline:
+            await asyncio.sleep(0.02)
+        assert not victim.owned()
+        assert lost == [victim.name]
+        assert all(lock.owned() for lock in locks if lock is not victim)
+        with pytest.raises(LockLost):
+            await victim.release()
+        for lock in locks:
+            if lock is not victim:
+                await lock.release()
+
+    signals.lock_lost.connect(on_lost)
+    try:
+        asyncio.run(scenario())
+    finally:
+        signals.lock_lost.disconnect(on_lost)

@@ -30,12 +30,19 @@ shielded task and waits for it; a cancellation that arrives meanwhile is
 re-raised afterwards. An ``acquire()`` cancelled in the middle of a round
 releases whatever that round may have taken on the nodes, the same way.
 
-Renewal (``auto_renew``): a loop timer per held lock, due at TTL/3, which starts
-a renewal task only for the round itself; a failed renewal is retried while the
-lease lasts, and the lock is marked lost when the lease ran out or a majority no
-longer has the key. The timer holds the lock only weakly (a lock dropped without
-release stops renewing and simply expires). ``release()`` cancels the timer and
-cancels and awaits a round in flight, so no renewal outlives ``release()``.
+Renewal (``auto_renew``): a loop timer per held lock, due at TTL/3 (rounded up
+to a :data:`RENEWAL_SLOT`, so that locks due about together fire together); a
+failed renewal is retried while the lease lasts, and the lock is marked lost
+when the lease ran out or a majority no longer has the key. The timer holds the
+lock only weakly (a lock dropped without release stops renewing and simply
+expires). The locks of one manager that fall due in one turn of the loop are
+renewed together, with one ``extend_many`` call per node (:class:`_Renewals`,
+as the sync watchdog does): 1,000 locks held in a loop cost a few round trips
+per renewal period, not 1,000. ``release()`` cancels the timer; a batched round
+already in flight is not cancelled (other locks ride in it) and may reach a node
+after the release: it finds no key of ours there (an extension compares the
+token and never creates a key), and its result is dropped (the plan sees the
+lock released).
 
 Wake-ups: a waiter reuses the manager's :class:`ReleaseNotifier` (shared with
 the sync locks). The blocking subscribe runs in the loop's default executor; the
@@ -52,6 +59,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import os
 import threading
 import weakref
@@ -256,13 +264,101 @@ async def _holders(mgr: LockHost, transport: AsyncTransport, key: bytes) -> int:
     return await _run(transport, rounds.holders_steps(mgr, key))
 
 
+#: Renewal timers are rounded up to this many seconds, so that the locks due
+#: within one slot fire in one turn of the loop and share one batched round.
+RENEWAL_SLOT = 0.02
+
+
 def _renewal_due(ref: weakref.ref[AsyncLock]) -> None:
-    """Timer callback: start one renewal round (the lock is held only weakly until then)."""
+    """Timer callback: hand the lock to its manager's batch of this loop (the
+    lock is held only weakly until then)."""
     lock = ref()
     if lock is None or lock._state != _HELD:
         return
     lock._renewal_timer = None
-    lock._renewal = asyncio.get_running_loop().create_task(lock._renewal_round())
+    _Renewals.of(lock).add(lock)
+
+
+class _Renewals:
+    """The renewals of one manager's asyncio locks in one event loop, batched.
+
+    Timers that fire in one turn of the loop add their locks here; one task
+    then renews them all with ``rounds.extend_many_steps`` (one script call per
+    node), each lock's plan run to its extension round first and resumed with
+    its own result after (``AsyncLock._renewal_begin`` / ``_renewal_end``), so
+    a lock's renewal rules (``MAX_HOLD``, retries, reporting a loss) are the
+    single lock's. A lock whose ``extend()`` is running waits for the next turn.
+    """
+
+    _by_loop: "weakref.WeakKeyDictionary[asyncio.AbstractEventLoop, weakref.WeakKeyDictionary[Any, _Renewals]]" = (  # noqa: E501
+        weakref.WeakKeyDictionary())
+
+    def __init__(self, mgr: LockHost, transport: AsyncTransport) -> None:
+        self.mgr = mgr
+        self.transport = transport
+        self.due: list[AsyncLock] = []
+        self.task: asyncio.Task[None] | None = None
+
+    @classmethod
+    def of(cls, lock: AsyncLock) -> _Renewals:
+        per_mgr = cls._by_loop.setdefault(asyncio.get_running_loop(),
+                                          weakref.WeakKeyDictionary())
+        batch = per_mgr.get(lock.manager)
+        if batch is None:
+            batch = per_mgr[lock.manager] = cls(lock.manager, lock.transport)
+        return batch
+
+    def add(self, lock: AsyncLock) -> None:
+        self.due.append(lock)
+        if self.task is None:
+            self.task = asyncio.get_running_loop().create_task(self._run())
+
+    async def _run(self) -> None:
+        try:
+            while self.due:
+                await asyncio.sleep(0)  # the other timers of this turn join
+                locks, self.due = self.due, []
+                try:
+                    await self._renew(locks)
+                except Exception:  # a renewal bug must be reported, never kill the loop
+                    logger.exception("batched renewal failed unexpectedly")
+        finally:
+            self.task = None
+
+    async def _renew(self, locks: list[AsyncLock]) -> None:
+        begun: list[tuple[AsyncLock, HoldPlan, ExtendRound]] = []
+        for lock in locks:
+            try:
+                first = await lock._renewal_begin()
+            except Exception:  # noqa: BLE001 - one lock's failure must not stop the others'
+                logger.exception("renewal of lock %r failed unexpectedly", lock.name)
+                continue
+            if isinstance(first, tuple):
+                begun.append((lock, *first))
+            elif first is not None and lock._state == _HELD:
+                lock._schedule_renewal(first)
+        if not begun:
+            return
+        try:
+            results: list[Any] = await _run(self.transport, rounds.extend_many_steps(
+                self.mgr, [rounds.Extension(lock._key_b, lock._fence_key_b, step.token,
+                                            step.fence, step.ttl)
+                           for lock, _, step in begun]))
+        except Exception:  # noqa: BLE001 - every lock of the batch tries again soon
+            logger.exception("batched renewal failed unexpectedly")
+            for lock, plan, _ in begun:
+                lock._renewal_abort(plan)
+                if lock._state == _HELD:
+                    lock._schedule_renewal(self.mgr.clock() + 0.05)
+            return
+        for (lock, plan, _), result in zip(begun, results):
+            try:
+                due = await lock._renewal_end(plan, result)
+            except Exception:  # noqa: BLE001
+                logger.exception("renewal of lock %r failed unexpectedly", lock.name)
+                continue
+            if due is not None and lock._state == _HELD:
+                lock._schedule_renewal(due)
 
 
 # -- the lock ------------------------------------------------------------------
@@ -282,6 +378,8 @@ class AsyncLock(LockBase):
         self.transport = transport
         self._io = asyncio.Lock()
         self._renewal_timer: asyncio.TimerHandle | None = None
+        #: A renewal task of this lock alone: none now that renewals are batched
+        #: (_Renewals); release() still cancels one if a subclass starts it.
         self._renewal: asyncio.Task[None] | None = None
 
     async def locked(self) -> bool:
@@ -401,18 +499,55 @@ class AsyncLock(LockBase):
 
     def _schedule_renewal(self, due: float) -> None:
         # A timer, not a sleeping task: nothing to create or tear down per
-        # acquisition, and the timer refers to the lock only weakly.
-        self._renewal_timer = asyncio.get_running_loop().call_later(
-            max(0.0, due - self.manager.clock()), _renewal_due, weakref.ref(self))
+        # acquisition, and the timer refers to the lock only weakly. Rounded up
+        # to a slot of the loop's clock, so that locks due about together fire
+        # in one turn and share one batched round (_Renewals).
+        loop = asyncio.get_running_loop()
+        at = loop.time() + max(0.0, due - self.manager.clock())
+        at = math.ceil(at / RENEWAL_SLOT) * RENEWAL_SLOT
+        self._renewal_timer = loop.call_at(at, _renewal_due, weakref.ref(self))
 
-    async def _renewal_round(self) -> None:
+    async def _renewal_begin(self) -> "tuple[HoldPlan, ExtendRound] | float | None":
+        """A batched renewal's first half (:class:`_Renewals`): the renewal plan
+        run up to its extension round, holding ``_io`` until
+        :meth:`_renewal_end`; or, when no round is needed, the next due time
+        (None: stop renewing). The twin of ``Lock._renewal_begin``."""
+        mgr = self.manager
+        if self._io.locked():
+            return mgr.clock() + min(0.05, self.ttl / 10)  # an extend() is running
+        await self._io.acquire()
+        plan = self._renew_plan()
+        answer: Any = None
         try:
-            due = await self._renew_tick()
-        except Exception:  # a renewal bug must be reported, never kill the loop
-            logger.exception("renewal of lock %r failed unexpectedly", self.name)
-            return
-        if due is not None and self._state == _HELD:
-            self._schedule_renewal(due)
+            while True:
+                try:
+                    step = plan.send(answer)
+                except StopIteration as done:
+                    self._io.release()
+                    return done.value  # type: ignore[no-any-return]
+                if type(step) is ExtendRound:
+                    return plan, step
+                if type(step) is Report:
+                    await _send(step.signal, **step.kwargs)
+                    answer = None
+                else:  # pragma: no cover - a renewal releases nothing
+                    raise AssertionError(f"unexpected renewal step {step!r}")
+        except BaseException:
+            self._io.release()
+            raise
+
+    async def _renewal_end(self, plan: HoldPlan, result: Any) -> float | None:
+        """The second half: the plan gets its round's result; ``_io`` is let go."""
+        try:
+            due: float | None = await self._run_plan(plan, result)
+            return due
+        finally:
+            self._io.release()
+
+    def _renewal_abort(self, plan: HoldPlan) -> None:
+        """The batch failed before this lock's result: drop the plan, let ``_io`` go."""
+        plan.close()
+        self._io.release()
 
     # -- the hold's plans (LockBase), run with the asyncio transport ------------------
     async def _run_plan(self, plan: HoldPlan, answer: Any = None) -> Any:
@@ -485,15 +620,6 @@ class AsyncLock(LockBase):
         new_ttl = self.ttl if ttl is ... else check_ttl(ttl)  # before anything is sent
         async with self._io:
             await self._run_plan(self._extend_call_plan(new_ttl))
-
-    async def _renew_tick(self) -> float | None:
-        """One renewal (the twin of ``Lock._watchdog_tick``); returns the next due time."""
-        mgr = self.manager
-        if self._io.locked():
-            return mgr.clock() + min(0.05, self.ttl / 10)  # an extend() is running
-        async with self._io:
-            due: float | None = await self._run_plan(self._renew_plan())
-            return due
 
     async def _report_lost(self, reason: str, held: float) -> None:
         await self._run_plan(self._report_lost_plan(reason, held))
