@@ -90,6 +90,7 @@ from .protocol import (
     Report,
     Subscribe,
     Wait,
+    run_to_round,
 )
 from .rounds import AcquireResult, ExtendResult, ReleaseResult
 
@@ -516,25 +517,16 @@ class AsyncLock(LockBase):
         if self._io.locked():
             return mgr.clock() + min(0.05, self.ttl / 10)  # an extend() is running
         await self._io.acquire()
-        plan = self._renew_plan()
-        answer: Any = None
         try:
-            while True:
-                try:
-                    step = plan.send(answer)
-                except StopIteration as done:
-                    self._io.release()
-                    return done.value  # type: ignore[no-any-return]
-                if type(step) is ExtendRound:
-                    return plan, step
-                if type(step) is Report:
-                    await _send(step.signal, **step.kwargs)
-                    answer = None
-                else:  # pragma: no cover - a renewal releases nothing
-                    raise AssertionError(f"unexpected renewal step {step!r}")
+            reports, outcome = run_to_round(self._renew_plan())
+            for report in reports:
+                await _send(report.signal, **report.kwargs)
         except BaseException:
             self._io.release()
             raise
+        if not isinstance(outcome, tuple):
+            self._io.release()
+        return outcome
 
     async def _renewal_end(self, plan: HoldPlan, result: Any) -> float | None:
         """The second half: the plan gets its round's result; ``_io`` is let go."""

@@ -32,6 +32,7 @@ from .protocol import (
     Report,
     Subscribe,
     Wait,
+    run_to_round,
 )
 
 if TYPE_CHECKING:
@@ -262,25 +263,16 @@ class Lock(LockBase):
         mgr = self.manager
         if not self._io.acquire(blocking=False):
             return mgr.clock() + min(0.05, self.ttl / 10)  # a release/extend is running
-        plan = self._renew_plan()
-        answer: Any = None
         try:
-            while True:
-                try:
-                    step = plan.send(answer)
-                except StopIteration as done:
-                    self._io.release()
-                    return done.value  # type: ignore[no-any-return]
-                if type(step) is ExtendRound:
-                    return plan, step
-                if type(step) is Report:
-                    signals.send(step.signal, Lock, **step.kwargs)
-                    answer = None
-                else:  # pragma: no cover - a renewal releases nothing
-                    raise AssertionError(f"unexpected renewal step {step!r}")
+            reports, outcome = run_to_round(self._renew_plan())
+            for report in reports:
+                signals.send(report.signal, Lock, **report.kwargs)
         except BaseException:
             self._io.release()
             raise
+        if not isinstance(outcome, tuple):
+            self._io.release()
+        return outcome
 
     def _renewal_end(self, plan: HoldPlan, result: Any) -> float | None:
         """The second half: the plan gets its round's result; ``_io`` is let go."""

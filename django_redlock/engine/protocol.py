@@ -211,6 +211,30 @@ HoldPlan = Generator[HoldStep, Any, Any]
 AcquirePlan = Generator[Step, Any, "AcquireResult | None"]
 
 
+def run_to_round(plan: HoldPlan) -> "tuple[list[Report], tuple[HoldPlan, ExtendRound] | Any]":
+    """Run a renewal plan up to its extension round, without I/O (a batched
+    renewal's first half: ``Lock._renewal_begin``, ``AsyncLock._renewal_begin``).
+
+    Returns the reports it made on the way, for the driver to send, and either
+    ``(plan, round)`` or, when it needed no round, its result (the next due
+    time; None: stop renewing). A renewal plan reports only on the paths that
+    end without a round (a loss), so sending them afterwards keeps their order.
+    """
+    reports: list[Report] = []
+    answer: Any = None
+    while True:
+        try:
+            step = plan.send(answer)
+        except StopIteration as done:
+            return reports, done.value
+        if type(step) is ExtendRound:
+            return reports, (plan, step)
+        if type(step) is not Report:  # pragma: no cover - a renewal releases nothing
+            raise AssertionError(f"unexpected renewal step {step!r}")
+        reports.append(step)
+        answer = None
+
+
 class LockBase:
     """State and rules shared by :class:`Lock` and :class:`~django_redlock.aio.AsyncLock`.
 

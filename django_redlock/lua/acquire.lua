@@ -16,6 +16,7 @@
 -- is a read-write lock's (a hash: one name used as two kinds of lock). Such a key is
 -- busy like any other, and the waiter can say what is in the way.
 --#include fence_issue
+--#include waiter_queue
 local mine = ARGV[1] .. '|'
 local queue = ARGV[6]
 -- pcall: GET on a key of another type is an error, which would hide the
@@ -40,17 +41,7 @@ if current then
   end
   local pttl = redis.call('PTTL', KEYS[1])
   if queue ~= '0' then
-    -- Wait in line once: a waiter retrying on its timer is already queued.
-    if not redis.call('LPOS', KEYS[3], ARGV[8]) then
-      if queue == '2' then
-        redis.call('LPUSH', KEYS[3], ARGV[8])
-      else
-        redis.call('RPUSH', KEYS[3], ARGV[8])
-      end
-    end
-    local keep = tonumber(ARGV[7])
-    if pttl > 0 then keep = keep + pttl end
-    redis.call('PEXPIRE', KEYS[3], keep)
+    join_queue(KEYS[3], ARGV[8], queue, ARGV[7], pttl)
     if foreign ~= 0 then
       return {0, pttl, server_ms(), foreign}
     end

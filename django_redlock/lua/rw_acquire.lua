@@ -6,6 +6,7 @@
 -- behind a writer that stands in line before it (no writer starvation),
 -- unless it was just woken by name (ARGV[6] '2': a release let it go first).
 --#include fence_issue
+--#include waiter_queue
 --#include rw_common
 local key, token, lease = KEYS[1], ARGV[1], tonumber(ARGV[2])
 local queue = ARGV[6]
@@ -57,14 +58,7 @@ end
 if busy_until > 0 then
   local pttl = busy_until - now
   if queue ~= '0' then
-    if not redis.call('LPOS', KEYS[3], ARGV[8]) then
-      if queue == '2' then
-        redis.call('LPUSH', KEYS[3], ARGV[8])
-      else
-        redis.call('RPUSH', KEYS[3], ARGV[8])
-      end
-    end
-    redis.call('PEXPIRE', KEYS[3], tonumber(ARGV[7]) + pttl)
+    join_queue(KEYS[3], ARGV[8], queue, ARGV[7], pttl)
     return {0, pttl, now}
   end
   return {0, pttl}
