@@ -22,6 +22,7 @@ from typing import Any
 from . import machine, report
 from .coldburst import ColdBurst
 from .libs import quiet_loggers
+from .nodecount import NodeCount
 from .nodes import running_nodes, server_version
 from .procs import Contended, Handoff, Workers
 from .semaphore import SemaphoreBench
@@ -31,7 +32,7 @@ from .view import ViewOverhead
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SECTIONS = ("uncontended", "slownode", "view", "contended", "handoff", "coldburst",
-            "semaphore")
+            "semaphore", "nodecount")
 
 #: (rounds, uncontended ops per batch, view requests per variant, contended seconds,
 #: handoff sample scale). A full run takes about 4 minutes on 2 shared cores.
@@ -72,7 +73,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     quiet_loggers()
     began = time.monotonic()
     log = sys.stderr
-    with running_nodes(1) as urls1, running_nodes(5) as urls5:
+    with running_nodes(1) as urls1, running_nodes(5) as urls5, \
+            running_nodes(9 if "nodecount" in sections else 0) as urls9:
         info = machine.describe(server_version(urls1[0]))
         print(f"bench: {rounds} rounds on {info['nproc']} CPUs, {info['server']}, "
               f"sections {','.join(sections)}", file=log, flush=True)
@@ -86,10 +88,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         hand = Handoff(workers, scale=scale) if workers and "handoff" in sections else None
         cold = ColdBurst(urls5) if "coldburst" in sections else None
         sem = SemaphoreBench(urls1, ops=ops // 2) if "semaphore" in sections else None
+        nodes = NodeCount(urls9, ops=ops // 2) if "nodecount" in sections else None
         try:
             for r in range(rounds):
                 t = time.monotonic()
-                for part in (unc, slow, view, con, hand, cold, sem):
+                for part in (unc, slow, view, con, hand, cold, sem, nodes):
                     if part is not None:
                         part.run_round(rng)
                 print(f"bench: round {r + 1}/{rounds} done in {time.monotonic() - t:.1f} s",
@@ -103,6 +106,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 workers.close()
             if sem is not None:
                 sem.close()
+            if nodes is not None:
+                nodes.close()
     info["loadavg_end"] = machine.loadavg()
     results: dict[str, Any] = {
         "machine": info,
@@ -125,6 +130,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         results["cold_burst"] = cold.summary()
     if sem is not None:
         results["semaphore"] = sem.summary()
+    if nodes is not None:
+        results["nodecount"] = nodes.summary()
     results["goals"] = report.evaluate(results)
     return results
 

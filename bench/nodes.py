@@ -17,6 +17,9 @@ def running_nodes(count: int) -> Iterator[list[str]]:
     """
     from django_redlock.testing import RedisNodes
 
+    if count == 0:  # a section that is not run
+        yield []
+        return
     with RedisNodes(count) as nodes:
         yield [str(u) for u in nodes.urls]
 

@@ -34,6 +34,8 @@ GOALS: dict[str, tuple[str, str, Callable[[float], bool]]] = {
     "semaphore-fifo": ("50 waiters on 5 permits: grants out of arrival order", "0",
                        lambda v: v == 0),
     "semaphore-handoff": ("50 waiters on 5 permits: handoff p50", "< 2 ms", lambda v: v < 2.0),
+    "nodes-9": ("9 nodes: uncontended acquire + release p50 vs 3 nodes", "<= 1.3x",
+                lambda v: v <= 1.3),
 }
 
 
@@ -51,6 +53,11 @@ def _field(results: dict[str, Any], section: str, field: str) -> float | None:
 def _out_of_order(results: dict[str, Any]) -> float | None:
     sem = results.get("semaphore")
     return None if not sem else float(sum(sem["out_of_order"]))
+
+
+def _nodes9(results: dict[str, Any]) -> float | None:
+    row = results.get("nodecount", {}).get("rows", {}).get("9")
+    return None if not row or row.get("x_3_nodes") is None else float(row["x_3_nodes"])
 
 
 def _status(goal: str, value: float | None) -> str:
@@ -84,6 +91,7 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
         ("semaphore-1", "semaphore", _field(results, "semaphore", "ratio"), "x"),
         ("semaphore-fifo", "semaphore", _out_of_order(results), ""),
         ("semaphore-handoff", "semaphore", _field(results, "semaphore", "handoff_p50_ms"), "ms"),
+        ("nodes-9", "9 nodes", _nodes9(results), "x"),
     ]
     out = []
     for goal, row, value, unit in measured:
@@ -224,6 +232,13 @@ def tables(results: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]
         out.append(("Cold burst: concurrent first acquisitions on a new manager",
                     ["driver", "nodes", "acquisitions", "median ms", "worst ms", "failed"],
                     rows))
+
+    nodes = results.get("nodecount")
+    if nodes:
+        out.append(("Uncontended acquire + release by node count (rounds ask the nodes in "
+                    "parallel)", ["nodes", "p50 µs", "x 3 nodes"],
+                    [[str(r["nodes"]), _num(r["p50_us"]), _num(r["x_3_nodes"], 2)]
+                     for r in nodes["rows"].values()]))
 
     sem = results.get("semaphore")
     if sem:
