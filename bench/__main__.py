@@ -21,6 +21,7 @@ from typing import Any
 
 from . import machine, report
 from .coldburst import ColdBurst
+from .heldlocks import HeldLocks
 from .libs import quiet_loggers
 from .nodecount import NodeCount
 from .nodes import running_nodes, server_version
@@ -32,7 +33,7 @@ from .view import ViewOverhead
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SECTIONS = ("uncontended", "slownode", "view", "contended", "handoff", "coldburst",
-            "semaphore", "nodecount")
+            "semaphore", "nodecount", "heldlocks")
 
 #: (rounds, uncontended ops per batch, view requests per variant, contended seconds,
 #: handoff sample scale). A full run takes about 4 minutes on 2 shared cores.
@@ -89,10 +90,11 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         cold = ColdBurst(urls5) if "coldburst" in sections else None
         sem = SemaphoreBench(urls1, ops=ops // 2) if "semaphore" in sections else None
         nodes = NodeCount(urls9, ops=ops // 2) if "nodecount" in sections else None
+        held = HeldLocks(urls1) if "heldlocks" in sections else None
         try:
             for r in range(rounds):
                 t = time.monotonic()
-                for part in (unc, slow, view, con, hand, cold, sem, nodes):
+                for part in (unc, slow, view, con, hand, cold, sem, nodes, held):
                     if part is not None:
                         part.run_round(rng)
                 print(f"bench: round {r + 1}/{rounds} done in {time.monotonic() - t:.1f} s",
@@ -108,6 +110,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 sem.close()
             if nodes is not None:
                 nodes.close()
+            if held is not None:
+                held.close()
     info["loadavg_end"] = machine.loadavg()
     results: dict[str, Any] = {
         "machine": info,
@@ -132,6 +136,8 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         results["semaphore"] = sem.summary()
     if nodes is not None:
         results["nodecount"] = nodes.summary()
+    if held is not None:
+        results["heldlocks"] = held.summary()
     results["goals"] = report.evaluate(results)
     return results
 

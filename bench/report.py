@@ -36,6 +36,8 @@ GOALS: dict[str, tuple[str, str, Callable[[float], bool]]] = {
     "semaphore-handoff": ("50 waiters on 5 permits: handoff p50", "< 2 ms", lambda v: v < 2.0),
     "nodes-9": ("9 nodes: uncontended acquire + release p50 vs 3 nodes", "<= 1.3x",
                 lambda v: v <= 1.3),
+    "held-10k": ("10,000 held locks renewing, 1 node: client CPU", "< 10 %",
+                 lambda v: v < 10.0),
 }
 
 
@@ -58,6 +60,11 @@ def _out_of_order(results: dict[str, Any]) -> float | None:
 def _nodes9(results: dict[str, Any]) -> float | None:
     row = results.get("nodecount", {}).get("rows", {}).get("9")
     return None if not row or row.get("x_3_nodes") is None else float(row["x_3_nodes"])
+
+
+def _held10k(results: dict[str, Any]) -> float | None:
+    row = results.get("heldlocks", {}).get("rows", {}).get("10000")
+    return None if not row or row.get("cpu_pct") is None else float(row["cpu_pct"])
 
 
 def _status(goal: str, value: float | None) -> str:
@@ -92,6 +99,7 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
         ("semaphore-fifo", "semaphore", _out_of_order(results), ""),
         ("semaphore-handoff", "semaphore", _field(results, "semaphore", "handoff_p50_ms"), "ms"),
         ("nodes-9", "9 nodes", _nodes9(results), "x"),
+        ("held-10k", "10,000 held", _held10k(results), "%"),
     ]
     out = []
     for goal, row, value, unit in measured:
@@ -232,6 +240,15 @@ def tables(results: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]
         out.append(("Cold burst: concurrent first acquisitions on a new manager",
                     ["driver", "nodes", "acquisitions", "median ms", "worst ms", "failed"],
                     rows))
+
+    held = results.get("heldlocks")
+    if held:
+        out.append((f"Held locks renewing in one process, 1 node (TTL {held['ttl_s']:g} s: "
+                    "renewed every second)",
+                    ["held locks", "client CPU % of one core", "script calls per period",
+                     "lost"],
+                    [[f"{r['held']:,}", _num(r["cpu_pct"], 1), _num(r["calls_per_period"], 1),
+                      _num(r["lost"])] for r in held["rows"].values()]))
 
     nodes = results.get("nodecount")
     if nodes:

@@ -1,0 +1,81 @@
+"""Many held locks in one process: what their renewal costs as they grow.
+
+1, 100, 1,000 and 10,000 locks held with auto-renew (1 node, TTL 3 s: each is
+renewed every second), while the process does nothing else: the renewal
+thread's client CPU (process CPU time over wall time, in % of one core) and the
+script calls each renewal period costs the node (INFO commandstats). Renewals
+are batched per node (``extend_many``), so the calls per period stay about
+flat while the locks grow; the goal (issue 23) is 10,000 held locks under 10 %
+of one CPU.
+"""
+
+from __future__ import annotations
+
+import random
+import time
+from typing import Any
+
+import redis
+
+from .stats import median
+
+COUNTS = (1, 100, 1_000, 10_000)
+TTL = 3.0
+WINDOW = 3.0  # seconds measured per count and round: three renewal periods
+
+
+def _script_calls(client: redis.Redis) -> int:
+    stats = client.info("commandstats")
+    return sum(v["calls"] for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
+
+
+class HeldLocks:
+    def __init__(self, urls1: list[str], counts: tuple[int, ...] = COUNTS) -> None:
+        from django_redlock import LockManager
+
+        self.url = urls1[0]
+        self.counts = counts
+        self.manager = LockManager(urls1, ttl=TTL, auto_renew=True)
+        self.client = redis.Redis.from_url(self.url)
+        self.rounds: list[dict[int, dict[str, float]]] = []
+
+    def close(self) -> None:
+        self.manager.close()
+        self.client.close()
+
+    def _measure(self, n: int) -> dict[str, float]:
+        locks = [self.manager.lock(f"bench:held:{n}:{i}") for i in range(n)]
+        for lock in locks:
+            lock.acquire(timeout=5)
+        try:
+            time.sleep(TTL / 3)  # the first renewals settle
+            calls0, cpu0, wall0 = _script_calls(self.client), time.process_time(), \
+                time.monotonic()
+            time.sleep(WINDOW)
+            calls = _script_calls(self.client) - calls0
+            cpu, wall = time.process_time() - cpu0, time.monotonic() - wall0
+            held = sum(lock.owned() for lock in locks)
+        finally:
+            for lock in locks:
+                try:
+                    lock.release()
+                except Exception:  # noqa: BLE001 - the bench reports, never stops
+                    pass
+        periods = wall / (TTL / 3)
+        return {"cpu_pct": 100.0 * cpu / wall, "calls_per_period": calls / periods,
+                "still_held": float(held)}
+
+    def run_round(self, rng: random.Random) -> None:
+        order = list(self.counts)
+        rng.shuffle(order)
+        self.rounds.append({n: self._measure(n) for n in order})
+
+    def summary(self) -> dict[str, Any]:
+        rows: dict[str, Any] = {}
+        for n in self.counts:
+            per = [r[n] for r in self.rounds if n in r]
+            rows[str(n)] = {"held": n,
+                            "cpu_pct": median(p["cpu_pct"] for p in per),
+                            "calls_per_period": median(p["calls_per_period"] for p in per),
+                            "lost": sum(n - p["still_held"] for p in per)}
+        return {"rows": rows, "ttl_s": TTL, "window_s": WINDOW}
