@@ -831,3 +831,36 @@ def test_family_schedule_takes_its_time_from_the_others() -> None:
     again = runner._plans("family", random.Random("7:family"), 12.0, runner.Options(seed=7),
                           None, [])
     assert again == (node_plan, link_plan, worker_plan)
+
+
+def test_family_resource_scripts_refuse_a_paused_writer_and_report_who_is_inside() -> None:
+    """The scripts the family workers run on the resource server, on a real one."""
+    from django_redlock.testing import RedisServer
+    from tests.chaos import resources
+
+    server = RedisServer().start()
+    client = server.client()
+    try:
+        claim = client.register_script(resources.CLAIM_LUA)
+        read_claim = client.register_script(resources.READ_CLAIM_LUA)
+        write = client.register_script(resources.WRITE_LUA)
+        enter = client.register_script(resources.ENTER_LUA)
+        leave = client.register_script(resources.EXIT_LUA)
+        value, fence, log = resources.counter_keys("rw:0")
+        assert claim(keys=[value, fence], args=[10]) == [1, b"0"]  # writer, fence 10
+        # It is paused past its lease; a reader (fence 11) claims and reads.
+        assert int(read_claim(keys=[value, fence], args=[11])) == 0
+        # The writer resumes: its write is refused, the value is untouched.
+        applied, stored = write(keys=[value, fence, log], args=[1, 10, "3", "w0.0", "10"])
+        assert applied == 0 and int(stored) == 11 and client.get(value) is None
+        # A reader with a lower fence (they share the lock) never lowers it.
+        assert int(read_claim(keys=[value, fence], args=[9])) == 0
+        assert client.get(fence) == b"11"
+        inside = resources.inside_key("rw:0")
+        assert enter(keys=[inside], args=["w1.1"]) == []
+        assert enter(keys=[inside], args=["w2.2"]) == [b"w1.1"]
+        assert leave(keys=[inside], args=["w1.1"]) == 1
+        assert enter(keys=[inside], args=["w3.3"]) == [b"w2.2"]
+    finally:
+        client.close()
+        server.stop()
