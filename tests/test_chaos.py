@@ -3,7 +3,7 @@
 ``test_*_schedule*`` run ``python -m tests.chaos`` once on the four original
 schedules (about 60 s: 45 s of workload split safe 17.6 / majority 11.7 /
 nofence 9.8 / single 9.8, plus start-up) in a subprocess and assert the
-checker's figures; the other schedules (partition, crash, dataloss) run in
+checker's figures; the other schedules (partition, crash, dataloss, family) run in
 ``make chaos``. The synthetic tests pin the
 checker down on histories whose answer is known. The last three tests
 reproduce, deterministically, what the chaos run found (a stale-read window in
@@ -642,3 +642,225 @@ def test_single_node_worker_pauses_are_planned_clear_of_node_faults() -> None:
     for w in workers:
         assert not any(n.at < w.at + runner.SINGLE_CLEAR and w.at < n.at + n.duration
                        for n in nodes)
+
+
+# -- the lock family (the family schedule) ------------------------------------------------------
+def _section(worker: int, seq: int, mode: str, at: float, *, present: tuple[str, ...] = (),
+             valid: bool = True, fence: int = 0, read: int | None = None,
+             read_again: int | None = None, write: bool | None = None) -> Op:
+    """One family hold with its critical section [at, at + 0.3] (resource ``rw:0`` for
+    readers and writers, ``sem:0`` for permits), entered while ``present`` were inside."""
+    resource = "sem:0" if mode == "permit" else "rw:0"
+    lock = f"chaos-sem:0#{worker % 2}" if mode == "permit" else "chaos-rw:0"
+    op = _op(worker, seq, lock=lock, resource=resource, start=at - 0.05, acquired=at - 0.01,
+             fence=fence or 10 + seq, read=read, write=write,
+             write_start=at + 0.1 if write is not None else None,
+             write_end=at + 0.11 if write is not None else None, released=at + 0.31,
+             end=at + 0.32, outcome="ok" if valid else "lost")
+    op.mode, op.enter, op.exit, op.present, op.valid = mode, at, at + 0.3, list(present), valid
+    op.read_again = read if read_again is None and mode == "read" else read_again
+    op.owned_before_write = True
+    return op
+
+
+def _family_clean() -> tuple[list[Op], dict[str, list[Write]]]:
+    """Two readers sharing rw:0, then a writer alone (fenced, reads 0 writes 1), two
+    permit holders of a 2-permit semaphore together, then a third after them."""
+    ops = [
+        _section(0, 0, "read", 101.0, read=0),
+        _section(1, 1, "read", 101.1, present=("w0.0",), read=0),
+        _section(2, 2, "write", 102.0, read=0, write=True),
+        _section(0, 3, "permit", 101.0),
+        _section(1, 4, "permit", 101.1, present=("w0.3",)),
+        _section(2, 5, "permit", 102.0),
+    ]
+    return ops, {"rw:0": [Write("rw:0", 0, 12, 12, 0, 1)]}
+
+
+def _judge_family(ops: list[Op], writes: dict[str, list[Write]], **extra: Any
+                  ) -> tuple[dict[str, Any], bool, list[str]]:
+    r = checker.check(schedule="family", fenced=True, ops=ops, events=[], writes=writes,
+                      finals={k: (w[-1].new if w else 0) for k, w in writes.items()},
+                      t0=100.0, duration=10.0, n_nodes=5, ttl=1.5, timeout=2.0,
+                      node_timeout=0.15, permits=2)
+    r.update({"expect": "family", "min_ok": 0, "hung_workers": [], "died_workers": [],
+              "nemesis_errors": [], "faults_planned": {}, "faults_applied": {},
+              "family_min_sections": 1})
+    r.update(extra)
+    ok, reasons = checker.verdict(r)
+    return r, ok, reasons
+
+
+def test_family_verdict_passes_a_clean_history() -> None:
+    ops, writes = _family_clean()
+    r, ok, reasons = _judge_family(ops, writes)
+    assert ok, reasons
+    fam = r["family"]
+    assert fam["sections_read"] == 2 and fam["sections_write"] == 1
+    assert fam["sections_permit"] == 3
+    assert fam["reads_shared"] == 1 and fam["permits_shared"] == 1
+    assert fam["semaphore_max_inside"] == 2
+    assert fam["family_ops"] == {"read": 2, "write": 1, "permit": 3}
+    for key, _ in checker.FAMILY_VIOLATIONS:
+        assert fam[key] == 0, key
+    # Two readers holding at once are not an overlapping pair; nothing else overlaps.
+    assert r["overlaps"] == 0
+
+
+def test_family_verdict_fails_a_reader_that_met_a_writer() -> None:
+    ops, writes = _family_clean()
+    # The writer entered while reader w1.1 was still inside, both leases covering it.
+    ops[2] = _section(2, 2, "write", 101.2, present=("w0.0", "w1.1"), read=0, write=True)
+    r, ok, reasons = _judge_family(ops, writes)
+    assert r["family"]["reader_overlapped_writer"] == 2
+    assert not ok and any("reader overlapped a writer" in x for x in reasons), reasons
+    # A reader entering while a writer is inside is caught from its side too.
+    ops2, writes2 = _family_clean()
+    ops2.append(_section(3, 6, "read", 102.1, present=("w2.2",), read=1))
+    r2, ok2, reasons2 = _judge_family(ops2, writes2)
+    assert r2["family"]["reader_overlapped_writer"] == 1 and not ok2, reasons2
+    # The client-side intervals say so as well: a read-write pair is an overlap.
+    assert r2["overlaps"] == 1
+
+
+def test_family_meeting_a_holder_whose_lease_ran_out_is_no_overlap() -> None:
+    ops, writes = _family_clean()
+    # The writer was SIGSTOPped inside its section past the lease (owned() false
+    # after it), and readers came in meanwhile: no lock can prevent that.
+    ops[2] = _section(2, 2, "write", 100.9, valid=False, fence=9, read=0, write=False)
+    ops[0].present = ["w2.2"]
+    r, ok, reasons = _judge_family(ops, {"rw:0": []})
+    assert r["family"]["reader_overlapped_writer"] == 0
+    assert r["family"]["sections_invalid"] == 1
+    # But then no write section was checked: the kind proved nothing.
+    assert not ok and any("checked write section" in x for x in reasons), reasons
+    ops.append(_section(3, 7, "write", 103.0, read=0, write=True))
+    _, ok, reasons = _judge_family(ops, {"rw:0": [Write("rw:0", 0, 17, 17, 0, 1)]})
+    assert ok, reasons
+
+
+def test_family_verdict_fails_writers_that_met_and_a_read_that_changed() -> None:
+    ops, writes = _family_clean()
+    ops.append(_section(3, 6, "write", 102.1, present=("w2.2",), read=1, write=True))
+    writes["rw:0"].append(Write("rw:0", 1, 16, 16, 1, 2))
+    ops.append(_section(0, 8, "read", 103.0, read=2, read_again=3))
+    r, ok, reasons = _judge_family(ops, writes)
+    assert r["family"]["writers_overlapped"] == 1 and r["family"]["read_changed"] == 1
+    assert not ok
+    assert any("writers overlapped" in x for x in reasons), reasons
+    assert any("reader saw a write" in x for x in reasons), reasons
+
+
+def test_family_verdict_fails_more_semaphore_holders_than_permits() -> None:
+    ops, writes = _family_clean()
+    ops[5] = _section(2, 5, "permit", 101.2, present=("w0.3", "w1.4"))
+    r, ok, reasons = _judge_family(ops, writes)
+    assert r["family"]["semaphore_above_permits"] == 1
+    assert r["family"]["semaphore_max_inside"] == 3
+    assert not ok and any("semaphore holders above permits" in x for x in reasons), reasons
+    # One of the three had lost its lease inside (told): two valid holders, fine.
+    ops[3].valid, ops[3].outcome = False, "lost"
+    r, ok, reasons = _judge_family(ops, writes)
+    assert r["family"]["semaphore_above_permits"] == 0 and ok, reasons
+
+
+def test_family_verdict_fails_writer_fence_regressions() -> None:
+    ops, writes = _family_clean()
+    ops.append(_section(3, 6, "write", 104.0, fence=5, read=1, write=True))
+    writes["rw:0"].append(Write("rw:0", 1, 5, 5, 1, 2))
+    r, ok, reasons = _judge_family(ops, writes)
+    assert r["family"]["writer_fence_regressions"] == 1
+    assert not ok and any("writer fence regressions" in x for x in reasons), reasons
+
+
+@pytest.mark.parametrize("drop, words", [
+    ("read", "checked read section"),
+    ("write", "checked write section"),
+    ("permit", "checked permit section"),
+])
+def test_family_verdict_fails_when_a_kind_never_ran(drop: str, words: str) -> None:
+    ops, writes = _family_clean()
+    ops = [o for o in ops if o.mode != drop]
+    if drop == "write":
+        writes = {"rw:0": []}
+    _, ok, reasons = _judge_family(ops, writes)
+    assert not ok and any(words in x for x in reasons), reasons
+    # And when there are too few of a kind for the run's length.
+    ops, writes = _family_clean()
+    _, ok, reasons = _judge_family(ops, writes, family_min_sections=3)
+    assert not ok and any("fewer than 3" in x for x in reasons), reasons
+
+
+def test_family_verdict_fails_when_no_section_ever_met_another() -> None:
+    ops, writes = _family_clean()
+    for o in ops:
+        o.present = []  # e.g. the set of those inside never answered anyone
+    _, ok, reasons = _judge_family(ops, writes)
+    assert not ok
+    assert any("no read section met another reader" in x for x in reasons), reasons
+    assert any("no permit section met another holder" in x for x in reasons), reasons
+    _, ok, reasons = _judge_family([], {})
+    assert not ok and any("no lock-family operation" in x for x in reasons), reasons
+
+
+def test_family_table_shows_each_verdict_line() -> None:
+    ops, writes = _family_clean()
+    r, _, _ = _judge_family(ops, writes)
+    r["duration_s"] = 10.0
+    text = checker.format_schedule("family", r)
+    for line in ("reader overlapped a writer: 0", "writers overlapped: 0",
+                 "semaphore holders above permits: 0", "writer fence regressions: 0",
+                 "reader saw a write inside its section: 0",
+                 "operations (ok): read 2 (2), write 1 (1), permit 3 (3)", "PASS"):
+        assert line in text, text
+
+
+def test_family_schedule_takes_its_time_from_the_others() -> None:
+    from tests.chaos import runner
+
+    assert "family" in runner.ALL and runner.EXPECT["family"] == "family"
+    assert sum(runner.SHARES[n] for n in runner.ALL) == pytest.approx(1.0)
+    durations = runner.durations_for(list(runner.ALL), 120)
+    assert sum(durations.values()) == pytest.approx(120)
+    assert durations["family"] == pytest.approx(12)
+    node_plan, link_plan, worker_plan = runner._plans(
+        "family", random.Random("7:family"), 12.0, runner.Options(seed=7), None, [])
+    assert node_plan and worker_plan
+    assert all(f.kind == "worker-pause" for f in worker_plan)
+    # The same seed draws the same plan.
+    again = runner._plans("family", random.Random("7:family"), 12.0, runner.Options(seed=7),
+                          None, [])
+    assert again == (node_plan, link_plan, worker_plan)
+
+
+def test_family_resource_scripts_refuse_a_paused_writer_and_report_who_is_inside() -> None:
+    """The scripts the family workers run on the resource server, on a real one."""
+    from django_redlock.testing import RedisServer
+    from tests.chaos import resources
+
+    server = RedisServer().start()
+    client = server.client()
+    try:
+        claim = client.register_script(resources.CLAIM_LUA)
+        read_claim = client.register_script(resources.READ_CLAIM_LUA)
+        write = client.register_script(resources.WRITE_LUA)
+        enter = client.register_script(resources.ENTER_LUA)
+        leave = client.register_script(resources.EXIT_LUA)
+        value, fence, log = resources.counter_keys("rw:0")
+        assert claim(keys=[value, fence], args=[10]) == [1, b"0"]  # writer, fence 10
+        # It is paused past its lease; a reader (fence 11) claims and reads.
+        assert int(read_claim(keys=[value, fence], args=[11])) == 0
+        # The writer resumes: its write is refused, the value is untouched.
+        applied, stored = write(keys=[value, fence, log], args=[1, 10, "3", "w0.0", "10"])
+        assert applied == 0 and int(stored) == 11 and client.get(value) is None
+        # A reader with a lower fence (they share the lock) never lowers it.
+        assert int(read_claim(keys=[value, fence], args=[9])) == 0
+        assert client.get(fence) == b"11"
+        inside = resources.inside_key("rw:0")
+        assert enter(keys=[inside], args=["w1.1"]) == []
+        assert enter(keys=[inside], args=["w2.2"]) == [b"w1.1"]
+        assert leave(keys=[inside], args=["w1.1"]) == 1
+        assert enter(keys=[inside], args=["w3.3"]) == [b"w2.2"]
+    finally:
+        client.close()
+        server.stop()

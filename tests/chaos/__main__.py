@@ -8,7 +8,8 @@ others reach, split groups, slow and lossy links per worker and per node),
 ``dataloss`` (FLUSHALL on one node and on a majority, eviction under maxmemory,
 restarts empty before and after the TTL), ``nofence`` (the contrast: resources
 that do not check fences), ``single`` (one node), ``clock`` (clock jumps beyond
-the model). See ``tests/chaos/checker.py`` (:func:`verdict`) for what each must
+the model), ``family`` (read_lock / write_lock and semaphore holders under the
+safe faults, partial partitions and pauses past the lease). See ``tests/chaos/checker.py`` (:func:`verdict`) for what each must
 show.
 
 Exit status: 0 when every schedule that ran passed its verdict, 1 when one did

@@ -24,6 +24,12 @@ What is checked, and from which side:
   lock that intersect, split by whether the earlier holder was SIGSTOPped then
   (the case fencing is for) and whether it was told (``LockLost``, a refused
   write, ``lock_lost``).
+* **The lock family** (``family`` schedule) -- from the resource server's set of
+  those inside each resource, read atomically as each holder entered, and whether
+  each holder's lease covered its whole section (``owned()`` after leaving it):
+  a reader that met a writer, two writers that met, more semaphore holders
+  inside at once than permits, a reader whose two reads differ; and how many
+  sections of each kind were checked (:func:`family_sections`).
 * **Liveness** -- the longest stretch with a quorum of nodes healthy (not killed,
   paused, cut or slower than half the node timeout) and no acquisition anywhere.
 * **Majority outages** -- inside windows where 3 of 5 nodes are down: no
@@ -225,6 +231,9 @@ def overlapping_holds(ops: Sequence[Op], paused: dict[int, list[tuple[float, flo
                    holder held the lock (harmless only if the resource refused
                    nothing it should have: see the stale-write counts)
     ``untold``     it was never told
+
+    Two holds of a read lock (``mode == "read"``) are shared by design and are not
+    a pair; a reader and a writer are.
     """
     holds: dict[str, list[Op]] = defaultdict(list)
     for o in ops:
@@ -243,7 +252,7 @@ def overlapping_holds(ops: Sequence[Op], paused: dict[int, list[tuple[float, flo
             j_end = bisect.bisect_left(starts, a_end, lo=i + 1)
             for b in lock_ops[i + 1:j_end]:
                 assert b.acquired is not None
-                if b.acquired >= a_end:
+                if b.acquired >= a_end or (a.mode == "read" and b.mode == "read"):
                     continue
                 out["overlaps"] += 1
                 a_span = (a.acquired or 0.0, a_end)
@@ -266,6 +275,99 @@ def overlapping_holds(ops: Sequence[Op], paused: dict[int, list[tuple[float, flo
                         out["overlaps_told_late_examples"].append(example)
                 else:
                     out["overlaps_told"] += 1
+    return out
+
+
+def family_sections(ops: Sequence[Op], permits: int) -> dict[str, Any]:
+    """The lock family's verdict figures, from the critical sections as the resource
+    server ordered them (``Op.present``: who was inside when this one entered,
+    read atomically with entering; of two sections that meet, the later one sees
+    the earlier) and ``Op.valid`` (``owned()`` asked after leaving: the lease
+    covered the whole section).
+
+    Only *valid* sections are held to exclusion: a holder SIGSTOPped past its lease
+    is still inside when the next one enters, which no lock can prevent (fencing
+    is for that, and its late write is refused: see the stale-write counts); it
+    learns it at ``owned()``, so its section is not valid. Two valid sections that
+    meet both held a lease at once, which the lock must never allow:
+
+    ``reader_overlapped_writer``    a valid read and a valid write section met
+    ``writers_overlapped``          two valid write sections met
+    ``semaphore_above_permits``     sections that entered with ``permits`` or more
+                                    valid permit sections inside (so more than
+                                    ``permits`` at once); ``semaphore_max_inside``
+                                    is the most valid ones seen at once
+    ``read_changed``                a valid reader whose two reads differ (a write
+                                    landed inside its section)
+    ``writer_fence_regressions``    :func:`fence_regressions` among the writers
+
+    and, so that no rule passes because its kind never ran, the sections checked
+    per kind (``sections_read``, ``sections_write``, ``sections_permit``: valid
+    ones), how many reads were shared with another valid reader, and how many
+    permit sections met another (the semaphore admitted more than one).
+    Sections whose neighbour's record is missing are counted (``unknown``).
+    """
+    by_id = {f"w{o.worker}.{o.seq}": o for o in ops if o.enter is not None}
+    out: dict[str, Any] = {"reader_overlapped_writer": 0, "writers_overlapped": 0,
+                           "semaphore_above_permits": 0, "semaphore_max_inside": 0,
+                           "read_changed": 0, "sections_read": 0, "sections_write": 0,
+                           "sections_permit": 0, "sections_invalid": 0,
+                           "reads_shared": 0, "permits_shared": 0, "sections_unknown": 0,
+                           "family_examples": []}
+    ops_by_mode: Counter[str] = Counter()
+    ok_by_mode: Counter[str] = Counter()
+    for o in ops:
+        if o.mode:
+            ops_by_mode[o.mode] += 1
+            ok_by_mode[o.mode] += o.outcome == "ok"
+
+    def example(what: str, x: Op, others: Sequence[Op]) -> None:
+        if len(out["family_examples"]) < 5:
+            out["family_examples"].append(
+                {"what": what, "resource": x.resource, "section": [x.worker, x.seq, x.fence],
+                 "met": [[o.worker, o.seq, o.mode, o.fence] for o in others]})
+
+    for x in by_id.values():
+        if not x.valid:
+            out["sections_invalid"] += 1
+            continue
+        out[f"sections_{x.mode}"] = out.get(f"sections_{x.mode}", 0) + 1
+        met = []
+        for ident in x.present:
+            o = by_id.get(ident)
+            if o is None:
+                out["sections_unknown"] += 1
+            elif o.valid and o.resource == x.resource:
+                met.append(o)
+        readers = [o for o in met if o.mode == "read"]
+        writers = [o for o in met if o.mode == "write"]
+        if x.mode == "read":
+            out["reads_shared"] += bool(readers)
+            if writers:
+                out["reader_overlapped_writer"] += len(writers)
+                example("reader met writer", x, writers)
+            if x.read_again is not None and x.read_again != x.read:
+                out["read_changed"] += 1
+                example(f"read {x.read} then {x.read_again}", x, met)
+        elif x.mode == "write":
+            if readers:
+                out["reader_overlapped_writer"] += len(readers)
+                example("writer met reader", x, readers)
+            if writers:
+                out["writers_overlapped"] += len(writers)
+                example("writer met writer", x, writers)
+        elif x.mode == "permit":
+            holders = [o for o in met if o.mode == "permit"]
+            inside = 1 + len(holders)
+            out["semaphore_max_inside"] = max(out["semaphore_max_inside"], inside)
+            out["permits_shared"] += bool(holders)
+            if inside > permits:
+                out["semaphore_above_permits"] += 1
+                example(f"{inside} holders, {permits} permits", x, holders)
+    out["writer_fence_regressions"], _ = fence_regressions([o for o in ops if o.mode == "write"])
+    out["family_ops"] = {m: ops_by_mode.get(m, 0) for m in ("read", "write", "permit")}
+    out["family_ok"] = {m: ok_by_mode.get(m, 0) for m in ("read", "write", "permit")}
+    out["permits"] = permits
     return out
 
 
@@ -306,7 +408,7 @@ def fence_regressions(ops: Sequence[Op]) -> tuple[int, list[dict[str, Any]]]:
 def check(*, schedule: str, fenced: bool, ops: Sequence[Op], events: Sequence[Event],
           writes: dict[str, Sequence[Write]], finals: dict[str, int], t0: float,
           duration: float, n_nodes: int, ttl: float, timeout: float,
-          node_timeout: float) -> dict[str, Any]:
+          node_timeout: float, permits: int = 0) -> dict[str, Any]:
     t_end = t0 + duration
     outcomes = Counter(o.outcome for o in ops)
     errors = Counter(o.error for o in ops if o.outcome == "error")
@@ -356,6 +458,8 @@ def check(*, schedule: str, fenced: bool, ops: Sequence[Op], events: Sequence[Ev
     # Names kept for the earlier readers of the report.
     report["overlaps_silent"] = report["overlaps_untold"]
     report["overlaps_silent_examples"] = report["overlaps_untold_examples"]
+    if any(o.mode for o in ops):
+        report["family"] = family_sections(ops, permits)
 
     # Provoked worker pauses: the paused worker had not begun its write when it was
     # stopped (so the write leaves after the pause), and another holder of the same
@@ -559,7 +663,7 @@ def verdict(r: dict[str, Any]) -> tuple[bool, list[str]]:
     heal); ``dataloss`` overlaps allowed, but no lost update and no stale write
     landed (fencing refused them all); ``nofence`` must show stale writes landing
     and updates lost (else the contrast detected nothing); ``clock`` is ``safe``
-    without the overlap rule.
+    without the overlap rule; ``family`` is ``safe`` plus :func:`family_reasons`.
     """
     expect = r.get("expect", "safe")
     reasons: list[str] = []
@@ -583,14 +687,14 @@ def verdict(r: dict[str, Any]) -> tuple[bool, list[str]]:
               ("acknowledged_missing", "acknowledged write(s) missing at the resource"),
               ("value_gaps", "value gap(s) the write log does not explain")]
     reasons += [f"{r[key]} {label}" for key, label in checks if r.get(key)]
-    if expect in ("safe", "majority", "dataloss", "clock"):
+    if expect in ("safe", "majority", "dataloss", "clock", "family"):
         if r.get("lost_updates"):
             by_kind = r.get("lost_updates_by_kind", {})
             reasons.append(f"{r['lost_updates']} lost update(s) ("
                            + ", ".join(f"{k} {v}" for k, v in by_kind.items() if v) + ")")
         if r.get("stale_writes_landed"):
             reasons.append(f"{r['stale_writes_landed']} stale write(s) landed")
-    if expect in ("safe", "majority") and r.get("overlaps_untold"):
+    if expect in ("safe", "majority", "family") and r.get("overlaps_untold"):
         reasons.append(f"{r['overlaps_untold']} overlapping hold(s) whose earlier holder "
                        f"was never told")
     if expect == "majority":
@@ -603,6 +707,8 @@ def verdict(r: dict[str, Any]) -> tuple[bool, list[str]]:
             if r.get(key)]
         if not r.get("majority_windows"):
             reasons.append("no majority outage took place")
+    if expect == "family":
+        reasons += family_reasons(r)
     if expect == "nofence" and not (r.get("stale_writes_landed") and r.get("lost_updates")):
         reasons.append(f"the contrast detected nothing ({r.get('stale_writes_landed', 0)} "
                        f"stale writes landed, {r.get('lost_updates', 0)} updates lost)")
@@ -610,6 +716,58 @@ def verdict(r: dict[str, Any]) -> tuple[bool, list[str]]:
         reasons.append(f"{r['crashes_unrecovered']} crashed holder's lock(s) not recovered "
                        f"within {r.get('crash_recovery_bound_s')} s")
     return not reasons, reasons
+
+
+#: The lock family's violations (family_sections), each must be 0.
+FAMILY_VIOLATIONS: list[tuple[str, str]] = [
+    ("reader_overlapped_writer", "reader overlapped a writer"),
+    ("writers_overlapped", "writers overlapped"),
+    ("semaphore_above_permits", "semaphore holders above permits"),
+    ("read_changed", "reader saw a write inside its section"),
+    ("writer_fence_regressions", "writer fence regressions"),
+]
+
+
+def family_reasons(r: dict[str, Any]) -> list[str]:
+    """Why a ``family`` report fails: a violation of :data:`FAMILY_VIOLATIONS`, or a
+    kind that proved nothing -- fewer checked sections of read, write or permit
+    than ``r['family_min_sections']``, no read shared with another reader, no
+    permit section that met another (then the set of those inside never showed
+    two holders at once, and no overlap could have been seen either)."""
+    fam = r.get("family")
+    if not fam:
+        return ["no lock-family operation was recorded"]
+    reasons = [f"{fam[key]} {label}" for key, label in FAMILY_VIOLATIONS if fam.get(key)]
+    need = max(1, int(r.get("family_min_sections", 1)))
+    for kind in ("read", "write", "permit"):
+        n = fam.get(f"sections_{kind}", 0)
+        if n < need:
+            reasons.append(f"only {n} checked {kind} section(s), fewer than {need} "
+                           f"({fam.get('family_ops', {}).get(kind, 0)} {kind} operation(s))")
+    if fam.get("permits", 0) < 2:
+        reasons.append(f"semaphore of {fam.get('permits', 0)} permit(s): no sharing to check")
+    if not fam.get("reads_shared"):
+        reasons.append("no read section met another reader (sharing never checked)")
+    if not fam.get("permits_shared"):
+        reasons.append("no permit section met another holder (the count never checked)")
+    return reasons
+
+
+def family_lines(r: dict[str, Any]) -> list[str]:
+    """The family's verdict lines for :func:`format_schedule`."""
+    fam = r.get("family") or {}
+    ops, ok = fam.get("family_ops", {}), fam.get("family_ok", {})
+    lines = [f"{label}: {fam.get(key, 0)}" for key, label in FAMILY_VIOLATIONS]
+    lines.append(f"most semaphore holders inside at once: {fam.get('semaphore_max_inside', 0)} "
+                 f"of {fam.get('permits', 0)} permits")
+    lines.append(f"sections checked: read {fam.get('sections_read', 0)} (shared "
+                 f"{fam.get('reads_shared', 0)}), write {fam.get('sections_write', 0)}, permit "
+                 f"{fam.get('sections_permit', 0)} (shared {fam.get('permits_shared', 0)}); "
+                 f"lease over in the section {fam.get('sections_invalid', 0)}; at least "
+                 f"{r.get('family_min_sections', 0)} of each")
+    lines.append("operations (ok): " + ", ".join(
+        f"{kind} {ops.get(kind, 0)} ({ok.get(kind, 0)})" for kind in ("read", "write", "permit")))
+    return lines
 
 
 SCHEDULE_ROWS: list[tuple[str, str]] = [
@@ -663,6 +821,8 @@ def format_schedule(name: str, r: dict[str, Any]) -> str:
                      f"{r.get('crash_recovery_max_s')} s (bound {r.get('crash_recovery_bound_s')} s"
                      f"; late while every lock stalled: "
                      f"{r.get('crashes_recovered_late_in_a_global_stall', 0)})")
+    if r.get("expect") == "family" or r.get("family"):
+        extra += family_lines(r)
     applied = r.get("faults_applied", {})
     if applied:
         extra.append("faults: " + ", ".join(f"{k} {v}" for k, v in sorted(applied.items())))

@@ -69,6 +69,20 @@ class Op:
     #: which only moves this earlier). The checker uses it as a lower bound.
     lease_start: float | None = None
     gen: int = 0  # the worker's generation: 1 after its first crash and restart, ...
+    #: The lock family (``family`` schedule): ``""`` a plain lock, ``"read"`` /
+    #: ``"write"`` a read_lock / write_lock of ``rw:<n>``, ``"permit"`` a permit of
+    #: the semaphore ``sem:<n>`` (``lock`` is then the permit's plain lock).
+    mode: str = ""
+    #: The critical section as the resource server saw it: the holder adds its id
+    #: (``w<worker>.<seq>``) to the resource's set of those inside, reading who was
+    #: already inside (``present``), and removes it at ``exit``; ``valid`` is
+    #: ``owned()`` asked *after* that removal, so True means the lease covered the
+    #: whole section. Two valid sections that exclude each other cannot meet.
+    enter: float | None = None  # monotonic, just before joining the set
+    exit: float | None = None  # monotonic, after leaving it
+    present: list[str] = dataclasses.field(default_factory=list)
+    valid: bool | None = None
+    read_again: int | None = None  # a reader's second read, at the end of its section
     outcome: str = "error"
     error: str = ""  # exception type name
     detail: str = ""  # short message (no secrets: URLs are not part of our messages)

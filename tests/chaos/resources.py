@@ -36,6 +36,19 @@ accepted.
     holder's write then erases it (a lost update with every fence in order). The
     unchanged-since-read check closes that window too: the two counters side by
     side show whether it matters.
+
+``rw:<n>`` (the ``family`` schedule)
+    The ``ctr`` counter under ``read_lock`` / ``write_lock("chaos-rw:<n>")``:
+    writers claim, read and write it as above; readers claim it too, with
+    :data:`READ_CLAIM_LUA` ("raise the stored fence to mine, refuse nobody": a
+    writer paused past its lease then finds a newer fence and is refused), read
+    it at the start and at the end of their section, and write nothing.
+
+Critical sections (``rw:<n>`` and ``sem:<n>``)
+    Every holder of the family joins a set of those inside the resource
+    (:data:`ENTER_LUA`, which answers who was already inside, atomically) and
+    leaves it (:data:`EXIT_LUA`), on the same never-faulted Redis server. The
+    checker pairs that with whether the holder's lease covered its section.
 """
 
 from __future__ import annotations
@@ -78,6 +91,37 @@ end
 redis.call('SET', KEYS[2], ARGV[1])
 return {1, redis.call('GET', KEYS[1]) or '0'}
 """
+
+#: KEYS: value, stored fence. ARGV: fence. A reader's claim: the stored fence
+#: becomes max(stored, mine), never refused (readers share the lock, and their
+#: fences are in no order among themselves); returns the value.
+READ_CLAIM_LUA = """
+local stored = redis.call('GET', KEYS[2]) or '0'
+if tonumber(ARGV[1]) > tonumber(stored) then
+  redis.call('SET', KEYS[2], ARGV[1])
+end
+return redis.call('GET', KEYS[1]) or '0'
+"""
+
+#: KEYS: the set of sections inside. ARGV: this section's id. Returns the ids that
+#: were inside before it joined (one atomic step: of two sections that meet, the
+#: later one always sees the earlier).
+ENTER_LUA = """
+local inside = redis.call('SMEMBERS', KEYS[1])
+redis.call('SADD', KEYS[1], ARGV[1])
+return inside
+"""
+
+#: KEYS: the set of sections inside. ARGV: this section's id.
+EXIT_LUA = """
+return redis.call('SREM', KEYS[1], ARGV[1])
+"""
+
+
+def inside_key(resource: str) -> str:
+    """The set of critical sections inside ``resource`` (``rw:<n>``, ``sem:<n>``)."""
+    return f"chaos:{resource}:inside"
+
 
 AUDIT_SQL = """
 CREATE TABLE IF NOT EXISTS chaos_audit (

@@ -46,26 +46,36 @@ from .workers import (
 N_NODES = 5
 CLOCK_NODE = 4
 SCHEDULES = ("safe", "partition", "crash", "majority", "dataloss", "nofence", "single",
-             "clock")
+             "family", "clock")
 #: What ``--schedule all`` runs. ``clock`` breaks the safety model's clock rule on
 #: purpose and is run on its own (docs/reliability.rst, "Known issues").
-ALL = ("safe", "partition", "crash", "majority", "dataloss", "nofence", "single")
+ALL = ("safe", "partition", "crash", "majority", "dataloss", "nofence", "single", "family")
 #: Share of ``--duration`` each schedule gets when several run (normalised over
 #: the schedules chosen).
-SHARES = {"safe": 0.18, "partition": 0.16, "crash": 0.16, "majority": 0.12, "dataloss": 0.18,
-          "nofence": 0.10, "single": 0.10, "clock": 0.18}
+SHARES = {"safe": 0.18, "partition": 0.11, "crash": 0.11, "majority": 0.12, "dataloss": 0.18,
+          "nofence": 0.10, "single": 0.10, "family": 0.10, "clock": 0.18}
 #: What each schedule is judged by (checker.verdict): ``safe`` (no lost update, no
 #: overlap whose earlier holder was not told in time), ``dataloss`` (overlaps
 #: expected, no stale write may land), ``majority`` (safe, plus typed errors in
 #: time and no acquisition without a quorum), ``nofence`` (the contrast: must show
-#: stale writes landing), ``clock`` (outside the model: safe minus the overlaps).
+#: stale writes landing), ``clock`` (outside the model: safe minus the overlaps),
+#: ``family`` (safe, plus the lock family's rules: checker.family_sections).
 EXPECT = {"safe": "safe", "partition": "safe", "crash": "safe", "single": "safe",
           "majority": "majority", "dataloss": "dataloss", "nofence": "nofence",
-          "clock": "clock"}
+          "family": "family", "clock": "clock"}
 #: The least number of successful operations per second of workload a schedule must
 #: make, or it proved nothing (a run whose workers mostly failed fails).
 MIN_OK_PER_S = {"safe": 5.0, "partition": 2.0, "crash": 3.0, "majority": 2.0,
-                "dataloss": 3.0, "nofence": 5.0, "single": 1.0, "clock": 2.0}
+                "dataloss": 3.0, "nofence": 5.0, "single": 1.0, "family": 3.0, "clock": 2.0}
+#: ``family``: the least number of checked critical sections (lease held from
+#: before the section to after it) of *each* kind -- read, write, permit -- per
+#: second of workload, so that no kind's verdict can pass because it never ran.
+FAMILY_MIN_PER_S = 0.5
+#: ``family``: the permits of the semaphore ``sem:0`` (4 workers contend for them).
+FAMILY_PERMITS = 2
+#: ``family``: the work items (workers.Worker.family_op); a reader is drawn twice
+#: as often, so that readers meet each other (the share the lock allows).
+FAMILY_WORK = ("rw-read:0", "rw-read:0", "rw-write:0", "sem:0")
 #: Schedules whose nodes include the libfaketime one (clock steps).
 CLOCK_SCHEDULES = ("safe", "nofence", "clock")
 SAFE_WEIGHTS = {"kill": 2, "pause": 2, "latency": 2, "cut": 2, "clock": 1, "lossy": 1}
@@ -208,6 +218,18 @@ def _plans(schedule: str, rng: random.Random, duration: float, opts: Options,
         links = nemesis.plan_links(rng, duration=duration, n_nodes=N_NODES,
                                    n_workers=opts.workers)
         workers = nemesis.plan_worker_pauses(rng, duration=duration, ttl=ttl, every=(2.0, 4.0))
+    elif schedule == "family":
+        # The lock family under the faults of the safety model: one node at a time
+        # killed (restarted empty after the TTL), paused, slowed, lossy or cut;
+        # slow, lossy and cut links per worker (partial partitions); and holders
+        # SIGSTOPped inside their critical section past the lease.
+        nodes = nemesis.plan_minority(rng, duration=duration, n_nodes=N_NODES, ttl=ttl,
+                                      clock_node=None, max_faulty=1,
+                                      weights={"kill": 2, "pause": 2, "latency": 1, "lossy": 1,
+                                               "cut": 1})
+        links = nemesis.plan_links(rng, duration=duration, n_nodes=N_NODES,
+                                   n_workers=opts.workers)
+        workers = nemesis.plan_worker_pauses(rng, duration=duration, ttl=ttl, every=(1.5, 3.0))
     elif schedule == "crash":
         nodes = nemesis.plan_minority(rng, duration=duration, n_nodes=N_NODES, ttl=ttl,
                                       clock_node=None, max_faulty=1,
@@ -277,10 +299,17 @@ def run_schedule(schedule: str, duration: float, opts: Options, db_path: str,
         for _ in range(opts.workers):
             links.append([FaultProxy.for_server(server).start() for server in nodes])
         resource_server.start()
-        names = [f"{schedule}-{i}" for i in range(opts.db_rows)]
-        pks = resources.db_create_rows(db_path, names)
-        res_names = ([f"db:{pk}" for pk in pks] + [f"ctr:{i}" for i in range(opts.counters)]
-                     + [f"cas:{i}" for i in range(opts.cas_counters)])
+        if schedule == "family":
+            # Work items (what a worker draws) and the resources whose logs are read.
+            res_names = list(FAMILY_WORK)
+            audited = sorted({f"rw:{item.split(':')[1]}" for item in res_names
+                              if item.startswith("rw-")})
+        else:
+            names = [f"{schedule}-{i}" for i in range(opts.db_rows)]
+            pks = resources.db_create_rows(db_path, names)
+            res_names = ([f"db:{pk}" for pk in pks] + [f"ctr:{i}" for i in range(opts.counters)]
+                         + [f"cas:{i}" for i in range(opts.cas_counters)])
+            audited = list(res_names)
 
         cfg = {
             "schedule": schedule, "seed": opts.seed, "fenced": fenced, "duration": duration,
@@ -290,6 +319,7 @@ def run_schedule(schedule: str, duration: float, opts: Options, db_path: str,
             "timeout": opts.timeout, "node_timeout": opts.node_timeout,
             "retry_delay": opts.retry_delay, "think": list(opts.think),
             "between": list(opts.between), "max_ops": opts.max_ops, "out_dir": out_dir,
+            "permits": FAMILY_PERMITS,
         }
         ctx = multiprocessing.get_context("spawn")
         phase = ctx.RawArray("i", opts.workers)
@@ -363,7 +393,7 @@ def run_schedule(schedule: str, duration: float, opts: Options, db_path: str,
         finals: dict[str, int] = {}
         client = resource_server.client()
         try:
-            for r in res_names:
+            for r in audited:
                 if r.startswith("db:"):
                     finals[r], writes[r] = resources.db_state(db_path, r)
                 else:
@@ -376,7 +406,8 @@ def run_schedule(schedule: str, duration: float, opts: Options, db_path: str,
         report = checker.check(schedule=schedule, fenced=fenced, ops=ops, events=events,
                                writes=writes, finals=finals, t0=t0, duration=duration,
                                n_nodes=n_nodes, ttl=opts.ttl, timeout=opts.timeout,
-                               node_timeout=opts.node_timeout)
+                               node_timeout=opts.node_timeout,
+                               permits=FAMILY_PERMITS if schedule == "family" else 0)
         report["seed"] = opts.seed
         report["duration_s"] = duration
         report["skipped"] = skipped
@@ -389,6 +420,8 @@ def run_schedule(schedule: str, duration: float, opts: Options, db_path: str,
         report["clock_node"] = clock_node
         report["expect"] = EXPECT[schedule]
         report["min_ok"] = min_ok(schedule, duration)
+        if schedule == "family":
+            report["family_min_sections"] = int(FAMILY_MIN_PER_S * duration)
         return report
     finally:
         if nem is not None:

@@ -19,6 +19,16 @@ run's deadline, picks a resource at random and does::
 
 and appends one :class:`~tests.chaos.history.Op` per attempt to its JSONL file
 (resources: :mod:`tests.chaos.resources`).
+
+The ``family`` schedule's work items are the lock family instead
+(:meth:`Worker.family_op`): ``rw-write:<n>`` (``write_lock``, the same fenced
+read-modify-write of counter ``rw:<n>``), ``rw-read:<n>`` (``read_lock``, a
+claim that raises the stored fence and two reads, which must agree) and
+``sem:<n>`` (a permit of ``semaphore("chaos-sem:<n>", permits)``). Each holder
+checks ``owned()``, joins the resource's set of those inside (learning who was
+already in), stays for the think time (``CRITICAL``: where the nemesis pauses
+it), leaves the set, and asks ``owned()`` again: the checker counts who met whom
+among the sections whose lease covered them.
 The shared ``phase`` array tells the nemesis when a worker is between its last
 check and its write, which is where a pause does harm.
 """
@@ -70,7 +80,13 @@ class Worker:
 
         import django_redlock
         from django_redlock import signals
-        from tests.chaos.resources import CLAIM_LUA, WRITE_LUA
+        from tests.chaos.resources import (
+            CLAIM_LUA,
+            ENTER_LUA,
+            EXIT_LUA,
+            READ_CLAIM_LUA,
+            WRITE_LUA,
+        )
         from tests.testapp.models import Product
 
         self.cfg = cfg
@@ -87,6 +103,12 @@ class Worker:
                                                     socket_connect_timeout=10)
         self.write_script = self.resource_client.register_script(WRITE_LUA)
         self.claim_script = self.resource_client.register_script(CLAIM_LUA)
+        self.read_claim_script = self.resource_client.register_script(READ_CLAIM_LUA)
+        self.enter_script = self.resource_client.register_script(ENTER_LUA)
+        self.exit_script = self.resource_client.register_script(EXIT_LUA)
+        self.permits: int = int(cfg.get("permits", 2))
+        self.family = {"read": django_redlock.read_lock, "write": django_redlock.write_lock}
+        self.semaphore_fn = django_redlock.semaphore
         self.lost: set[tuple[str, int]] = set()
         signals.lock_lost.connect(self._on_lost, weak=False)
 
@@ -190,6 +212,108 @@ class Worker:
         op.lost_signal = (lock_name, op.fence) in self.lost if op.fence else False
         return op
 
+    # -- one operation of the lock family ------------------------------------------------
+    def family_op(self, seq: int, item: str, phase: Any) -> Op:
+        """One hold of a read lock, a write lock or a semaphore permit (``item`` is
+        ``rw-read:<n>``, ``rw-write:<n>`` or ``sem:<n>``), with its critical section
+        logged on the resource server (see the module docstring)."""
+        from django.db import OperationalError
+        from redis.exceptions import RedisError
+
+        from django_redlock import (
+            FencedWriteRejected,
+            LockLost,
+            LockNotAcquired,
+            QuorumUnavailable,
+            RedlockError,
+        )
+        from tests.chaos.resources import counter_keys, inside_key
+
+        kind, ident = item.split(":", 1)
+        mode = {"rw-read": "read", "rw-write": "write", "sem": "permit"}[kind]
+        resource = f"sem:{ident}" if mode == "permit" else f"rw:{ident}"
+        base = f"chaos-{resource}"
+        op = Op(worker=self.index, seq=seq, resource=resource, lock=base,
+                start=time.monotonic(), start_wall=time.time(), gen=self.gen, mode=mode)
+        section = f"w{self.index}.{seq}"
+        value_key, fence_key, _ = counter_keys(resource)
+        phase[self.index] = PHASE_ACQUIRING
+        try:
+            options = {"ttl": self.ttl, "timeout": self.timeout, "label": f"chaos-w{self.index}"}
+            if mode == "permit":
+                ctx: Any = self.semaphore_fn(base, self.permits, **options)
+            else:
+                ctx = self.family[mode](base, **options)
+            with ctx as held:
+                op.acquired = time.monotonic()
+                op.lease_start = op.acquired + held.validity - self.ttl
+                phase[self.index] = PHASE_IDLE
+                op.fence = held.fence
+                if mode == "permit":
+                    op.lock = f"{base}#{held.index}"  # the permit's own plain lock
+                elif mode == "write":
+                    claimed, value = self.claim_script(keys=[value_key, fence_key],
+                                                       args=[held.fence])
+                    if not claimed:  # a newer holder (reader or writer) claimed it
+                        op.stored_fence = int(value)
+                        raise FencedWriteRejected(
+                            f"counter {resource} claimed by fence {int(value)}")
+                    op.read = int(value)
+                else:
+                    op.read = int(self.read_claim_script(keys=[value_key, fence_key],
+                                                         args=[held.fence]))
+                op.owned_before_write = held.owned()
+                if op.owned_before_write:
+                    op.enter = time.monotonic()
+                    op.present = [m.decode() for m in self.enter_script(
+                        keys=[inside_key(resource)], args=[section])]
+                    try:
+                        phase[self.index] = PHASE_CRITICAL
+                        time.sleep(self.rng.uniform(*self.think))
+                        if mode == "write":
+                            assert op.read is not None
+                            op.write_start = time.monotonic()
+                            op.write, op.stored_fence = self._write_counter(
+                                resource, op, held, "3", str(held.fence))
+                            op.write_end = time.monotonic()
+                            if op.write:
+                                phase[self.index] = PHASE_WRITTEN
+                                time.sleep(self.rng.uniform(*self.think))
+                        elif mode == "read":
+                            op.read_again = int(self.resource_client.get(value_key) or 0)
+                    finally:
+                        phase[self.index] = PHASE_IDLE
+                        self.exit_script(keys=[inside_key(resource)], args=[section])
+                        op.exit = time.monotonic()
+                        op.valid = held.owned()  # after leaving: the lease covered it all
+                op.released = time.monotonic()
+            if op.write is False:
+                op.outcome = "refused-by-fence"
+            elif op.owned_before_write is False:
+                op.outcome, op.detail = "lost", "lease over before the section"
+            elif op.valid is False:
+                op.outcome, op.detail = "lost", "lease over at the end of the section"
+            else:
+                op.outcome = "ok"
+        except FencedWriteRejected as e:
+            op.write = False
+            op.outcome, op.error, op.detail = "refused-by-fence", type(e).__name__, str(e)[:200]
+        except LockNotAcquired as e:
+            op.outcome, op.error, op.detail = "not-acquired", type(e).__name__, str(e)[:200]
+        except QuorumUnavailable as e:
+            op.outcome, op.error, op.detail = "quorum-unavailable", type(e).__name__, str(e)[:200]
+        except LockLost as e:
+            op.outcome = "refused-by-fence" if op.write is False else "lost"
+            op.error, op.detail = type(e).__name__, str(e)[:200]
+        except (RedlockError, RedisError, OperationalError, OSError) as e:
+            op.outcome, op.error, op.detail = "error", type(e).__name__, str(e)[:200]
+        finally:
+            phase[self.index] = PHASE_IDLE
+        op.end = time.monotonic()
+        op.end_wall = time.time()
+        op.lost_signal = (op.lock, op.fence) in self.lost if op.fence else False
+        return op
+
     def _write_db(self, row: Any, lock: Any, new: int, rejected: type[Exception]
                   ) -> tuple[bool, int | None]:
         if self.fenced:
@@ -238,7 +362,9 @@ def worker_main(cfg: dict[str, Any], index: int, phase: Any, go: Any, start_at: 
             resource = worker.rng.choice(resources)
             if current is not None:
                 current[index] = resources.index(resource)
-            out.write(worker.op(seq, resource, phase))
+            family = resource.startswith(("rw-", "sem:"))
+            out.write(worker.family_op(seq, resource, phase) if family
+                      else worker.op(seq, resource, phase))
             if ops_done is not None:
                 ops_done[index] += 1
             time.sleep(worker.rng.uniform(*pause))
