@@ -270,3 +270,38 @@ def test_a_flushed_script_cache_sends_the_whole_chain_again(
         sync_rounds()
     else:
         asyncio.run(async_rounds())
+
+
+@pytest.mark.parametrize("n", [1, 3])
+def test_a_waiter_gets_the_lock_a_release_hands_over_confirmed(
+        redis_nodes_factory: Callable[..., RedisNodes], make_manager: MakeManager,
+        n: int) -> None:
+    """A waiter queued at the gate (on one node: handed the lock by the
+    release) is not given an unconfirmed grant: its attempt finds the key its
+    own, renews it and WAIT confirms it; it gets the lock promptly."""
+    import threading
+
+    nodes = redis_nodes_factory(n, replicas=1)
+    mgr = make_manager(nodes, node_timeout=NODE_TIMEOUT, replica_acks=1)
+    holder = mgr.lock("line", ttl=10, auto_renew=False)
+    holder.acquire()
+    got: dict[str, Any] = {}
+
+    def wait() -> None:
+        lock = mgr.lock("line", ttl=10, timeout=5, auto_renew=False)
+        got["ok"] = lock.acquire()
+        got["at"] = time.monotonic()
+        got["on_replicas"] = sum(has_key(replica(nodes, i), lock.key) for i in range(n))
+        lock.release()
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    time.sleep(0.3)  # the waiter asks, is refused and waits in line
+    assert waiter.is_alive()
+    released_at = time.monotonic()
+    holder.release()
+    waiter.join(6.0)
+    assert not waiter.is_alive()
+    assert got["ok"] is True
+    assert got["at"] - released_at < 1.0  # woken by the release, not by its lease
+    assert got["on_replicas"] >= n // 2 + 1
