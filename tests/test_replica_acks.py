@@ -305,3 +305,24 @@ def test_a_waiter_gets_the_lock_a_release_hands_over_confirmed(
     assert got["ok"] is True
     assert got["at"] - released_at < 1.0  # woken by the release, not by its lease
     assert got["on_replicas"] >= n // 2 + 1
+
+
+def test_check_deploy_warns_of_a_node_without_the_replicas_to_confirm(
+        redis_nodes_factory: Callable[..., RedisNodes], settings: Any) -> None:
+    from django.core import checks
+
+    nodes = redis_nodes_factory(3, replicas=1)
+    replica(nodes, 1).kill()
+    assert wait_until(lambda: b"connected_slaves:0" in nodes[1].execute("INFO", "replication"),
+                      timeout=3.0)
+    settings.REDLOCK_NODES = nodes.urls
+
+    def w024(acks: int) -> list[checks.CheckMessage]:
+        settings.REDLOCK = {"REPLICA_ACKS": acks}
+        return [m for m in checks.run_checks(include_deployment_checks=True, tags=["redlock"])
+                if m.id == "redlock.W024"]
+
+    (warning,) = w024(1)
+    assert str(nodes[1].port) in warning.msg and "0 connected replica(s)" in warning.msg
+    assert len(w024(2)) == 3  # one replica each: none has two
+    assert w024(0) == []
