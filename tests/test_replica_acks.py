@@ -61,6 +61,14 @@ def test_the_harness_starts_masters_with_replicas_in_sync(one: RedisNodes) -> No
     assert wait_until(lambda: not has_key(rep, "k"), timeout=2.0)
 
 
+def test_replicas_follow_a_master_with_a_password(
+        redis_nodes_factory: Callable[..., RedisNodes], make_manager: MakeManager) -> None:
+    nodes = redis_nodes_factory(1, replicas=1, password="s3cret")
+    mgr = make_manager(nodes, node_timeout=NODE_TIMEOUT, replica_acks=1)
+    with mgr.lock("auth", auto_renew=False) as lock:
+        assert has_key(replica(nodes), lock.key)
+
+
 def test_replicas_are_refused_as_a_bad_count() -> None:
     with pytest.raises(ValueError, match="replicas"):
         RedisNodes(1, replicas=-1)
