@@ -135,8 +135,8 @@ def test_locks_work_when_the_replica_acknowledges(one: RedisNodes, make_manager:
 def test_renewal_works_when_the_replica_acknowledges(one: RedisNodes,
                                                      make_manager: MakeManager) -> None:
     mgr = make_manager(one, node_timeout=NODE_TIMEOUT, replica_acks=1)
-    with mgr.lock("renewed", ttl=0.6) as lock:
-        time.sleep(1.5)  # more than two leases: only the renewals keep it
+    with mgr.lock("renewed", ttl=1.2) as lock:
+        time.sleep(2.6)  # more than two leases: only the renewals keep it
         assert lock.owned()
         assert has_key(replica(one), lock.key)
 
@@ -214,11 +214,11 @@ def test_a_majority_grants_when_one_masters_replica_is_paused(
     with mgr.lock("warm"):
         pass
     replica(three, 0).pause()
-    with mgr.lock("two-of-three", ttl=0.6) as lock:
+    with mgr.lock("two-of-three", ttl=1.2) as lock:
         assert lock.owned()
         for i in (1, 2):
             assert has_key(replica(three, i), lock.key)
-        time.sleep(1.5)  # renewed by the other two
+        time.sleep(2.6)  # more than two leases: renewed by the other two
         assert lock.owned()
         lock.extend(5)
 
