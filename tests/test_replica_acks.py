@@ -334,3 +334,23 @@ def test_check_deploy_warns_of_a_node_without_the_replicas_to_confirm(
     assert str(nodes[1].port) in warning.msg and "0 connected replica(s)" in warning.msg
     assert len(w024(2)) == 3  # one replica each: none has two
     assert w024(0) == []
+
+
+def test_a_confirmed_lock_survives_a_failover_to_the_replica(
+        one: RedisNodes, make_manager: MakeManager) -> None:
+    """The master dies right after the grant returned and its replica is
+    promoted (what Sentinel does): the lock, and its fence counter, are there."""
+    mgr = make_manager(one, node_timeout=NODE_TIMEOUT, replica_acks=1)
+    lock = mgr.lock("failover", ttl=10, auto_renew=False)
+    assert lock.acquire()
+    one[0].kill()  # no time for anything more to reach the replica
+    rep = replica(one)
+    rep.execute("REPLICAOF", "NO", "ONE")
+    after = make_manager([rep.url], node_timeout=NODE_TIMEOUT, auto_renew=False)
+    second = after.lock("failover", ttl=10, timeout=0)
+    assert not second.acquire()  # still held: no second holder
+    assert int(rep.execute("PTTL", lock.key)) > 5_000
+    rep.execute("DEL", lock.key)  # as if its lease had run out
+    assert second.acquire()
+    assert second.fence > lock.fence
+    second.release()
