@@ -57,6 +57,8 @@ def check_node_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.C
     * ``redlock.W022``: the node did not answer.
     * ``redlock.W023``: the node reports itself a replica (Redlock needs
       independent masters).
+    * ``redlock.W024``: fewer replicas are connected to the node than
+      ``REPLICA_ACKS`` asks to confirm: none of its grants can count.
     """
     from django.core.exceptions import ImproperlyConfigured
 
@@ -101,4 +103,12 @@ def check_node_settings(app_configs: Any = None, **kwargs: Any) -> list[checks.C
                 f"masters (a replica refuses writes, and a failover can hand a held lock to a "
                 f"second holder).", hint="List masters only in REDLOCK_NODES.",
                 id="redlock.W023"))
+        acks = getattr(manager, "replica_acks", 0)
+        if acks and node.role != "replica" and node.replicas is not None \
+                and node.replicas < acks:
+            found.append(checks.Warning(
+                f"Redis node {node.node} has {node.replicas} connected replica(s), and "
+                f"REPLICA_ACKS is {acks}: none of its grants can count toward the quorum.",
+                hint="Connect its replicas, or lower REPLICA_ACKS to what every node has.",
+                id="redlock.W024"))
     return found

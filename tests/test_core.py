@@ -200,6 +200,7 @@ class _Ctx3:
     nodes = [_Node() for _ in range(3)]
     quorum = 2
     drift_factor = 0.01
+    replica_acks = 0
     now = 0.0
 
     def clock(self) -> float:

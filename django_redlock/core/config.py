@@ -69,7 +69,13 @@ DEFAULTS: dict[str, Any] = {
     "NODE_TIMEOUT": 0.1,
     "CONNECT_TIMEOUT": 1.0,
     "MAX_HOLD": None,
+    "REPLICA_ACKS": 0,
 }
+
+
+#: The most replicas ``REPLICA_ACKS`` may ask for: far above any deployment;
+#: a larger number is a typo (a timeout in ms?), and would refuse every lock.
+REPLICA_ACKS_MAX = 64
 
 
 def _number(v: Any) -> TypeGuard[float]:
@@ -95,6 +101,10 @@ _RULES: dict[str, tuple[str, Callable[[Any], bool], Callable[[Any], bool], str]]
                         "between 0.001 and 60 seconds"),
     "MAX_HOLD": ("None or a number of seconds", lambda v: v is None or _number(v),
                  lambda v: v is None or v > 0, "None (no cap) or > 0"),
+    "REPLICA_ACKS": ("an int (replicas per node)",
+                     lambda v: isinstance(v, int) and not isinstance(v, bool),
+                     lambda v: 0 <= v <= REPLICA_ACKS_MAX,
+                     f"between 0 (no check) and {REPLICA_ACKS_MAX} replicas"),
 }
 
 

@@ -110,7 +110,7 @@ class LockManager:
     ``nodes`` takes the same forms as ``REDLOCK_NODES``; ``options`` are the
     ``REDLOCK`` keys in lower case (``ttl=``, ``key_prefix=``, ``timeout=``,
     ``auto_renew=``, ``retry_delay=``, ``drift_factor=``, ``busy_status=``,
-    ``node_timeout=``, ``max_hold=``). Bad values raise ``ImproperlyConfigured``
+    ``node_timeout=``, ``max_hold=``, ``replica_acks=``). Bad values raise ``ImproperlyConfigured``
     with the same wording as ``manage.py check``.
     """
 
@@ -144,6 +144,8 @@ class LockManager:
         self.busy_status: int = conf["BUSY_STATUS"]
         self.node_timeout: float = float(conf["NODE_TIMEOUT"])
         self.max_hold: float | None = conf["MAX_HOLD"]
+        #: Replicas that must confirm each grant and extension (rounds.with_acks).
+        self.replica_acks: int = conf["REPLICA_ACKS"]
         self.clock = clock
         self.rng = rng or random.Random()
         factory = pool_factory or _default_pool_factory

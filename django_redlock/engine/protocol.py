@@ -57,6 +57,7 @@ class LockHost(Protocol):
     node_timeout: float
     retry_delay: float
     drift_factor: float
+    replica_acks: int
     transport: Any
     _reentrant: Any
 
@@ -158,6 +159,9 @@ def _quorum_alive(exc: QuorumUnavailable, nodes: Sequence[Any], before: list[int
     and the caller, who still has time, is owed another round. A paused or
     dead node answers nobody, so an outage never passes this test: it keeps
     the bounds of UNAVAILABLE_RETRIES (issue 25, seen again in CI).
+
+    A node whose grant its replicas did not confirm (``REPLICA_ACKS``) answered,
+    but is not alive for the lock: asking it again at once changes nothing.
     """
     alive = 0
     for node, count in zip(nodes, before):
@@ -440,7 +444,10 @@ class LockBase:
         if sub is None or sub.handed is None:
             return None
         handed, sub.handed = sub.handed, None
-        if refusal is None:
+        if refusal is None or self.manager.replica_acks:
+            # With REPLICA_ACKS, no replica confirmed the releaser's hand-over
+            # write: the attempt (the key is ours, its lease renewed) is
+            # confirmed by WAIT like any grant.
             return None
         mgr = self.manager
         return rounds.handed_over(handed, asked_at=refusal.asked_at, queued_ms=refusal.queued_ms,

@@ -15,15 +15,19 @@ the two flavours cannot drift apart on the rules:
 * extend: the same counting; "lost" when more than ``N - quorum`` nodes no
   longer have our key (the quorum can no longer be ours);
 * release: "lost" on the same condition, so a release notices a lock that was
-  taken before the renewal thread did.
+  taken before the renewal thread did;
+* with ``REPLICA_ACKS`` (``mgr.replica_acks``), acquire and extend requests
+  carry ``WAIT`` behind them (:func:`with_acks`), and a node's grant counts
+  only when its replicas confirmed it (:func:`confirmed`); releases do not.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Generator, NamedTuple, Protocol, Sequence, TypeVar
+from typing import Any, Callable, Generator, NamedTuple, Protocol, Sequence, TypeVar
 
 from ..core import quorum as q
 from ..exceptions import LockKindConflict, QuorumUnavailable
@@ -36,6 +40,8 @@ from ..transport.resp import (
     RW_EXTEND,
     RW_RELEASE,
     Call,
+    Chain,
+    ChainReply,
     Command,
     Script,
 )
@@ -140,6 +146,93 @@ def quorum_error(what: str, n_nodes: int, answered: int, errors: dict[str, str],
         lock_name=lock_name, answered=answered, needed=needed, errors=errors)
 
 
+# -- replica acknowledgement (REDLOCK["REPLICA_ACKS"]) ------------------------------
+#: The share of a node's timeout that ``WAIT`` may block: the rest is for the
+#: script and the round trip, so that the reply of a node whose replicas do
+#: not acknowledge comes back in time. Late, it would cost the node its
+#: connection and a back-off (the transport drops a connection whose reply is
+#: overdue), where it only has to cost this round that node's grant.
+WAIT_SHARE = 0.5
+
+#: How the reason of a :class:`ReplicasShort` begins: the acquire loop tells
+#: it apart from a node that was merely late (engine.protocol._quorum_alive).
+UNCONFIRMED = "not confirmed by its replicas: "
+
+
+class ReplicasShort(NodeError):
+    """A node granted (or extended) the lock, but ``WAIT`` did not confirm that
+    ``REPLICA_ACKS`` replicas have it within its share of the node timeout.
+
+    It counts as that node not answering, like a timeout: a grant that only
+    the master has is the one a failover loses (the replica promoted without
+    it grants the lock to the next client). ``sent`` is True: the key is
+    there, so a lost attempt's clean-up releases it like any other.
+    """
+
+    def __init__(self, node: str, reason: str) -> None:
+        super().__init__(node, reason, sent=True)
+
+
+def wait_ms(node_timeout: float) -> int:
+    """``WAIT``'s timeout for a node (ms): never 0, which would block for ever."""
+    return max(1, int(node_timeout * 1000 * WAIT_SHARE))
+
+
+@functools.lru_cache(maxsize=64)
+def wait_command(replicas: int, timeout_ms: int) -> Command:
+    return Command(b"WAIT", replicas, timeout_ms)
+
+
+def with_acks(requests: list[Any], nodes: Sequence[Any], replicas: int) -> list[Any]:
+    """Each request with ``WAIT replicas <ms>`` pipelined behind it on its
+    connection (:class:`~..transport.resp.Chain`): ``WAIT`` confirms the
+    writes of the connection it runs on, and cannot run inside a script."""
+    return [None if r is None else Chain(r, wait_command(replicas, wait_ms(nodes[i].timeout)))
+            for i, r in enumerate(requests)]
+
+
+def confirmed(reply: Any, replicas: int, node: Any, wrote: Callable[[Any], bool]) -> Any:
+    """One node's reply to a chained request, as the rounds count it: the
+    script's reply when it wrote nothing that needs confirming (busy, not
+    ours, an error) or when ``WAIT`` confirmed enough replicas; else
+    :class:`ReplicasShort`. Any other result (a :class:`NodeError`,
+    ``NOT_AWAITED``) is returned as it is."""
+    if type(reply) is not ChainReply:
+        return reply
+    first, acks = reply
+    if not wrote(first):
+        return first
+    if isinstance(acks, int) and not isinstance(acks, bool) and acks >= replicas:
+        return first
+    if isinstance(acks, int):
+        why = (f"only {acks} of {replicas} replica(s) acknowledged the write within "
+               f"{wait_ms(node.timeout)} ms (REPLICA_ACKS)")
+    else:
+        why = f"WAIT {error_reply_reason(acks)}"
+    return ReplicasShort(node.name, UNCONFIRMED + why)
+
+
+def confirm_all(replies: list[Any], nodes: Sequence[Any], replicas: int,
+                wrote: Callable[[Any], bool]) -> list[Any]:
+    return [confirmed(r, replicas, nodes[i], wrote) for i, r in enumerate(replies)]
+
+
+def _extended(reply: Any) -> bool:
+    return reply == 1 and not isinstance(reply, bool)
+
+
+def _confirm_batch(reply: Any, replicas: int, node: Any) -> Any:
+    """:func:`confirmed` for a batched extension's reply (one answer per lock):
+    when the replicas did not confirm, each lock the node extended gets the
+    :class:`ReplicasShort`, and the others keep their answer (0: not ours)."""
+    if type(reply) is not ChainReply or not isinstance(reply.first, list):
+        return confirmed(reply, replicas, node, _extended)
+    short = confirmed(ChainReply(1, reply.then), replicas, node, _extended)
+    if short == 1:
+        return reply.first
+    return [short if _extended(r) else r for r in reply.first]
+
+
 # -- acquire -------------------------------------------------------------------
 #: How long a waiter queue outlives the lock (ms). Waiters refresh it with each
 #: attempt; the grace only bounds how long entries of dead waiters survive.
@@ -195,11 +288,23 @@ def _busy_reply(reply: Any) -> bool:
     return isinstance(reply, list) and len(reply) >= 2 and reply[0] == 0
 
 
-def acquire_settle(need: int) -> Settle:
+def acquire_settle(need: int, replicas: int = 0) -> Settle:
     """An acquire round is decided by ``need`` grants, or by so many busy answers
     that ``need`` grants are out of reach. Replies not waited for count as
-    possibly ours (:func:`tally_acquire`), so a lost round cleans them up too."""
-    return Settle(need, granted_by, _busy_reply)
+    possibly ours (:func:`tally_acquire`), so a lost round cleans them up too.
+    With ``replicas`` (``REPLICA_ACKS``), a grant is one that ``WAIT`` confirmed
+    (:func:`confirmed`)."""
+    if not replicas:
+        return Settle(need, granted_by, _busy_reply)
+
+    def yes(reply: Any) -> bool:
+        return (type(reply) is ChainReply and granted_by(reply.first)
+                and isinstance(reply.then, int) and reply.then >= replicas)
+
+    def no(reply: Any) -> bool:
+        return _busy_reply(reply.first if type(reply) is ChainReply else reply)
+
+    return Settle(need, yes, no)
 
 
 def tally_acquire(replies: Sequence[Any], node_names: Sequence[str],
@@ -545,7 +650,10 @@ def tally_extend(replies: Sequence[Any], *, start: float, elapsed: float, ttl: f
     valid = q.validity(ttl, elapsed, drift_factor)
     if ok >= need and valid > 0:
         return ExtendResult(True, valid_until=start + valid)
-    bound = start + valid if ok else 0.0
+    # A node whose replicas did not confirm the new lease (ReplicasShort) does
+    # not count, but its master applied it: it bounds the lease all the same.
+    applied = ok or any(isinstance(r, ReplicasShort) for r in replies)
+    bound = start + valid if applied else 0.0
     if not_ours > n - need:
         return ExtendResult(False, valid_until=bound, lost=True, reason=(
             f"{not_ours} of {n} nodes no longer have this holder's key (it expired or was taken)"))
@@ -610,6 +718,9 @@ class RoundContext(Protocol):
 
     quorum: int
     drift_factor: float
+    #: REDLOCK["REPLICA_ACKS"]: replicas that must confirm a grant or an
+    #: extension on its node before it counts (0: none, nothing more is sent).
+    replica_acks: int
 
     def clock(self) -> float: ...
 
@@ -635,9 +746,12 @@ def acquire_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token
         return handed
     call = acquire_call(key, fkey, wkey, token, ttl_ms, owner, fencing, waiter, woken)
     h = hand_over_node(key, n)
-    calls = [call] * n
+    calls: list[Any] = [call] * n
     if hand_over and hand_over != waiter:
         calls[h] = acquire_call(key, fkey, wkey, token, ttl_ms, owner, fencing, hand_over, woken)
+    acks = mgr.replica_acks
+    if acks:
+        calls = with_acks(calls, nodes, acks)
     start = mgr.clock()
     # A waiter (it queues) asks the gate node first; see gate_node.
     # A read-write lock's waiters ask every node: a writer must stand in line
@@ -649,6 +763,8 @@ def acquire_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token
         else:
             first = (yield Ask([calls[i] if i == gate else None for i in range(n)],
                                tag=token, skip_backoff=not again))[gate]
+            if acks:
+                first = confirmed(first, acks, nodes[gate], granted_by)
             busy = busy_at_gate(first, start, nodes[gate].name, key)
             if busy is not None:
                 if isinstance(first, list) and len(first) > 3 and first[3] in _OTHER_KIND:
@@ -661,13 +777,20 @@ def acquire_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token
         # (served by then) instead of whoever stands first there.
         rest = acquire_call(key, fkey, wkey, token, ttl_ms, owner, fencing, waiter) \
             if woken else call
-        replies = yield Ask([None if i == gate else rest for i in range(n)],
-                            settle=acquire_settle(need), tag=token, skip_backoff=not again)
+        others: list[Any] = [None if i == gate else rest for i in range(n)]
+        if acks:
+            others = with_acks(others, nodes, acks)
+        replies = yield Ask(others, settle=acquire_settle(need, acks), tag=token,
+                            skip_backoff=not again)
+        if acks:
+            replies = confirm_all(replies, nodes, acks, granted_by)
         replies[gate] = first
     else:
         handed = None  # the gate is not trusted now: its copy is asked like any
-        replies = yield Ask(calls, settle=acquire_settle(mgr.quorum), tag=token,
+        replies = yield Ask(calls, settle=acquire_settle(mgr.quorum, acks), tag=token,
                             skip_backoff=not again)
+        if acks:
+            replies = confirm_all(replies, nodes, acks, granted_by)
     elapsed = mgr.clock() - start
     tally = tally_acquire(replies, [node.name for node in nodes], clock_node=h)
     won = granted(tally, n_nodes=n, start=start, elapsed=elapsed, ttl=ttl,
@@ -724,8 +847,14 @@ def extend_steps(mgr: RoundContext, key: bytes, fkey: bytes, token: str, fence: 
     the hot path (the renewal thread's), and its caller may rely on every node
     having the new lease."""
     call = extend_call(key, fkey, token, fence, ttl)
+    requests: list[Any] = [call] * len(mgr.nodes)
+    acks = mgr.replica_acks
+    if acks:
+        requests = with_acks(requests, mgr.nodes, acks)
     start = mgr.clock()
-    replies = yield Ask([call] * len(mgr.nodes), tag=token)
+    replies = yield Ask(requests, tag=token)
+    if acks:
+        replies = confirm_all(replies, mgr.nodes, acks, _extended)
     return tally_extend(replies, start=start, elapsed=mgr.clock() - start, ttl=ttl,
                         drift_factor=mgr.drift_factor)
 
@@ -762,8 +891,14 @@ def extend_many_steps(mgr: RoundContext, items: Sequence[Extension]
             keys += (item.key, item.fkey)
             args += (item.token, max(1, int(item.ttl * 1000)), item.fence)
         call = Call(EXTEND_MANY, tuple(keys), tuple(args))
+        requests: list[Any] = [call] * n
+        if mgr.replica_acks:
+            requests = with_acks(requests, mgr.nodes, mgr.replica_acks)
         start = mgr.clock()
-        replies = yield Ask([call] * n)
+        replies = yield Ask(requests)
+        if mgr.replica_acks:
+            replies = [_confirm_batch(r, mgr.replica_acks, mgr.nodes[i])
+                       for i, r in enumerate(replies)]
         elapsed = mgr.clock() - start
         for k, item in enumerate(chunk):
             own = [r[k] if isinstance(r, list) and k < len(r) else r for r in replies]

@@ -479,17 +479,49 @@ class RedisServer:
 # --------------------------------------------------------------------------
 
 
+#: The key :meth:`RedisNodes.wait_replicated` writes (and deletes at once) to
+#: see the replicas follow.
+_PROBE_KEY = "redlock-testing:replication-probe"
+
+
 class RedisNodes:
     """``n`` independent Redis masters (NOT a Redis Cluster): what Redlock
     runs against. Each is a :class:`RedisServer` built with the same
-    ``server_kwargs`` (``port`` is refused for ``n > 1``: they would clash)."""
+    ``server_kwargs`` (``port`` is refused for ``n > 1``: they would clash).
 
-    def __init__(self, n: int, **server_kwargs: Any) -> None:
+    ``replicas=k`` gives each master ``k`` replicas of its own (real servers
+    started with ``--replicaof``, on loopback, with the same ``server_kwargs``
+    but a port of their own): ``self.replicas[i]`` lists master ``i``'s, each
+    a :class:`RedisServer` with the same faults (``kill()``, ``pause()``,
+    ``restart()``). What ``REDLOCK["REPLICA_ACKS"]`` is about::
+
+        with RedisNodes(1, replicas=1) as nodes:
+            nodes.replicas[0][0].pause()   # the master grants; no replica has it
+
+    :meth:`start` returns once every replica has finished its first sync
+    (:meth:`wait_replicated`). The masters sync without a disk and without
+    delay (``repl-diskless-sync-delay 0``): Redis waits 5 s by default for
+    more replicas to share one transfer.
+    """
+
+    def __init__(self, n: int, *, replicas: int = 0, **server_kwargs: Any) -> None:
         if n < 1:
             raise ValueError(f"n must be >= 1, got {n!r}")
+        count: Any = replicas  # checked at run time: True is an int to a type checker
+        if isinstance(count, bool) or not isinstance(count, int) or count < 0:
+            raise ValueError(f"replicas must be an int >= 0, got {replicas!r}")
         if n > 1 and server_kwargs.get("port") is not None:
             raise ValueError("a fixed port cannot be shared by several nodes")
-        self.servers: list[RedisServer] = [RedisServer(**server_kwargs) for _ in range(n)]
+        if replicas and server_kwargs.get("port") is not None:
+            raise ValueError("a fixed port cannot be shared by a master and its replicas")
+        master_kwargs = dict(server_kwargs)
+        if replicas:
+            master_kwargs["extra_args"] = (*server_kwargs.get("extra_args", ()),
+                                           "--repl-diskless-sync-delay", "0")
+        self.servers: list[RedisServer] = [RedisServer(**master_kwargs) for _ in range(n)]
+        #: ``replicas[i]``: the replicas of master ``i`` (empty lists without replicas).
+        self.replicas: list[list[RedisServer]] = [
+            [RedisServer(**server_kwargs) for _ in range(replicas)] for _ in range(n)]
 
     @property
     def urls(self) -> list[str]:
@@ -497,15 +529,76 @@ class RedisNodes:
         return [server.url for server in self.servers]
 
     def start(self) -> Self:
-        """Start every node. If one fails, those already started are stopped
-        and the error is re-raised: no half-started set is left behind."""
+        """Start every node (and its replicas, then wait for their first sync).
+        If one fails, those already started are stopped and the error is
+        re-raised: no half-started set is left behind."""
         try:
             for server in self.servers:
                 server.start()
+            for master, replicas in zip(self.servers, self.replicas):
+                for replica in replicas:
+                    self._follow(replica, master)
+                    replica.start()
+            self.wait_replicated()
         except BaseException:
             self._stop_all(suppress=True)
             raise
         return self
+
+    @staticmethod
+    def _follow(replica: RedisServer, master: RedisServer) -> None:
+        """Point ``replica``'s command line at ``master`` (whose port is known
+        once it started; it keeps it across restarts)."""
+        args = list(replica.extra_args)
+        if "--replicaof" in args:
+            at = args.index("--replicaof")
+            del args[at:at + 3]
+        args += ["--replicaof", master.host, str(master.port)]
+        if master.password is not None and "--masterauth" not in args:
+            args += ["--masterauth", master.password]
+        replica.extra_args = tuple(args)
+
+    def wait_replicated(self, timeout: float = 10.0) -> None:
+        """Wait until every master reports all its replicas online (bounded by
+        ``timeout`` seconds in all); ``RuntimeError`` naming the first that
+        is not. A paused or killed replica is left out: it cannot be online."""
+        deadline = time.monotonic() + timeout
+        for master, replicas in zip(self.servers, self.replicas):
+            live = sum(1 for r in replicas if r.is_running() and not r.paused)
+            if not live or not master.is_running() or master.paused:
+                continue
+            online = 0
+            for _ in range(int(timeout / 0.02) + 1):
+                try:
+                    info = master.execute("INFO", "replication", timeout=1.0)
+                except (OSError, ConnectionError, RedisReplyError):
+                    info = b""
+                online = info.count(b"state=online") if isinstance(info, bytes) else 0
+                if online >= live or time.monotonic() >= deadline:
+                    break
+                time.sleep(0.02)
+            if online < live:
+                raise RuntimeError(f"{master!r}: {online} of {live} replicas online after "
+                                   f"{timeout:g} s")
+            # "online" is not yet "applying": right after its first sync a
+            # replica may take up to a second (its first ACK) before it follows
+            # the stream, and a WAIT then confirms nothing. A write that WAIT
+            # confirms on every replica is.
+            acked = 0
+            for _ in range(int(timeout / 0.1) + 1):
+                try:
+                    *_, reply = _raw_commands(
+                        master.host, master.port, master.password,
+                        [("SET", _PROBE_KEY, "1"), ("DEL", _PROBE_KEY),
+                         ("WAIT", str(live), "100")], 1.0)
+                except (OSError, ConnectionError, RedisReplyError):
+                    reply = 0
+                acked = reply if isinstance(reply, int) else 0
+                if acked >= live or time.monotonic() >= deadline:
+                    break
+            if acked < live:
+                raise RuntimeError(f"{master!r}: {acked} of {live} replicas follow its writes "
+                                   f"after {timeout:g} s")
 
     def stop(self) -> None:
         """Stop every node, even if stopping one of them raises; the first
@@ -514,7 +607,7 @@ class RedisNodes:
 
     def _stop_all(self, *, suppress: bool) -> None:
         first: BaseException | None = None
-        for server in self.servers:
+        for server in [r for replicas in self.replicas for r in replicas] + self.servers:
             try:
                 server.stop()
             except Exception as exc:  # noqa: BLE001 - keep stopping the others
@@ -524,7 +617,8 @@ class RedisNodes:
             raise first
 
     def flushall(self) -> None:
-        """``FLUSHALL`` on every running, non-paused node, for test isolation."""
+        """``FLUSHALL`` on every running, non-paused master, for test
+        isolation (replicas follow their master; they refuse writes)."""
         for server in self.servers:
             if server.is_running() and not server.paused:
                 server.execute("FLUSHALL")

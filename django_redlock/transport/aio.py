@@ -68,7 +68,7 @@ from typing import Any
 import redis.asyncio.connection as aconn
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
-from .resp import Call
+from .resp import Call, Chain, ChainReply
 from .sync import (
     NODE_DOWN_ERRORS,
     NodeClient,
@@ -491,6 +491,11 @@ class AsyncTransport:
         assert request is not None
         try:
             async with _timeout(max(deadline - self.clock(), 0.0)):
+                if type(request) is Chain:
+                    reply = await _read_chain(conn, request)
+                    node.mark_ok()
+                    node.note_round_trip(self.clock() - (deadline - node.timeout))
+                    return reply, True
                 try:
                     reply = await conn.read_response()
                 except NoScriptError:
@@ -546,6 +551,27 @@ def _schedule_close(loop: asyncio.AbstractEventLoop, state: _LoopConns) -> None:
 
 #: Strong references to closing tasks (the loop keeps only weak ones).
 _closing: set[asyncio.Task[None]] = set()
+
+
+async def _reply_or_error(conn: Any) -> Any:
+    """The next reply on ``conn``; an error reply as its exception."""
+    try:
+        return await conn.read_response()
+    except ResponseError as e:
+        return e
+
+
+async def _read_chain(conn: Any, chain: Chain) -> ChainReply:
+    """Both replies of a chain (resp.Chain), always both. After ``NOSCRIPT``
+    (this flavour sends scripts by SHA and loads them on demand) the whole
+    chain goes again with ``EVAL``: the command behind the script must
+    follow the run that counts."""
+    first, then = await _reply_or_error(conn), await _reply_or_error(conn)
+    if isinstance(first, NoScriptError) and chain.first.packed_eval is not None:
+        await conn.send_packed_command(chain.first.packed_eval + chain.then.packed,
+                                       check_health=False)
+        first, then = await _reply_or_error(conn), await _reply_or_error(conn)
+    return ChainReply(first, then)
 
 
 async def _stale(conn: Any) -> bool:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 from importlib import resources
-from typing import Any, Union
+from typing import Any, NamedTuple, Union
 
 Arg = Union[bytes, str, int, float]
 
@@ -140,6 +140,41 @@ class Command:
 
     def __init__(self, *args: Arg) -> None:
         self.packed = pack(*args)
+
+
+class Chain:
+    """A request with a plain command pipelined right behind it on the same
+    connection, as one request: the transports send both at once and give
+    back a :class:`ChainReply` with both replies (each a reply or the error
+    the node answered).
+
+    Why one request and not two rounds: some commands only mean something on
+    the connection that sent what they follow. ``WAIT numreplicas timeout``
+    (``REDLOCK["REPLICA_ACKS"]``) waits for the replicas to acknowledge the
+    writes *of its own connection*; in a round of its own it could go out on
+    another connection (whichever is idle), and would then confirm nothing
+    about the grant. Pipelined, it also costs no extra round trip to the node.
+    The transports never read one reply without the other, so the second is
+    never mistaken for the answer to a later command.
+    """
+
+    __slots__ = ("first", "then", "packed")
+    #: Never sent as EVAL: a ``NOSCRIPT`` answer to ``first`` is its reply
+    #: (the transport reloads the scripts for the next request).
+    packed_eval = None
+    last_of_token = False
+
+    def __init__(self, first: "Call | Command", then: "Command") -> None:
+        self.first = first
+        self.then = then
+        self.packed = first.packed + then.packed
+
+
+class ChainReply(NamedTuple):
+    """The two replies of a :class:`Chain` (an error reply as its exception)."""
+
+    first: Any
+    then: Any
 
 
 ACQUIRE = Script("acquire")

@@ -51,7 +51,7 @@ from redis.exceptions import InvalidResponse, NoScriptError, RedisError, Respons
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..core.config import NodeSpec
-from .resp import PRELOAD, PRELOAD_SCRIPTS, Call, Command
+from .resp import PRELOAD, PRELOAD_SCRIPTS, Call, Chain, ChainReply, Command
 
 logger = logging.getLogger("django_redlock.transport")
 
@@ -147,6 +147,29 @@ ALSO_GRACE = 0.002
 #: One reply a connection still has to read: (request, whether it is the
 #: current round's own, when it is due). Oldest first.
 Expected = Tuple[Any, bool, float]
+
+
+_UNREAD: Any = object()
+
+
+class _Pending:
+    """A :class:`~.resp.Chain` sent on a connection: it expects two replies
+    (two entries of the connection's ``expect``, the first never the round's
+    own), and keeps the first until the second is read, so that the round
+    gets both as one :class:`~.resp.ChainReply`, and a chain owed to a later
+    round is read and dropped whole."""
+
+    __slots__ = ("chain", "first")
+
+    def __init__(self, chain: Chain) -> None:
+        self.chain = chain
+        self.first = _UNREAD
+
+    def take(self, reply: Any, mine: bool) -> tuple[bool, Any]:
+        if self.first is _UNREAD:
+            self.first = reply
+            return False, None
+        return mine, ChainReply(self.first, reply)
 
 
 class _Owed:
@@ -626,7 +649,7 @@ class NodeClient:
         self.down_until = 0.0
 
 
-Request = Call | Command | None
+Request = Call | Command | Chain | None
 
 
 def nodes_to_skip(nodes: Sequence[NodeClient], requests: Sequence[Request], now: float,
@@ -848,7 +871,12 @@ class SyncTransport:
         if preload:
             setattr(conn, _LOADED, True)
             expect.extend((None, False, deadline) for _ in PRELOAD_SCRIPTS)
-        expect.append((request, True, deadline))
+        if type(request) is Chain:
+            pending = _Pending(request)
+            expect.append((pending, False, deadline))
+            expect.append((pending, True, deadline))
+        else:
+            expect.append((request, True, deadline))
 
     def _read_up_to_mine(self, i: int, conn: Any, expect: Deque[Expected], deadline: float,
                          *, block: bool = True) -> Any:
@@ -890,12 +918,14 @@ class SyncTransport:
                 reply = conn.read_response()
             else:
                 raise RedisTimeoutError()
-        except NoScriptError:
+        except NoScriptError as e:
             # The node lost its scripts (SCRIPT FLUSH under a live connection):
             # the next request on this connection loads them again first.
             expect.popleft()
             setattr(conn, _LOADED, False)
             node.mark_ok()
+            if type(request) is _Pending:
+                return self._chain_again(node, conn, expect, request, e)
             if not mine and not getattr(request, "last_of_token", False):
                 # An owed request that never ran, and that must not run later:
                 # sent again it would go behind requests sent after it (an
@@ -915,6 +945,8 @@ class SyncTransport:
         except ResponseError as e:
             expect.popleft()
             node.mark_ok()
+            if type(request) is _Pending:
+                return request.take(e, mine)
             return mine, e
         except RedisTimeoutError as e:
             raise _NodeDone(self._fail(node, conn, expect,
@@ -934,9 +966,36 @@ class SyncTransport:
             raise
         expect.popleft()
         node.mark_ok()
+        if type(request) is _Pending:
+            mine, reply = request.take(reply, mine)
         if mine:  # an owed reply is read late by design: it says nothing of the node
             node.note_round_trip(self.clock() - (expect_due - node.timeout))
         return mine, reply
+
+    def _chain_again(self, node: NodeClient, conn: Any, expect: Deque[Expected],
+                     pending: _Pending, error: NoScriptError) -> tuple[bool, Any]:
+        """A chain's first request answered ``NOSCRIPT`` (``expect[0]`` is now
+        the reply of the command behind it). The round's own chain goes again
+        whole, the script as ``EVAL``: the command behind it must follow the
+        run that counts. The old second reply is then read and dropped. An owed
+        chain is not sent again (see :meth:`_read_next`): its reply is the error.
+        """
+        pending.first = error
+        _, then_mine, then_due = expect[0]
+        packed_eval = pending.chain.first.packed_eval
+        if not then_mine or packed_eval is None:
+            return False, None
+        try:
+            conn.send_packed_command((packed_eval, pending.chain.then.packed),
+                                     check_health=False)
+        except NODE_DOWN_ERRORS as e:
+            raise _NodeDone(self._fail(node, conn, expect, _short(e))) from e
+        expect[0] = (pending, False, then_due)
+        again = _Pending(pending.chain)
+        due = self.clock() + node.timeout
+        expect.append((again, False, due))
+        expect.append((again, True, due))
+        return False, None
 
     def _fail(self, node: NodeClient, conn: Any, expect: Deque[Expected],
               reason: str) -> NodeError:

@@ -166,6 +166,8 @@ class NodeSettings:
     role: str | None = None
     maxmemory: int | None = None
     maxmemory_policy: str | None = None
+    #: Replicas connected to it (INFO replication); None when unknown.
+    replicas: int | None = None
 
 
 def _read_settings(node: NodeClient) -> NodeSettings:
@@ -179,6 +181,8 @@ def _read_settings(node: NodeClient) -> NodeSettings:
     if isinstance(replication, dict) and replication.get("role"):
         role = str(replication["role"])
         found.role = "replica" if role == "slave" else role
+        connected = replication.get("connected_slaves")
+        found.replicas = connected if isinstance(connected, int) else None
     found.maxmemory, found.maxmemory_policy = _eviction_settings(maxmemory, policy, memory)
     return found
 
