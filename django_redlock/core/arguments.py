@@ -53,6 +53,14 @@ def is_seconds(value: Any) -> bool:
             and math.isfinite(value))
 
 
+def check_count_of(value: Any, call: str, what: str) -> int:
+    """An int of at least 1 (``segments``' count, a semaphore's permits), or
+    ``ValueError`` naming the call and the argument."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{call}: {what} must be an int of at least 1, not {value!r}")
+    return value
+
+
 def _describe(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."

@@ -21,7 +21,7 @@ import random
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Sequence
 
-from ..core.arguments import check_timeout
+from ..core.arguments import check_count_of, check_timeout
 from ..exceptions import LockNotAcquired, LockNotOwned
 from . import compose
 from .compose import Drop, Plan, Take
@@ -34,10 +34,7 @@ SLICE = 0.05
 
 
 def check_count(count: Any) -> int:
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1:
-        raise ValueError(f"segments(name, count): count must be an int of at least 1, "
-                         f"not {count!r}")
-    return count
+    return check_count_of(count, "segments(name, count)", "count")
 
 
 def segment_name(name: str, index: int) -> str:

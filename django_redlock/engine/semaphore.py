@@ -49,7 +49,7 @@ import random
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Generator, NamedTuple, Sequence, Union
 
-from ..core.arguments import check_timeout
+from ..core.arguments import check_count_of, check_timeout
 from ..core.keys import lock_key, permits_key, validate_name
 from ..exceptions import (
     LockLost,
@@ -87,10 +87,7 @@ class PermitsMismatch(RedlockError):
 
 
 def check_permits(permits: Any) -> int:
-    if isinstance(permits, bool) or not isinstance(permits, int) or permits < 1:
-        raise ValueError(f"semaphore(name, permits): permits must be an int of at least 1, "
-                         f"not {permits!r}")
-    return permits
+    return check_count_of(permits, "semaphore(name, permits)", "permits")
 
 
 def permit_name(name: str, index: int) -> str:
