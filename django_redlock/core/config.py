@@ -26,6 +26,10 @@ E008     ``REDLOCK`` has an unknown key
 E009     a ``REDLOCK`` value has the wrong type
 E010     a ``REDLOCK`` value is out of range
 E011     a node's ``OPTIONS`` or URL query has an unknown key or a bad value
+E012     a Sentinel node (``SENTINELS``/``SERVICE``) has the wrong shape
+E013     a Sentinel node's sentinel address is malformed
+E014     a Cluster node (``CLUSTER``) has the wrong shape
+E015     a Cluster node's start-up address is malformed
 W001     an even number of nodes (no more fault tolerance than one fewer)
 W002     TTL is not comfortably larger than the node timeout
 W003     a node's socket timeouts are longer than ``NODE_TIMEOUT``
@@ -263,11 +267,18 @@ class NodeSpec:
     URL with its password masked).
     """
 
-    kind: str  # "url" or "cache"
+    kind: str  # "url", "cache", "sentinel" or "cluster"
     url: str = ""
     alias: str = ""
     options: Mapping[str, Any] = field(default_factory=dict)
     name: str = field(default="", compare=False)
+    #: A Sentinel node's sentinels or a Cluster node's start-up nodes: canonical
+    #: URLs (``redis://host:port/0``) without secrets.
+    addresses: tuple[str, ...] = ()
+    #: A Sentinel node's service (master) name.
+    service: str = ""
+    #: Each sentinel's own options (its URL's user and password), by position.
+    address_options: tuple[Mapping[str, Any], ...] = field(default=(), compare=False)
 
     def __post_init__(self) -> None:
         password = self.options.get("password")
@@ -279,6 +290,11 @@ class NodeSpec:
             return f"NodeSpec(cache:{self.alias})"
         return f"NodeSpec({self.display!r}, options={_masked_options(self.options)!r})"
 
+    @property
+    def is_group(self) -> bool:
+        """A Sentinel or Cluster node: one vote, several servers behind it."""
+        return self.kind in ("sentinel", "cluster")
+
     __str__ = __repr__
 
     @property
@@ -286,6 +302,12 @@ class NodeSpec:
         """A name safe to print: the password is masked."""
         if self.kind == "cache":
             return f"cache:{self.alias}"
+        if self.kind == "sentinel":
+            return f"sentinel:{self.service}@" + ",".join(
+                a.split("://", 1)[1].rsplit("/", 1)[0] for a in self.addresses)
+        if self.kind == "cluster":
+            return "cluster:" + ",".join(
+                a.split("://", 1)[1].rsplit("/", 1)[0] for a in self.addresses)
         return self.name or mask_url(self.url)
 
     @property
@@ -299,10 +321,27 @@ class NodeSpec:
         """
         if self.kind == "cache":
             return ("cache", self.alias)
+        if self.is_group:
+            return self.identities[0]
         parsed = _parse_url(self.url)
         if isinstance(parsed, _Refused):  # built by hand, not by parse_nodes
             return ("raw", self.url)
         return parsed.identity
+
+    @property
+    def identities(self) -> list[tuple[Any, ...]]:
+        """Every identity of the entry: a Sentinel or Cluster node has one per
+        address (two entries sharing one sentinel of one service, or one
+        Cluster start-up node, are the same node), with the service for a
+        Sentinel node (a sentinel set may watch several masters)."""
+        if not self.is_group:
+            return [self.identity]
+        found = []
+        for address in self.addresses:
+            parsed = _parse_url(address)
+            ident = parsed.identity if isinstance(parsed, _URL) else ("raw", address)
+            found.append((self.kind, self.service, *ident[:3]))
+        return found
 
 
 _LOOPBACK = frozenset({"localhost", "127.0.0.1", "::1"})
@@ -373,6 +412,10 @@ def _parse_url(url: str) -> _URL | _Refused:
     if scheme_match is None or scheme_match.group(1).lower() not in _URL_SCHEMES:
         loose = _LOOSE_SCHEME.match(text)
         typo = loose.group().rstrip(":/").lower() if loose else ""
+        if "sentinel" in typo:
+            return _Refused("must start with redis://, rediss:// or unix://",
+                            'A Sentinel-managed master is a node of its own: {"SENTINELS": '
+                            '["redis://host:26379", ...], "SERVICE": "mymaster"}.')
         return _Refused("must start with redis://, rediss:// or unix://",
                         f"Did you mean {typo}://? " if typo in _URL_SCHEMES else None)
     scheme = scheme_match.group(1).lower()
@@ -564,6 +607,96 @@ def _url_node(url: str, options: Mapping[str, Any], where: str) -> tuple[NodeSpe
     return NodeSpec(kind="url", url=parsed.canonical, options=merged, name=mask_url(url)), []
 
 
+_GROUP_KEYS = {"sentinel": ("SENTINELS", "SERVICE", "OPTIONS"), "cluster": ("CLUSTER", "OPTIONS")}
+#: (shape id, address id) of each group kind.
+_GROUP_IDS = {"sentinel": ("E012", "E013"), "cluster": ("E014", "E015")}
+
+
+def _group_node(entry: Mapping[str, Any], where: str) -> tuple[NodeSpec | None, list[Problem]]:
+    """A ``{"SENTINELS": [...], "SERVICE": ...}`` or ``{"CLUSTER": [...]}`` entry.
+
+    Each address is a ``redis://`` or ``rediss://`` URL of one sentinel (or
+    start-up node) with a port, and no database or option (the master's
+    connection takes ``OPTIONS``, and a Cluster has database 0 only). A
+    sentinel's URL may carry the sentinel's own user and password (they
+    often differ from the master's, which go in ``OPTIONS``); a Cluster
+    node's password is its ``OPTIONS``' (every node of a Cluster shares it).
+    """
+    kind = "sentinel" if "SENTINELS" in entry else "cluster"
+    shape_id, address_id = _GROUP_IDS[kind]
+    list_key = "SENTINELS" if kind == "sentinel" else "CLUSTER"
+    allowed = _GROUP_KEYS[kind]
+    problems: list[Problem] = []
+    unknown = sorted(map(str, set(entry) - set(allowed)))
+    if unknown:
+        problems.append(Problem(
+            shape_id, f"{where}: a {'Sentinel' if kind == 'sentinel' else 'Cluster'} node has "
+                      f"unknown keys {unknown}.",
+            hint="Known keys: " + ", ".join(allowed) + "."))
+    addresses = entry[list_key]
+    if isinstance(addresses, str):
+        addresses = [a.strip() for a in addresses.split(",")] if "," in addresses else [addresses]
+    if not isinstance(addresses, (list, tuple)) or not addresses or not all(
+            isinstance(a, str) for a in addresses):
+        problems.append(Problem(
+            shape_id, f"{where}: {list_key!r} must be a non-empty list of URL strings.",
+            hint='e.g. ["redis://10.0.0.5:26379", "redis://10.0.0.6:26379"]'
+                 if kind == "sentinel" else 'e.g. ["redis://10.0.0.1:7000", "redis://10.0.0.2:7000"]'))
+        addresses = []
+    service = entry.get("SERVICE")
+    if kind == "sentinel" and (not isinstance(service, str) or not service.strip()
+                               or any(c <= " " or c == "\x7f" for c in service)):
+        problems.append(Problem(
+            shape_id, f"{where}: 'SERVICE' must be the master's name as the sentinels know it "
+                      "(a non-empty string without spaces).",
+            hint="The name in the sentinels' 'sentinel monitor <name> ...' line, e.g. 'mymaster'."))
+    options = entry.get("OPTIONS") or {}
+    canonical: list[str] = []
+    own_options: list[Mapping[str, Any]] = []
+    schemes = set()
+    for k, address in enumerate(addresses):
+        at = f"{where}[{list_key!r}][{k}]"
+        parsed = _parse_url(address)
+        reason = None
+        if isinstance(parsed, _Refused):
+            reason, hint = parsed.reason, parsed.hint
+        elif parsed.scheme == "unix":
+            reason, hint = "is a unix socket; it must be redis:// or rediss://", None
+        elif parsed.db or parsed.path or set(parsed.options) - {"username", "password"}:
+            reason, hint = "may have a host, a port and a password, nothing else", (
+                "Options for the connections go in the node's 'OPTIONS'.")
+        elif kind == "cluster" and parsed.options:
+            reason, hint = "carries a user or password; give it in 'OPTIONS'", None
+        if reason is not None:
+            problems.append(Problem(address_id, f"{at}: URL {mask_url(address)!r} {reason}.",
+                                    hint=hint))
+            continue
+        assert isinstance(parsed, _URL)
+        schemes.add(parsed.scheme)
+        canonical.append(parsed.canonical)
+        own_options.append(dict(parsed.options))
+    if len(schemes) > 1:
+        problems.append(Problem(address_id, f"{where}: {list_key!r} mixes redis:// and rediss://."))
+    with_password = [k for k, own in enumerate(own_options) if own.get("password") is not None]
+    if kind == "sentinel" and with_password and len(with_password) < len(own_options):
+        without = [k for k in range(len(own_options)) if k not in with_password]
+        problems.append(Problem(
+            address_id, f"{where}: sentinel URL(s) {with_password} carry a password and "
+                        f"{without} do not.",
+            hint="Each sentinel is asked with its own URL's user and password only (one "
+                 "URL's are not used for the others): give every sentinel URL its "
+                 "credentials, e.g. redis://:PASSWORD@10.0.0.5:26379. The master's "
+                 "password goes in 'OPTIONS'."))
+    scheme = schemes.pop() if len(schemes) == 1 else "redis"
+    problems += _check_node_options(options, where, scheme)
+    if problems:
+        return None, problems
+    merged = {k: v for k, v in options.items() if scheme == "rediss" or k not in _TLS_ONLY}
+    return NodeSpec(kind=kind, options=merged, addresses=tuple(canonical),
+                    service=str(service).strip() if kind == "sentinel" else "",
+                    address_options=tuple(own_options)), []
+
+
 def parse_nodes(nodes: Any) -> tuple[list[NodeSpec], list[Problem]]:
     """Node specs from a ``REDLOCK_NODES`` value, and the problems found.
 
@@ -597,11 +730,15 @@ def parse_nodes(nodes: Any) -> tuple[list[NodeSpec], list[Problem]]:
             else:
                 spec, found = _url_node(entry, {}, where)
                 problems += found
+        elif isinstance(entry, Mapping) and ("SENTINELS" in entry or "CLUSTER" in entry):
+            spec, found = _group_node(entry, where)
+            problems += found
         elif isinstance(entry, Mapping):
             unknown = set(entry) - {"URL", "OPTIONS"}
             if unknown or "URL" not in entry:
                 problems.append(Problem(
-                    "E003", f"{where}: a dict node needs a 'URL' and may have 'OPTIONS'"
+                    "E003", f"{where}: a dict node needs a 'URL' (or 'SENTINELS' and 'SERVICE', "
+                            f"or 'CLUSTER') and may have 'OPTIONS'"
                             + (f"; unknown keys {sorted(map(str, unknown))}" if unknown else "")
                             + "."))
                 continue
@@ -614,7 +751,7 @@ def parse_nodes(nodes: Any) -> tuple[list[NodeSpec], list[Problem]]:
         else:
             problems.append(Problem(
                 "E003", f"{where}: must be a URL string, 'cache:<alias>' or a dict with 'URL', "
-                        f"not {type(entry).__name__}."))
+                        f"'SENTINELS' or 'CLUSTER', not {type(entry).__name__}."))
         if spec is not None:
             specs.append(spec)
             positions.append(i)
@@ -632,9 +769,10 @@ def _duplicates(specs: list[NodeSpec], positions: list[int]) -> list[Problem]:
     problems = []
     seen: dict[tuple[Any, ...], int] = {}
     for spec, i in zip(specs, positions):
-        first = seen.setdefault(spec.identity, i)
-        if first == i:
+        firsts = {seen.setdefault(ident, i) for ident in spec.identities} - {i}
+        if not firsts:
             continue
+        first = min(firsts)
         other = specs[positions.index(first)]
         shown = (f"{spec.display} twice" if other.display == spec.display
                  else f"one server twice: [{first}] {other.display} and [{i}] {spec.display}")

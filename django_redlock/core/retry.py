@@ -1,4 +1,5 @@
-"""Retry schedule for a blocked acquire: jittered, bounded by the deadline.
+"""Retry schedules: a blocked acquire's (jittered, bounded by the deadline),
+and the back-off of a node or a listener link that keeps failing.
 
 Waiters are normally woken by the release notice (pub/sub); this schedule is the
 fallback for a lost notice or a holder that died without releasing. Jitter keeps
@@ -18,6 +19,22 @@ class RandomSource(Protocol):
 
 #: Waiting less than this is pointless: the attempt itself costs about this much.
 MIN_WAIT = 0.001
+
+
+def backoff(failures: int, *, first: float, cap: float) -> float:
+    """The pause after ``failures`` failures in a row: ``first``, doubling
+    with each failure, never above ``cap``.
+
+    The doubling stops once the cap is reached: ``2 ** 1024`` does not fit a
+    float, and a node tried once a second while down got there after about
+    17 minutes. From then on every round that asked it raised a bare
+    ``OverflowError`` instead of counting it as down, and its connect
+    thread died at each try (tests/test_faults.py has the long outage)."""
+    doublings = max(0, failures - 1)
+    if doublings >= 64:
+        return cap
+    pause: float = first * 2.0 ** doublings
+    return min(pause, cap)
 
 
 def jittered_delay(max_delay: float, rng: RandomSource = random) -> float:

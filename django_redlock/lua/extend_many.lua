@@ -3,8 +3,9 @@
 -- ARGV[1] counter grace in ms, then per lock: holder token, new lease in ms,
 -- the holder's fence.
 -- Returns one integer per lock, in order: 1 when the key was ours and now has
--- the new lease, 0 otherwise (exactly what extend.lua, or rw_extend.lua for a
--- read-write lock's holder, returns for each).
+-- at least the new lease (never shortened, see extend.lua), 0 otherwise
+-- (exactly what extend.lua, or rw_extend.lua for a read-write lock's holder,
+-- returns for each).
 --#include fence_writeback
 --#include rw_common
 local grace = ARGV[1]
@@ -18,7 +19,9 @@ for i = 1, #KEYS / 2 do
     local mine = token .. '|'
     local current = redis.pcall('GET', key)  -- (an error on a key of another type)
     if type(current) == 'string' and string.sub(current, 1, #mine) == mine then
-      redis.call('PEXPIRE', key, lease)
+      if redis.call('PTTL', key) < tonumber(lease) then
+        redis.call('PEXPIRE', key, lease)
+      end
       out[i] = 1
     else
       out[i] = 0

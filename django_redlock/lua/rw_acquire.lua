@@ -8,6 +8,7 @@
 --#include fence_issue
 --#include waiter_queue
 --#include rw_common
+--#include attempt
 local key, token, lease = KEYS[1], ARGV[1], tonumber(ARGV[2])
 local queue = ARGV[6]
 local now = rw_now()
@@ -36,10 +37,21 @@ for i = 1, #all, 2 do
 end
 if mine then
   -- Ours already: an earlier attempt of this acquire whose reply was lost.
+  -- This attempt takes it over (its number in the owner: only its own
+  -- clean-up may delete it), unless this request is itself a late one of an
+  -- earlier attempt (attempt.lua).
   local rest = string.match(mine, '^%d+|(.*)$')
+  local fence = string.match(rest, '^([^|]*)|')
+  local this = attempt_of(ARGV[3])
+  if this > 0 then
+    if attempt_of(mine) > this then
+      return {1, fence}  -- late: a later attempt has it (its reply is nobody's)
+    end
+    rest = fence .. '|' .. ARGV[3]
+  end
   redis.call('HSET', key, token, string.format('%.0f', now + lease) .. '|' .. rest)
   rw_cover(key, now, lease)
-  return {1, string.match(rest, '^([^|]*)|')}
+  return {1, fence}
 end
 if not writer and busy_until == 0 and queue ~= '2' then
   -- A writer in line before this reader goes first: the reader queues

@@ -23,7 +23,8 @@ local function rw_cover(key, now, floor)
     redis.call('PEXPIRE', key, string.format('%.0f', latest - now))
   end
 end
--- Extend holder `token` to `lease` ms on `key`: 1 when it held the lock, else 0.
+-- Extend holder `token` to `lease` ms on `key` (never shorter than it had): 1
+-- when it held the lock, else 0.
 local function rw_extend(key, token, lease)
   if redis.call('TYPE', key).ok ~= 'hash' then
     return 0
@@ -37,8 +38,10 @@ local function rw_extend(key, token, lease)
     redis.call('HDEL', key, token)
     return 0
   end
+  -- Never shortened (see extend.lua): the later of its expiry and now + lease.
+  local expiry = math.max(rw_expiry(value), now + tonumber(lease))
   local rest = string.match(value, '^%d+|(.*)$')
-  redis.call('HSET', key, token, string.format('%.0f', now + tonumber(lease)) .. '|' .. rest)
-  rw_cover(key, now, tonumber(lease))
+  redis.call('HSET', key, token, string.format('%.0f', expiry) .. '|' .. rest)
+  rw_cover(key, now, expiry - now)
   return 1
 end

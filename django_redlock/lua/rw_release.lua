@@ -7,9 +7,10 @@
 -- wakes the readers it stood in front of, unless a writer holds the lock.
 --#include fence_writeback
 --#include rw_common
+--#include attempt
 local key, token = KEYS[1], ARGV[1]
 local writer_left_line = false
-if ARGV[5] then
+if ARGV[5] and ARGV[5] ~= '' then
   writer_left_line = redis.call('LREM', KEYS[3], 0, ARGV[5]) > 0
     and string.sub(token, 1, 1) == 'w'
 end
@@ -52,6 +53,9 @@ local kind = redis.call('TYPE', key).ok
 local value = false
 if kind == 'hash' then
   value = redis.call('HGET', key, token)
+end
+if value and ARGV[7] and not cleanup_may_delete(attempt_of(value), tonumber(ARGV[7])) then
+  return 0  -- a later attempt's: not this clean-up's to delete (attempt.lua)
 end
 if not value then
   if writer_left_line and (kind == 'none' or (kind == 'hash' and not writer_holds())) then

@@ -1,5 +1,10 @@
 """The asyncio transport: every node asked concurrently, from the running event loop.
 
+(Why one module of 950 lines: its connections per loop, their set-ups, the
+replies left behind by settled rounds and the requests sent behind them are
+one state, read and changed by every round; split, each part would reach into
+the others'.)
+
 Same contract as :class:`~django_redlock.transport.sync.SyncTransport`: a round asks
 node *i* ``requests[i]`` and returns, per node, the reply, a :class:`NodeError` (no
 answer in time; ``sent`` says whether the request may have been executed) or a
@@ -55,6 +60,7 @@ Connection parameters
 from __future__ import annotations
 
 import asyncio
+import functools
 import inspect
 import logging
 import sys
@@ -66,20 +72,25 @@ from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any
 
 import redis.asyncio.connection as aconn
+from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
-from .resp import Call, Chain, ChainReply
+from .resp import PRELOAD, PRELOAD_SCRIPTS, Call, Chain, ChainReply
 from .sync import (
+    ALSO_GRACE,
     NODE_DOWN_ERRORS,
+    NOT_AWAITED,
     NodeClient,
     NodeError,
     Request,
+    Settle,
     SyncTransport,
     _short,
     call_deadline,
     connection_wait,
     nodes_to_skip,
     not_redis_reason,
+    router_of,
 )
 
 if sys.version_info >= (3, 11, 3):
@@ -130,7 +141,15 @@ def _async_class_for(sync_class: type) -> type:
 
 def connection_params(node: NodeClient) -> tuple[type, dict[str, Any], int]:
     """``(asyncio connection class, its kwargs, max idle)`` for one node."""
-    if node.spec.kind == "cache":
+    if node.spec.kind == "cluster":  # never connected to: its masters are (nodekinds)
+        return aconn.Connection, {}, 0
+    if node.spec.kind == "sentinel":  # its master's address comes at set-up (_setup)
+        options = {k: v for k, v in node.spec.options.items() if k != "max_connections"}
+        kwargs = {**options, "client_name": options.get("client_name", "django-redlock")}
+        cls: type = aconn.SSLConnection if node.spec.addresses[0].startswith("rediss") \
+            else aconn.Connection
+        max_idle = int(node.spec.options.get("max_connections") or DEFAULT_MAX_IDLE)
+    elif node.spec.kind == "cache":
         sync_pool = node.pool  # the django-redis cache's own (see NodeClient)
         cls = _async_class_for(sync_pool.connection_class)
         accepted = _accepted(cls)
@@ -170,8 +189,8 @@ class _NodeConns:
     issue 25). A failed set-up ends every wait at once with its reason.
     """
 
-    __slots__ = ("cls", "idle", "kwargs", "later", "later_tags", "max_idle", "open", "setting_up",
-                 "waiters", "tasks")
+    __slots__ = ("behind", "cls", "idle", "inflight", "kwargs", "later", "later_tags", "max_idle",
+                 "open", "setting_up", "waiters", "tasks")
 
     def __init__(self, cls: type, kwargs: dict[str, Any], max_idle: int) -> None:
         self.cls = cls
@@ -187,6 +206,25 @@ class _NodeConns:
         self.later: list[tuple[bytes, Any]] = []
         #: The tokens of those releases, until each ran (see round's ``tag``).
         self.later_tags: list[Any] = []
+        #: Replies a settled round did not wait for, still being read, by lock
+        #: token: that token's next request to this node is sent behind it on
+        #: the same connection, so that on this node they run in the order sent
+        #: (an acquire before its release, as the sync transport's owed
+        #: connections keep them).
+        self.inflight: dict[Any, _Exchange] = {}
+        #: Every reply a settled round left to be read, oldest first: with no
+        #: idle connection, a round sends behind the newest (as the sync
+        #: transport pipelines behind an owed connection) instead of waiting
+        #: for a new connection while those replies are on their way.
+        self.behind: list[_Exchange] = []
+
+    def tail(self) -> "_Exchange | None":
+        """The newest exchange still reading a left-behind reply that nothing
+        was sent behind yet, or None."""
+        for exchange in reversed(self.behind):
+            if not exchange.task.done() and not exchange.taken and exchange.conn is not None:
+                return exchange
+        return None
 
     def take(self) -> Any:
         """An idle connection, or None (then :meth:`wait`)."""
@@ -241,11 +279,22 @@ class _NodeConns:
         error: NodeError | None = None
         try:
             async with _timeout(node.connect_timeout):
+                if node.moves:  # a Sentinel node: where its master is now (nodekinds)
+                    conn.host, conn.port = await asyncio.to_thread(node.resolve)  # type: ignore[attr-defined]
                 if hasattr(conn, "connect_check_health"):  # no retries: one bound
                     await conn.connect_check_health(check_health=False,
                                                     retry_socket_connect=False)
                 else:  # pragma: no cover - redis-py < 6
                     await conn.connect()
+                # The scripts, as the sync set-up loads them (resp.PRELOAD):
+                # requests may then be sent behind others on a connection
+                # without a NOSCRIPT making one of them go again out of order.
+                await conn.send_packed_command(PRELOAD, check_health=False)
+                for _ in PRELOAD_SCRIPTS:
+                    try:
+                        await conn.read_response()
+                    except ResponseError:  # SCRIPT denied by an ACL: EVAL after NOSCRIPT
+                        pass
             while self.later:
                 later, self.later = self.later, []
                 try:
@@ -296,15 +345,39 @@ class _LoopConns:
         self.guard: Any = None
         #: This loop's rounds go through the sync transport (PER_CALL_LOOPS).
         self.sync = False
+        #: The connections of the node clients a routed round goes to (a
+        #: Cluster node's masters come and go): see :meth:`of`.
+        self.by_node: dict[NodeClient, _NodeConns] = {}
+
+    def of(self, node: NodeClient) -> _NodeConns:
+        """``node``'s connections in this loop, made on first use."""
+        found = self.by_node.get(node)
+        if found is None:
+            found = self.by_node[node] = _NodeConns(*connection_params(node))
+        return found
 
     async def aclose(self) -> None:
         self.closed = True
-        conns = [c for node in self.nodes for c in list(node.open)]
-        for node in self.nodes:
+        every = [*self.nodes, *self.by_node.values()]
+        conns = [c for node in every for c in list(node.open)]
+        for node in every:
             node.idle.clear()
             for task in list(node.tasks):
                 task.cancel()
         await asyncio.gather(*(_disconnect(c) for c in conns), return_exceptions=True)
+
+
+class _StateView:
+    """One loop's state as a routed round sees it (transport/nodekinds.py):
+    ``nodes[i]``, the connections of the node client request ``i`` goes to;
+    everything else is the loop's state."""
+
+    def __init__(self, state: _LoopConns, nodes: Sequence[NodeClient]) -> None:
+        self._state = state
+        self.nodes = [state.of(node) for node in nodes]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._state, name)
 
 
 async def _loop_guard(conns: _LoopConns, on_end: Callable[[], None]) -> AsyncIterator[None]:
@@ -328,6 +401,95 @@ async def _disconnect(conn: Any) -> None:
         pass
 
 
+class _Deadline:
+    """A node's deadline on one connection: when it passes before :meth:`end`,
+    the connection is aborted, which ends a write or read waiting on it with a
+    connection error (``passed`` says it was the deadline).
+
+    One loop timer per node and round instead of an ``asyncio.timeout`` per
+    write and per read: no task is cancelled to end a wait, so a round run
+    where cancellation cannot reach it (the engine's releases) still ends on
+    time. A connection that saw its deadline pass is never reused (it was
+    aborted); one whose exchange timed out was closed before this too.
+    """
+
+    __slots__ = ("conn", "handle", "passed")
+
+    def __init__(self, conn: Any, delay: float) -> None:
+        self.conn = conn
+        self.passed = False
+        self.handle = asyncio.get_running_loop().call_later(max(delay, 0.0), self._expire)
+
+    def _expire(self) -> None:
+        self.passed = True
+        writer = getattr(self.conn, "_writer", None)  # redis-py's StreamWriter
+        if writer is not None:
+            writer.transport.abort()
+
+    def end(self) -> None:
+        self.handle.cancel()
+
+
+#: redis-py's own write and read of a connection (see :func:`_direct`).
+_PLAIN_IO = (getattr(aconn, "AbstractConnection", None),
+             ("send_packed_command", "read_response"))
+_direct_classes: dict[type, bool] = {}
+
+
+def _direct(conn: Any) -> bool:
+    """Whether requests go straight to ``conn``'s transport and replies come
+    straight from its parser: true for redis-py's connection classes (their
+    ``send_packed_command`` and ``read_response`` not overridden).
+
+    Their layers cost about 11 µs per round trip here (a 1-node acquire +
+    release is two), where the stream and the parser under them cost about
+    2 µs more than a blocking socket: what they add is not needed by these
+    exchanges (a socket timeout, which the rounds replace by their deadlines;
+    health checks, which they turn off; a reconnect, which they never want;
+    a disconnect after an error, which they make themselves).
+    """
+    cls = type(conn)
+    ok = _direct_classes.get(cls)
+    if ok is None:
+        base, names = _PLAIN_IO
+        ok = _direct_classes[cls] = base is not None and isinstance(conn, base) and all(
+            getattr(cls, name, None) is getattr(base, name, None) for name in names) and all(
+            hasattr(conn, attr) for attr in ("_writer", "_parser", "_host_error"))
+    return ok
+
+
+async def _response(conn: Any) -> Any:
+    """The next reply on ``conn``, an error reply raised: redis-py's
+    ``read_response`` without its layers (:func:`_direct`)."""
+    if not _direct(conn):
+        return await conn.read_response()
+    try:
+        reply = await conn._parser.read_response()
+    except OSError as e:  # worded as redis-py words it
+        raise RedisConnectionError(
+            f"Error while reading from {conn._host_error()} : {e.args}") from None
+    if isinstance(reply, ResponseError):
+        raise reply
+    return reply
+
+
+async def _write(conn: Any, packed: bytes) -> None:
+    """Send ``packed`` on ``conn``: redis-py's ``send_packed_command`` without
+    its layers (:func:`_direct`); the stream's flow control is waited for
+    only when the socket took less than all of it."""
+    writer = conn._writer if _direct(conn) else None
+    if writer is None:
+        await conn.send_packed_command(packed, check_health=False)
+        return
+    transport = writer.transport
+    if transport.is_closing():
+        raise RedisConnectionError(f"Error while writing to {conn._host_error()}: "
+                                   "connection lost")
+    transport.write(packed)
+    if transport.get_write_buffer_size():
+        await writer.drain()
+
+
 class AsyncTransport:
     """Sends one request per node and gathers the replies within the node timeouts."""
 
@@ -340,19 +502,37 @@ class AsyncTransport:
         self._lock = threading.Lock()
         self._ended_loops = 0
         self._sync: SyncTransport | None = None
+        #: A Sentinel or Cluster node among them (see SyncTransport.routed).
+        self.router = router_of(self.nodes)
+        self.routed = self.router is not None
+
+    #: A routed round's copy of the transport (nodekinds._view): its nodes are
+    #: the node clients of that round, its loop state a _StateView; ``_base``
+    #: the transport's own nodes.
+    viewing = False
+    _base: list[NodeClient] | None = None
+
+    def _base_nodes(self) -> list[NodeClient]:
+        return self._base if self._base is not None else self.nodes
 
     def _loop_ended(self) -> None:
         self._ended_loops += 1
 
     # -- per-loop state ------------------------------------------------------
     async def _conns(self) -> _LoopConns:
+        if self.viewing:
+            state = await self._base_conns()
+            return _StateView(state, self.nodes)  # type: ignore[return-value]
+        return await self._base_conns()
+
+    async def _base_conns(self) -> _LoopConns:
         loop = asyncio.get_running_loop()
         state = self._loops.get(loop)
         if state is not None:
             return state
         with self._lock:
             if self._params is None:
-                self._params = [connection_params(node) for node in self.nodes]
+                self._params = [connection_params(node) for node in self._base_nodes()]
             for old in [lp for lp in list(self._loops) if lp.is_closed()]:
                 self._loops.pop(old, None)
             state = self._loops.get(loop)
@@ -360,7 +540,7 @@ class AsyncTransport:
                 state = self._loops[loop] = _LoopConns(self._params)
                 state.sync = self._ended_loops >= PER_CALL_LOOPS
                 if state.sync and self._sync is None:
-                    self._sync = SyncTransport(self.nodes, clock=self.clock)
+                    self._sync = SyncTransport(self._base_nodes(), clock=self.clock)
                 created = True
             else:
                 created = False
@@ -374,7 +554,8 @@ class AsyncTransport:
     # -- rounds --------------------------------------------------------------
     async def round(self, requests: Sequence[Request], *, skip_backoff: bool = True,
                     last: int | None = None, until: float | None = None,
-                    tag: Any = None) -> list[Any]:
+                    tag: Any = None, settle: Settle | None = None,
+                    final: bool = False) -> list[Any]:
         """Ask node i ``requests[i]`` (None: do not ask it); return answers or errors.
 
         Each result is the node's reply, a :class:`NodeError` (no answer in time)
@@ -391,13 +572,30 @@ class AsyncTransport:
         the round is for; a node still to run a clean-up of that token, handed
         to its connection set-up, sits the round out (see
         ``NodeClient.deliver_later``).
+
+        ``settle`` (as in the sync transport): the round returns as soon as
+        its outcome is known; the other nodes' replies are read by tasks of
+        their own after it (:data:`NOT_AWAITED` in the results), so one slow
+        node costs an acquire or a release nothing. A request of the same
+        ``tag`` to such a node is sent at once behind it on the same
+        connection (``inflight``, :meth:`_behind`): on the node, requests of
+        one token run in the order sent, and a request is never held back
+        (what was sent runs even if the loop closes before its reply is read). ``final``: no
+        request of that token follows (a release), so nothing waits for them.
         """
-        state = await self._conns()
+        state = None if self.viewing else self._loops.get(asyncio.get_running_loop())
+        if state is None:
+            state = await self._conns()
         if state.sync and self._sync is not None:
             # A loop per call (an async view under WSGI): the process-wide
             # connections, one blocking round trip in a loop that serves one call.
             return self._sync.round(requests, skip_backoff=skip_backoff, last=last, until=until,
-                                    tag=tag)
+                                    tag=tag, settle=settle, final=final)
+        if self.routed:
+            routed: list[Any] = await self.router.around(
+                self, requests, skip_backoff=skip_backoff, last=last, until=until, tag=tag,
+                settle=settle, final=final)
+            return routed
         nodes = self.nodes
         n = len(nodes)
         results: list[Any] = [None] * n
@@ -420,47 +618,73 @@ class AsyncTransport:
         conns: list[Any] = [None] * n
         deadlines = [start + nodes[i].timeout for i in range(n)]
         keep = [False] * n
+        #: Node i's deadline on its connection, until its reply was read (or
+        #: a task of a settled round reads it).
+        watches: list[_Deadline | None] = [None] * n
+        later: dict[int, _Exchange] = {}
         try:
-            cold: list[int] = []
+            if tag is not None:
+                for i in asked:
+                    before = state.nodes[i].inflight.get(tag)
+                    if before is not None and not before.task.done():
+                        # This token's previous reply there is still being
+                        # read: this request goes behind it (in a task).
+                        behind = self._behind(state, i, requests[i], before, deadlines[i],
+                                              until, tag)
+                        if behind is not None:
+                            later[i] = behind
             for i in asked:
+                if i in later:
+                    continue
                 conn = state.nodes[i].take()
-                if conn is not None and (not conn.is_connected or await _stale(conn)):
+                if conn is not None and (not conn.is_connected or not nodes[i].accepts(conn)
+                                         or await _stale(conn)):
                     await _disconnect(conn)  # the node closed it (a restart): a new one
                     conn = None
+                tail = state.nodes[i].tail() if conn is None else None
+                behind = None if tail is None else self._behind(
+                    state, i, requests[i], tail, deadlines[i], until, tag)
+                if behind is not None:
+                    # No idle connection, but replies left behind are on their
+                    # way on one: sent behind them (pipelined).
+                    later[i] = behind
+                elif conn is None:
+                    # No idle connection: one is waited for (shared set-ups, see
+                    # _NodeConns) by a task that then sends and reads, while
+                    # the nodes with a connection are asked at once.
+                    exchange = _Exchange(None, sent=False)
+                    exchange.task = asyncio.get_running_loop().create_task(
+                        self._connect_then(state, i, exchange, requests[i], start, until, tag))
+                    later[i] = exchange
                 conns[i] = conn
-                if conn is None:
-                    cold.append(i)
-            if cold:
-                if until is None:
-                    until = call_deadline.get()
-                wait_until = [start + connection_wait(nodes[i], start, until) for i in range(n)]
-                got = await asyncio.gather(*(state.nodes[i].wait(nodes[i], wait_until[i],
-                                                                  self.clock) for i in cold))
-                for i, conn in zip(cold, got, strict=True):
-                    if isinstance(conn, NodeError):
-                        results[i] = conn
-                        request = requests[i]
-                        if (isinstance(request, Call) and request.script.releases
-                                and state.nodes[i].setting_up):
-                            # A release is never dropped for want of time: the
-                            # set-up sends it first (NodeClient.deliver_later).
-                            state.nodes[i].later.append((request.packed, tag))
-                            if tag is not None:
-                                state.nodes[i].later_tags.append(tag)
-                    else:
-                        conns[i] = conn
-                        # The set-up had its own bound; the exchange gets the full one.
-                        deadlines[i] = self.clock() + nodes[i].timeout
-            live = [i for i in asked if results[i] is None]
+            live = [i for i in asked if conns[i] is not None]
             if last in live:
                 live = [i for i in live if i != last] + [last]
+            now = self.clock()
             for i in live:
-                results[i] = await self._send(nodes[i], conns[i], requests[i], deadlines[i])
-            for i in live:
-                if results[i] is None:
+                watch = watches[i] = _Deadline(conns[i], deadlines[i] - now)
+                results[i] = await self._send(nodes[i], conns[i], requests[i], watch)
+            sent = [i for i in live if results[i] is None]
+            if settle is not None and (len(sent) + len(later) > 1 or settle.need <= 0):
+                await self._read_settled(state, sent, later, conns, requests, deadlines, watches,
+                                         results, settle, None if final else tag,
+                                         asked=sum(r is not None for r in requests),
+                                         start=start)
+            else:
+                for i in sent:
+                    reading = watches[i]
+                    assert reading is not None
                     results[i], keep[i] = await self._read(nodes[i], conns[i], requests[i],
-                                                           deadlines[i])
+                                                           deadlines[i], reading)
+                for i, exchange in later.items():
+                    results[i] = await exchange.task
         finally:
+            for pending in watches:
+                if pending is not None:
+                    pending.end()
+            for exchange in later.values():
+                if not exchange.task.done() and exchange.task not in _background:
+                    exchange.task.cancel()  # this round was cancelled: it closes its connection
             # Anything but a complete exchange (timeout, error, cancellation) may
             # leave a reply in flight: that connection is closed, never reused.
             for i in asked:
@@ -471,49 +695,274 @@ class AsyncTransport:
                     await _disconnect(conn)
         return results
 
+    def _start(self, state: _LoopConns, i: int, conn: Any, request: Request,
+               deadline: float, watch: _Deadline) -> "_Exchange":
+        """A task reading node ``i``'s reply to ``request``, sent on ``conn``
+        (``watch``: its deadline there, ended by the task)."""
+        exchange = _Exchange(conn)
+        exchange.task = asyncio.get_running_loop().create_task(
+            self._finish(state, i, exchange, request, deadline, watch=watch))
+        return exchange
+
+    def _behind(self, state: _LoopConns, i: int, request: Request, before: "_Exchange",
+                deadline: float, until: float | None, tag: Any) -> "_Exchange | None":
+        """Send ``request`` to node ``i`` now, on the connection whose reply
+        ``before`` is still reading, and read its own reply after that one
+        (or, when ``before`` is still waiting for a connection, send it once
+        ``before`` is done, on any connection).
+
+        Requests already sent behind ``before`` come first: this one goes
+        behind the last of them (one reader at a time on a connection). None
+        when that last one's reply was read meanwhile: nothing to wait for,
+        the caller asks the node as usual."""
+        while before.next is not None:
+            before = before.next
+        if before.task.done():
+            return None
+        if before.conn is None:
+            exchange = _Exchange(None, sent=False)
+            exchange.task = asyncio.get_running_loop().create_task(self._connect_then(
+                state, i, exchange, request, self.clock(), until, tag, after=before.task))
+            return exchange
+        before.taken = True  # that connection is ours once its reply is read
+        exchange = _Exchange(before.conn, sent=False)
+        before.next = exchange
+        exchange.task = asyncio.get_running_loop().create_task(
+            self._finish(state, i, exchange, request, deadline, before=before.task))
+        return exchange
+
+    async def _connect_then(self, state: _LoopConns, i: int, exchange: "_Exchange",
+                            request: Request, start: float, until: float | None, tag: Any,
+                            after: asyncio.Task[Any] | None = None) -> Any:
+        """Node ``i``'s exchange on a connection that has to be waited for
+        (after ``after``, an earlier request of the same token, is done): an
+        idle one or one set up (bounded as the sync transport bounds it,
+        :func:`connection_wait`), then the request and its reply."""
+        try:
+            return await self._connect_and_send(state, i, exchange, request, start, until, tag,
+                                                after)
+        finally:
+            exchange.mark_sent()
+
+    async def _connect_and_send(self, state: _LoopConns, i: int, exchange: "_Exchange",
+                                request: Request, start: float, until: float | None, tag: Any,
+                                after: asyncio.Task[Any] | None) -> Any:
+        node = self.nodes[i]
+        if until is None:
+            until = call_deadline.get()
+        if after is not None:
+            # Bounded as a wait for a connection is: that request is waiting
+            # for one too (or this round's caller has no time left).
+            done, _ = await asyncio.wait([after], timeout=connection_wait(node, start, until))
+            if not done:
+                return NodeError(node.name, "no connection yet for an earlier request of "
+                                 "this lock", sent=False)
+            start = self.clock()
+        conn = state.nodes[i].take()
+        if conn is not None and (not conn.is_connected or not node.accepts(conn)
+                                 or await _stale(conn)):
+            await _disconnect(conn)
+            conn = None
+        if conn is None:
+            got = await state.nodes[i].wait(node, start + connection_wait(node, start, until),
+                                            self.clock)
+            if isinstance(got, NodeError):
+                if (isinstance(request, Call) and request.script.releases
+                        and state.nodes[i].setting_up):
+                    # A release is never dropped for want of time: the set-up
+                    # sends it first (NodeClient.deliver_later).
+                    state.nodes[i].later.append((request.packed, tag))
+                    if tag is not None:
+                        state.nodes[i].later_tags.append(tag)
+                return got
+            conn = got
+        exchange.conn = conn
+        # The set-up had its own bound; the exchange gets the full one.
+        deadline = self.clock() + node.timeout
+        watch = _Deadline(conn, node.timeout)
+        try:
+            error = await self._send(node, conn, request, watch)
+        except BaseException:  # cancelled: what was written may still run; never reuse it
+            watch.end()
+            await _disconnect(conn)
+            raise
+        exchange.mark_sent()
+        if error is not None:
+            watch.end()
+            await _disconnect(conn)
+            return error
+        return await self._finish(state, i, exchange, request, deadline, watch=watch)
+
+    async def _finish(self, state: _LoopConns, i: int, exchange: "_Exchange", request: Request,
+                      deadline: float, before: asyncio.Task[Any] | None = None,
+                      watch: _Deadline | None = None) -> Any:
+        """Node ``i``'s reply on ``exchange.conn`` (a task of a settled round),
+        within ``watch`` (ended here), or within ``deadline``.
+
+        With ``before`` (:meth:`_behind`), the request is sent first, behind
+        the one whose reply ``before`` reads, and read once that one was.
+        Afterwards the connection goes back to the idle ones, unless a later
+        request was sent behind this one (``exchange.taken``: its task reads
+        on), or is closed when the exchange did not end cleanly (a late reply
+        must never answer a later command)."""
+        node, conn = self.nodes[i], exchange.conn
+        keep = False
+        try:
+            if before is not None:
+                watch = _Deadline(conn, deadline - self.clock())
+                try:
+                    error = await self._send(node, conn, request, watch)
+                finally:
+                    exchange.mark_sent()
+                    watch.end()
+                if error is not None:
+                    return error
+                await asyncio.wait([before])  # bounded by its own deadline
+                if before.cancelled() or isinstance(before.result(), NodeError):
+                    return NodeError(node.name, f"no answer within {node.timeout:g} s (to a "
+                                     "request sent before this one on its connection)")
+                # Its own deadline on the connection now that it reads there.
+                watch = _Deadline(conn, deadline - self.clock())
+            elif watch is None:
+                watch = _Deadline(conn, deadline - self.clock())
+            reply, keep = await self._read(node, conn, request, deadline, watch, exchange)
+            return reply
+        finally:
+            if watch is not None:
+                watch.end()
+            if not keep:
+                await _disconnect(conn)
+            elif not exchange.taken and not (not state.closed and state.nodes[i].give(conn)):
+                await _disconnect(conn)
+
+    async def _read_settled(self, state: _LoopConns, sent: list[int],
+                            later: dict[int, "_Exchange"], conns: list[Any],
+                            requests: Sequence[Request], deadlines: list[float],
+                            watches: list[_Deadline | None],
+                            results: list[Any], settle: Settle, tag: Any, *,
+                            asked: int, start: float) -> None:
+        """Read replies as they come until ``settle`` says the outcome is known
+        (the sync transport's ``_read_until_settled``); the replies not waited
+        for are read by their tasks after this round returns. ``later``: the
+        exchanges sent behind an earlier one on their node (:meth:`_behind`)."""
+        exchanges = dict(later)
+        for i in sent:
+            watch, watches[i] = watches[i], None  # the task ends it
+            assert watch is not None
+            exchanges[i] = self._start(state, i, conns[i], requests[i], deadlines[i], watch)
+            conns[i] = None  # the task gives it back or closes it
+        tasks = {exchange.task: i for i, exchange in exchanges.items()}
+        yes = no = 0
+        give_up_at = asked - settle.need + 1
+        also = settle.also if settle.also in sent else None
+        also_until = 0.0
+        pending = set(tasks)
+        try:
+            while pending and settle.need > 0:
+                timeout = None
+                if yes >= settle.need or (no >= give_up_at and yes + no >= settle.need):
+                    if also is None or results[also] is not None:
+                        break
+                    also_until = also_until or self.clock() + ALSO_GRACE
+                    timeout = also_until - self.clock()
+                    if timeout <= 0:
+                        break
+                done, pending = await asyncio.wait(pending, timeout=timeout,
+                                                   return_when=asyncio.FIRST_COMPLETED)
+                for task in done:
+                    i = tasks[task]
+                    result = results[i] = task.result()
+                    if settle.yes(result):
+                        yes += 1
+                    elif settle.no(result):
+                        no += 1
+            unsent = [e.sent for e in exchanges.values() if e.sent is not None and not e.sent.done()]
+            if unsent:
+                # A request still waiting for a connection (a cold node) goes
+                # out before the round returns, so that it runs even if the
+                # loop closes right after (a release); but within the node
+                # timeout: a node that takes longer to connect is slow, and
+                # its task goes on without us.
+                left = max(self.nodes[i].timeout for i in exchanges) - (self.clock() - start)
+                if left > 0:
+                    await asyncio.wait(unsent, timeout=left)
+        finally:
+            # Decided, or this round was cancelled: the replies not read yet
+            # are read by their tasks, within their deadlines, and the token's
+            # next request to such a node (the release that takes a cancelled
+            # acquire back) goes behind them, so it runs after the acquire.
+            self._leave(state, tasks, pending, exchanges, results, tag)
+
+    def _leave(self, state: _LoopConns, tasks: dict[asyncio.Task[Any], int],
+               pending: set[asyncio.Task[Any]], exchanges: dict[int, "_Exchange"],
+               results: list[Any], tag: Any) -> None:
+        for task in pending:
+            i = tasks[task]
+            results[i] = NOT_AWAITED
+            _background.add(task)
+            task.add_done_callback(_background.discard)
+            behind = state.nodes[i].behind
+            behind.append(exchanges[i])
+            task.add_done_callback(functools.partial(_drop_exchange, behind, exchanges[i]))
+            if tag is not None:
+                state.nodes[i].inflight[tag] = exchanges[i]
+                task.add_done_callback(functools.partial(_forget_read, state.nodes[i].inflight,
+                                                         tag, exchanges[i]))
+
     async def _send(self, node: NodeClient, conn: Any, request: Request,
-                    deadline: float) -> NodeError | None:
+                    watch: _Deadline) -> NodeError | None:
+        """Write ``request`` on ``conn`` (by ``watch``'s deadline); a :class:`NodeError`
+        when it could not be."""
         assert request is not None
         try:
-            async with _timeout(max(deadline - self.clock(), 0.0)):
-                await conn.send_packed_command(request.packed, check_health=False)
-        except asyncio.TimeoutError:  # not the builtin one on Python 3.10
-            node.mark_failed(self.clock())
-            return NodeError(node.name, f"could not send within {node.timeout:g} s")
+            await _write(conn, request.packed)
         except (*NODE_DOWN_ERRORS, RedisError) as e:
             node.mark_failed(self.clock())
+            if watch.passed:
+                return NodeError(node.name, f"could not send within {node.timeout:g} s")
             return NodeError(node.name, _short(e))
         return None
 
-    async def _read(self, node: NodeClient, conn: Any, request: Request,
-                    deadline: float) -> tuple[Any, bool]:
-        """``(reply or error, whether the connection may be reused)``."""
+    async def _read(self, node: NodeClient, conn: Any, request: Request, deadline: float,
+                    watch: _Deadline, exchange: "_Exchange | None" = None) -> tuple[Any, bool]:
+        """``(reply or error, whether the connection may be reused)``, read by
+        ``watch``'s deadline (``deadline``, on the transport's clock).
+
+        ``NOSCRIPT`` (the node lost its scripts) sends the request again as
+        ``EVAL``, unless another request was sent behind it on this
+        connection meanwhile (``exchange.taken``): sent again, it would run
+        after that one, and its reply would be read as this one's. Then the
+        ``NOSCRIPT`` is the answer (the script did not run there)."""
         assert request is not None
+
+        def may_resend() -> bool:
+            return exchange is None or not exchange.taken
+
         try:
-            async with _timeout(max(deadline - self.clock(), 0.0)):
-                if type(request) is Chain:
-                    reply = await _read_chain(conn, request)
-                    node.mark_ok()
-                    node.note_round_trip(self.clock() - (deadline - node.timeout))
-                    return reply, True
+            if type(request) is Chain:
+                reply = await _read_chain(conn, request, may_resend)
+            else:
                 try:
-                    reply = await conn.read_response()
+                    reply = await _response(conn)
                 except NoScriptError:
+                    if not may_resend():
+                        raise
                     assert request.packed_eval is not None
-                    await conn.send_packed_command(request.packed_eval, check_health=False)
-                    reply = await conn.read_response()
-        except asyncio.TimeoutError:  # not the builtin one on Python 3.10
-            node.mark_failed(self.clock())
-            return NodeError(node.name, f"no answer within {node.timeout:g} s"), False
+                    await _write(conn, request.packed_eval)
+                    reply = await _response(conn)
         except ResponseError as e:
             node.mark_ok()
-            return e, True
+            return e, not watch.passed
         except (*NODE_DOWN_ERRORS, RedisError) as e:
             node.mark_failed(self.clock())
+            if watch.passed:
+                return NodeError(node.name, f"no answer within {node.timeout:g} s"), False
             return NodeError(node.name, not_redis_reason(e)), False
         node.mark_ok()
         node.note_round_trip(self.clock() - (deadline - node.timeout))
-        return reply, True
+        # A reply read as the deadline passed is an answer; its connection was
+        # aborted with the deadline and goes.
+        return reply, not watch.passed
 
     # -- closing -------------------------------------------------------------
     async def aclose(self) -> None:
@@ -552,24 +1001,73 @@ def _schedule_close(loop: asyncio.AbstractEventLoop, state: _LoopConns) -> None:
 #: Strong references to closing tasks (the loop keeps only weak ones).
 _closing: set[asyncio.Task[None]] = set()
 
+#: Strong references to the reads a settled round left behind (AsyncTransport.round).
+_background: set[asyncio.Task[Any]] = set()
+
+
+class _Exchange:
+    """One node's request whose reply a task reads (:meth:`AsyncTransport._finish`).
+
+    ``taken``: a later request of the same lock token was sent behind it on
+    ``conn`` (:meth:`AsyncTransport._behind`), whose task now owns the
+    connection: this one's task must not give it back when its reply is read.
+    """
+
+    __slots__ = ("conn", "next", "sent", "taken", "task")
+
+    def __init__(self, conn: Any, *, sent: bool = True) -> None:
+        self.conn = conn
+        self.taken = False
+        #: The exchange sent behind this one on ``conn`` (``taken`` then).
+        self.next: _Exchange | None = None
+        self.task: asyncio.Task[Any]
+        #: Done once the request was written (or will never be): a round
+        #: returns only after every request it makes was sent, so that what
+        #: it asked (a release) runs even if the loop closes right after.
+        self.sent: asyncio.Future[None] | None = (
+            None if sent else asyncio.get_running_loop().create_future())
+
+    def mark_sent(self) -> None:
+        if self.sent is not None and not self.sent.done():
+            self.sent.set_result(None)
+
+
+def _drop_exchange(behind: list[_Exchange], exchange: _Exchange,
+                   task: asyncio.Task[Any]) -> None:
+    if exchange in behind:
+        behind.remove(exchange)
+
+
+def _forget_read(inflight: dict[Any, _Exchange], tag: Any, exchange: _Exchange,
+                 task: asyncio.Task[Any]) -> None:
+    """A reply left behind was read: nothing of its token goes behind it now."""
+    if inflight.get(tag) is exchange:
+        del inflight[tag]
+
 
 async def _reply_or_error(conn: Any) -> Any:
     """The next reply on ``conn``; an error reply as its exception."""
     try:
-        return await conn.read_response()
+        return await _response(conn)
     except ResponseError as e:
         return e
 
 
-async def _read_chain(conn: Any, chain: Chain) -> ChainReply:
+async def _read_chain(conn: Any, chain: Chain, may_resend: Callable[[], bool]) -> ChainReply:
     """Both replies of a chain (resp.Chain), always both. After ``NOSCRIPT``
-    (this flavour sends scripts by SHA and loads them on demand) the whole
-    chain goes again with ``EVAL``: the command behind the script must
-    follow the run that counts."""
+    (the node lost its scripts) the whole chain goes again with ``EVAL``: the
+    command behind the script must follow the run that counts; unless
+    ``may_resend()`` says a request was sent behind it (see
+    :meth:`AsyncTransport._read`)."""
+    for _ in chain.lead:  # ASKING's OK (resp.Chain): read, dropped
+        await _reply_or_error(conn)
     first, then = await _reply_or_error(conn), await _reply_or_error(conn)
-    if isinstance(first, NoScriptError) and chain.first.packed_eval is not None:
-        await conn.send_packed_command(chain.first.packed_eval + chain.then.packed,
-                                       check_health=False)
+    if (isinstance(first, NoScriptError) and chain.first.packed_eval is not None
+            and may_resend()):
+        await _write(conn, b"".join(c.packed for c in chain.lead)
+                     + chain.first.packed_eval + chain.then.packed)
+        for _ in chain.lead:
+            await _reply_or_error(conn)
         first, then = await _reply_or_error(conn), await _reply_or_error(conn)
     return ChainReply(first, then)
 

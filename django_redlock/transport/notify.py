@@ -52,6 +52,7 @@ from typing import Any, Callable, Sequence
 from redis.exceptions import RedisError
 
 from ..core.owner import new_token
+from ..core.retry import backoff
 from .resp import pack
 from .sync import NODE_DOWN_ERRORS, NodeClient
 
@@ -59,6 +60,13 @@ logger = logging.getLogger("django_redlock.notify")
 
 #: Seconds a channel stays subscribed after its last waiter left.
 LINGER = 5.0
+#: The start of every process's inbox channel. A lock's channel is its key,
+#: ``<KEY_PREFIX>:<name>``, and a prefix holds no brace, so no lock name can
+#: name an inbox (``redlock:inbox:<token>`` was lock ``inbox:<token>``'s
+#: channel: waiting on that lock, then dropping its idle channel, unsubscribed
+#: the process's inbox, and its waiters heard no notice any more). Entries
+#: carry their whole inbox, so processes of either form wake each other.
+INBOX_PREFIX = b"{redlock}:inbox:"
 RECONNECT_FIRST = 0.05
 RECONNECT_MAX = 2.0
 _POLL = 0.5
@@ -136,6 +144,9 @@ class Subscription:
         #: ``<fence>|<node clock ms>`` when a release handed this waiter the
         #: lock (set before ``notified``); the waiter takes it and clears it.
         self.handed: bytes | None = None
+        #: What the last notice on a key channel said (a semaphore's free
+        #: notice names the permit released); the waiter reads and clears it.
+        self.payload: bytes | None = None
         #: Wakes the waiting thread: for a notice, a confirmation, or its turn to read.
         self.event: Any = Flag()
         #: A release notice (or a dropped link) came since the last :meth:`clear`.
@@ -262,7 +273,7 @@ class ReleaseNotifier:
         self._links = [_Link(node) for node in nodes]
         self._lock = threading.Lock()
         #: This process's own channel: release notices for its waiters.
-        self.inbox = b"redlock:inbox:" + new_token().encode()
+        self.inbox = INBOX_PREFIX + new_token().encode()
         self._subs: dict[bytes, set[Subscription]] = {}
         self._named: dict[bytes, Subscription] = {}
         #: Channels whose SUBSCRIBE was queued (and not since unsubscribed):
@@ -496,6 +507,9 @@ class ReleaseNotifier:
     # -- reading (holder of the read role only) -----------------------------
     def _read(self, timeout: float) -> None:
         """One turn of the reader: send what is queued, then read what arrives."""
+        for link in self._links:
+            if link.conn is not None and link.node.moves and not link.node.accepts(link.conn):
+                self._drop(link)  # a Sentinel node's master moved: subscribe on the new one
         self._apply_ops()
         self._install()
         sel = self._sel
@@ -618,6 +632,8 @@ class ReleaseNotifier:
                         named.handed = handed
                 else:  # a key channel: force_release wakes them all
                     subs = list(self._subs.get(channel, ()))
+                    for sub in subs:
+                        sub.payload = reply[2]
             for sub in subs:
                 sub.notified = True
                 if sub is not self._reader:  # the reader sees it when this turn ends
@@ -641,8 +657,8 @@ class ReleaseNotifier:
             self._disconnect(conn)
         if reconnect:
             link.failures += 1
-            link.next_connect = time.monotonic() + min(
-                RECONNECT_MAX, RECONNECT_FIRST * 2 ** link.failures)
+            link.next_connect = time.monotonic() + backoff(
+                link.failures + 1, first=RECONNECT_FIRST, cap=RECONNECT_MAX)
             # Waiters may have missed a notice while the link was down.
             with self._lock:
                 subs = [s for group in self._subs.values() for s in group]
@@ -724,7 +740,8 @@ class ReleaseNotifier:
                 # RedisError: a protocol error (not Redis there, issue 26) or
                 # NOAUTH is this node down, never the listener's end.
                 link.failures += 1
-                link.next_connect = now + min(RECONNECT_MAX, RECONNECT_FIRST * 2 ** link.failures)
+                link.next_connect = now + backoff(link.failures + 1, first=RECONNECT_FIRST,
+                                                  cap=RECONNECT_MAX)
                 logger.debug("pub/sub connect to %s failed: %s", link.node.name, e)
                 link.connect_failed = True
                 # Down now: no subscriber waits for its confirmation any more

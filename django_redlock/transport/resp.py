@@ -29,14 +29,20 @@ def _encode(arg: Arg) -> bytes:
     raise TypeError(f"cannot send {type(arg).__name__} to Redis")
 
 
+#: ``$<len>`` for the lengths most arguments have, formatted once.
+_LENGTHS = [b"$%d" % n for n in range(512)]
+
+
 def _pack_args(args: tuple[Arg, ...]) -> bytes:
     """``$<len>\\r\\n<bytes>\\r\\n`` per argument (the exact types first: this runs
-    for every argument of every request)."""
+    for every argument of every request): the pieces are joined by ``\\r\\n``
+    in one go, each length prefix taken from a table."""
     out = []
     # Any: mypy does not narrow on ``type(arg) is ...``, and isinstance() would
     # cost more on this path (and accept bool as an int)
     items: tuple[Any, ...] = args
     data: bytes
+    lengths = _LENGTHS
     for arg in items:
         kind = type(arg)
         if kind is bytes:
@@ -47,8 +53,11 @@ def _pack_args(args: tuple[Arg, ...]) -> bytes:
             data = b"%d" % arg
         else:
             data = _encode(arg)
-        out.append(b"$%d\r\n%s\r\n" % (len(data), data))
-    return b"".join(out)
+        size = len(data)
+        out.append(lengths[size] if size < 512 else b"$%d" % size)
+        out.append(data)
+    out.append(b"")
+    return b"\r\n".join(out)
 
 
 def pack(*args: Arg) -> bytes:
@@ -156,18 +165,25 @@ class Chain:
     about the grant. Pipelined, it also costs no extra round trip to the node.
     The transports never read one reply without the other, so the second is
     never mistaken for the answer to a later command.
+
+    ``lead``: commands sent right before ``first`` whose replies are read and
+    dropped (``ASKING``, which must come right before the command it lets
+    through, for a chain a Cluster redirected with ``ASK``: the ``WAIT``
+    behind the script then runs on the master that ran it).
     """
 
-    __slots__ = ("first", "then", "packed")
+    __slots__ = ("first", "then", "packed", "lead")
     #: Never sent as EVAL: a ``NOSCRIPT`` answer to ``first`` is its reply
     #: (the transport reloads the scripts for the next request).
     packed_eval = None
     last_of_token = False
 
-    def __init__(self, first: "Call | Command", then: "Command") -> None:
+    def __init__(self, first: "Call | Command", then: "Command",
+                 lead: "tuple[Command, ...]" = ()) -> None:
         self.first = first
         self.then = then
-        self.packed = first.packed + then.packed
+        self.lead = lead
+        self.packed = b"".join(c.packed for c in lead) + first.packed + then.packed
 
 
 class ChainReply(NamedTuple):
@@ -182,6 +198,8 @@ RELEASE = Script("release", releases=True)
 EXTEND = Script("extend")
 EXTEND_MANY = Script("extend_many")
 FORCE_RELEASE = Script("force_release")
+#: A semaphore's permits, read by the head of its line (engine/semaphore.py).
+SEMAPHORE_PEEK = Script("semaphore_peek")
 
 #: Sent ahead of the first request on every new connection: the engine's
 #: scripts, so that a node never answers ``NOSCRIPT`` to a request whose reply

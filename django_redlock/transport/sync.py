@@ -36,7 +36,6 @@ from __future__ import annotations
 import bisect
 import inspect
 import logging
-import os
 import select
 import threading
 import time
@@ -51,6 +50,8 @@ from redis.exceptions import InvalidResponse, NoScriptError, RedisError, Respons
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
 from ..core.config import NodeSpec
+from ..core.pid import getpid
+from ..core.retry import backoff
 from .resp import PRELOAD, PRELOAD_SCRIPTS, Call, Chain, ChainReply, Command
 
 logger = logging.getLogger("django_redlock.transport")
@@ -80,6 +81,13 @@ BACKOFF_MAX = 1.0
 
 #: redis-py >= 5.1 reads with a per-call timeout; older versions need a poll first.
 _READ_TAKES_TIMEOUT = "timeout" in inspect.signature(redis.Connection.read_response).parameters
+
+#: A read waits at least this long (s) for its reply, even at its deadline.
+_TIMEOUT_SLACK = 0.0005
+#: A read whose deadline is at most this much (s) short of a whole node timeout
+#: away uses the socket's own timeout, the node timeout (``SyncTransport._read_next``):
+#: it may end this much after its deadline, a fifth of the slack above.
+_SOCKET_TIMEOUT_SLACK = 0.0001
 
 _GET_NEEDS_NAME = (
     inspect.signature(redis.ConnectionPool.get_connection).parameters["command_name"].default
@@ -251,7 +259,7 @@ class NodeClient:
         #: connections whose replies a settled round did not wait for
         self._owed: list[_Owed] = []
         self._owed_lock = threading.Lock()
-        self._pid = os.getpid()
+        self._pid = getpid()
         self._closed = False
         # Shared connection set-up (see wait_connection).
         self._cond = threading.Condition(threading.Lock())
@@ -302,7 +310,7 @@ class NodeClient:
         would connect with the cache's timeouts, seconds where a lock round has
         a tenth of one.
         """
-        if self._pid != os.getpid():
+        if self._pid != getpid():
             self._after_fork()
         if self._waiting:
             return None  # rounds wait in line for one: no overtaking them (wait_connection)
@@ -318,10 +326,10 @@ class NodeClient:
         self._later_tags = []
         self._cond = threading.Condition(threading.Lock())
         self._waiting = self._setting_up = 0
-        self._pid = os.getpid()
+        self._pid = getpid()
 
     def put(self, conn: Any) -> None:
-        if self._pid == os.getpid() and not self._closed and conn._sock is not None:
+        if self._pid == getpid() and not self._closed and conn._sock is not None:
             self._idle.append(conn)
             if self._waiting:
                 # Lock-free above (the hot path); a waiter counts itself in
@@ -349,7 +357,7 @@ class NodeClient:
         reason (a node that refuses costs nobody a timeout); one that outlives
         the wait goes on in the background, so the next round finds it ready.
         """
-        if self._pid != os.getpid():
+        if self._pid != getpid():
             self._after_fork()
         with self._cond:
             self._waiting += 1
@@ -379,7 +387,7 @@ class NodeClient:
         """Start a set-up now unless one is under way or a connection is idle:
         a round calls this for every node it will wait for before it waits for
         any, so that their set-ups run in parallel."""
-        if self._pid != os.getpid():
+        if self._pid != getpid():
             self._after_fork()
         with self._cond:
             if not self._idle and not self._setting_up and not self._closed:
@@ -466,7 +474,7 @@ class NodeClient:
                     self.mark_failed(time.monotonic())
                     self._cond.notify_all()
                     return
-                if self._closed or self._pid != os.getpid():
+                if self._closed or self._pid != getpid():
                     conn.disconnect()
                     return
                 self._accepting = True
@@ -547,7 +555,7 @@ class NodeClient:
         if self._later_tags and tag is not None and tag in self._later_tags:
             raise NodeError(self.name, "an earlier attempt's clean-up is still on its way",
                             sent=False)  # see deliver_later
-        if self._owed and self._pid == os.getpid():
+        if self._owed and self._pid == getpid():
             with self._owed_lock:
                 owed = self._take_owed(now, tag)
             if owed is not None:
@@ -572,7 +580,7 @@ class NodeClient:
 
     def owe(self, conn: Any, expect: Deque[Expected], tag: Any = None) -> None:
         """Keep ``conn`` aside until a round reads the replies in ``expect``."""
-        if self._closed or self._pid != os.getpid():
+        if self._closed or self._pid != getpid():
             self._drop(conn)
         else:
             with self._owed_lock:
@@ -623,6 +631,19 @@ class NodeClient:
                 self._cond.notify_all()
         self._pool = None
 
+    #: What routes the rounds of a transport with this node (a Sentinel or
+    #: Cluster node's: transport/nodekinds.py); None: plain rounds.
+    router: Any = None
+
+    #: Whether this node's address may change (a Sentinel node follows its
+    #: master: transport/nodekinds.py); its connections are then checked with
+    #: :meth:`accepts` before use.
+    moves = False
+
+    def accepts(self, conn: Any) -> bool:
+        """Whether ``conn`` still goes where this node's requests must go."""
+        return True
+
     # -- health -------------------------------------------------------------
     def backing_off(self, now: float) -> bool:
         return now < self.down_until
@@ -630,7 +651,7 @@ class NodeClient:
     def mark_failed(self, now: float) -> None:
         self.errors += 1
         self._failures += 1
-        self.down_until = now + min(BACKOFF_MAX, BACKOFF_FIRST * 2 ** (self._failures - 1))
+        self.down_until = now + backoff(self._failures, first=BACKOFF_FIRST, cap=BACKOFF_MAX)
 
     def mark_ok(self) -> None:
         self.answers += 1
@@ -716,12 +737,22 @@ class _NodeDone(Exception):
         self.result = result
 
 
+def router_of(nodes: Sequence[NodeClient]) -> Any:
+    """The router of the first node that needs one (a Sentinel or Cluster node:
+    ``NodeClient.router``, set by transport/nodekinds.py), or None."""
+    return next((node.router for node in nodes if node.router is not None), None)
+
+
 class SyncTransport:
     """Sends one request per node and gathers the replies within the node timeouts."""
 
     def __init__(self, nodes: Sequence[NodeClient], *, clock: Callable[[], float] = time.monotonic) -> None:
         self.nodes = list(nodes)
         self.clock = clock
+        #: A Sentinel or Cluster node among them: rounds go through its router
+        #: (nodekinds.routed_round: where each request goes, MOVED, failover).
+        self.router = router_of(self.nodes)
+        self.routed = self.router is not None
 
     def round(self, requests: Sequence[Request], *, skip_backoff: bool = True,
               settle: Settle | None = None, tag: Any = None, final: bool = False,
@@ -746,6 +777,11 @@ class SyncTransport:
         closed meanwhile (it restarted) is replaced once, and the request sent
         again: the node never saw it.
         """
+        if self.routed:
+            routed: list[Any] = self.router.round(
+                self, requests, skip_backoff=skip_backoff, settle=settle, tag=tag, final=final,
+                last=last, until=until)
+            return routed
         nodes = self.nodes
         n = len(nodes)
         if until is None:
@@ -852,12 +888,22 @@ class SyncTransport:
         assert request is not None
         # A new connection (or one we have not used before, lent by a cache's
         # pool) loads the scripts first; see resp.PRELOAD.
-        preload = conn._sock is None or not getattr(conn, _LOADED, False)
+        sock = conn._sock
+        preload = sock is None or not getattr(conn, _LOADED, False)
         try:
             if preload:
                 conn.send_packed_command((PRELOAD, request.packed), check_health=False)
             else:
-                conn.send_packed_command((request.packed,), check_health=False)
+                # The socket itself: what send_packed_command does for one
+                # packed request on a live connection, without its checks.
+                try:
+                    sock.sendall(request.packed)
+                except TimeoutError as e:  # socket.timeout
+                    conn.disconnect()
+                    raise RedisTimeoutError("Timeout writing to socket") from e
+                except BaseException:
+                    conn.disconnect()
+                    raise
         except NODE_DOWN_ERRORS as e:
             node.mark_failed(self.clock())
             # Owed requests may have run; this one did not.
@@ -872,6 +918,7 @@ class SyncTransport:
             setattr(conn, _LOADED, True)
             expect.extend((None, False, deadline) for _ in PRELOAD_SCRIPTS)
         if type(request) is Chain:
+            expect.extend((None, False, deadline) for _ in request.lead)  # read, dropped
             pending = _Pending(request)
             expect.append((pending, False, deadline))
             expect.append((pending, True, deadline))
@@ -911,9 +958,18 @@ class SyncTransport:
         request, mine, expect_due = expect[0]
         try:
             left = deadline - self.clock()
-            if _READ_TAKES_TIMEOUT:
+            sock = conn._sock
+            if left >= node.timeout - _SOCKET_TIMEOUT_SLACK and sock is not None:
+                # Read at once after the send (the usual case): the socket's
+                # own timeout, the node timeout, is this read's deadline to
+                # within the slack. A per-read timeout costs two more system
+                # calls (redis-py sets the socket's timeout and sets it back).
+                if sock.gettimeout() != node.timeout:
+                    sock.settimeout(node.timeout)
+                reply = conn.read_response()
+            elif _READ_TAKES_TIMEOUT:
                 # One syscall fewer than poll-then-read; a timeout disconnects.
-                reply = conn.read_response(timeout=max(left, 0.0005))
+                reply = conn.read_response(timeout=max(left, _TIMEOUT_SLACK))
             elif conn.can_read(timeout=max(left, 0.0)):
                 reply = conn.read_response()
             else:
@@ -985,14 +1041,16 @@ class SyncTransport:
         packed_eval = pending.chain.first.packed_eval
         if not then_mine or packed_eval is None:
             return False, None
+        lead = pending.chain.lead
         try:
-            conn.send_packed_command((packed_eval, pending.chain.then.packed),
-                                     check_health=False)
+            conn.send_packed_command((*(c.packed for c in lead), packed_eval,
+                                      pending.chain.then.packed), check_health=False)
         except NODE_DOWN_ERRORS as e:
             raise _NodeDone(self._fail(node, conn, expect, _short(e))) from e
         expect[0] = (pending, False, then_due)
         again = _Pending(pending.chain)
         due = self.clock() + node.timeout
+        expect.extend((None, False, due) for _ in lead)
         expect.append((again, False, due))
         expect.append((again, True, due))
         return False, None
@@ -1014,9 +1072,11 @@ class SyncTransport:
         give_up_at = asked - settle.need + 1  # this many noes: need is out of reach
         poller = select.poll()
         by_fd: dict[int, int] = {}
+        fd_of: dict[int, int] = {}
         for i in live:
             fd = conns[i]._sock.fileno()
             by_fd[fd] = i
+            fd_of[i] = fd
             poller.register(fd, select.POLLIN)
         pending = len(live)
         also = settle.also if settle.also in live else None
@@ -1045,7 +1105,7 @@ class SyncTransport:
                     continue
                 results[i] = result
                 pending -= 1
-                fd = next(fd for fd, j in by_fd.items() if j == i)
+                fd = fd_of[i]
                 del by_fd[fd]
                 poller.unregister(fd)
                 if settle.yes(result):

@@ -1,0 +1,815 @@
+"""Nodes that are more than one server: a Sentinel-managed master, a Redis Cluster.
+
+(Why one module of 700 lines: both kinds hook into the transports at the same
+few points, routed rounds, redirections and the master moving, which read best
+side by side; issue 21.) Each counts as one Redlock node, and each is a
+:class:`~django_redlock.transport.sync.NodeClient` to the engine, so the
+protocol is unchanged; what differs is where a node's requests go.
+
+Sentinel node (:class:`SentinelNode`)
+    Its master's address comes from the sentinels (``SENTINEL
+    GET-MASTER-ADDR-BY-NAME SERVICE``, :func:`discover_master`, through
+    redis-py's ``Sentinel`` clients), asked when a connection is set up
+    and the address is not known or no longer trusted. It is no longer
+    trusted after a failure (no answer, refused), after a ``READONLY`` reply
+    (the master was demoted: it is a replica now) and every
+    :data:`RECHECK` seconds while rounds go on (a failover the node did not
+    notice otherwise: the old master may still accept writes for a while).
+    When the address changes, every connection to the old one is dropped,
+    idle or given back later (:meth:`SentinelNode.accepts`), so the next
+    rounds set up connections to the new master: they load the scripts there
+    first (``resp.PRELOAD``), and the wake-up listener
+    (:mod:`~django_redlock.transport.notify`) drops its pub/sub connection and
+    subscribes again on the new master. Resolving is I/O to the sentinels: it
+    runs in the connection set-up (a thread of the sync transport, a worker
+    thread for asyncio), never in a round.
+
+Cluster node (:class:`ClusterNode`)
+    Every key of one lock name lives in one hash slot (``core.keys``), so a
+    request goes whole to the master serving its slot. The slot map is
+    redis-py's (``redis.cluster.NodesManager``, what ``RedisCluster`` keeps),
+    loaded in the background; each master is a :class:`_Shard`, a plain
+    ``NodeClient`` with the Cluster's options, whose counters are also the
+    Cluster node's. A ``MOVED`` reply updates the map at once (and reloads it
+    in the background) and the request goes again to the new owner, in the
+    same call, within the node timeout; an ``ASK`` reply sends it once to the
+    importing master behind ``ASKING`` (a slot half-migrated). A request whose
+    keys span slots (``EXTEND_MANY`` of locks of several names) is split by
+    the engine before it gets here (``rounds.extend_many_steps``).
+
+The transports call into this module only through :func:`routed`,
+:func:`route` and :func:`after_round` (and :meth:`NodeClient.accepts`), and
+only when a manager has such a node: a manager of plain masters runs exactly
+as before.
+"""
+
+from __future__ import annotations
+
+import logging
+import re
+import threading
+import time
+from typing import Any, Callable, Sequence
+
+import redis
+from redis.exceptions import (
+    AskError,
+    BusyLoadingError,
+    MovedError,
+    ReadOnlyError,
+    RedisError,
+    ResponseError,
+    TryAgainError,
+)
+from redis.exceptions import ConnectionError as RedisConnectionError
+
+from ..core.config import NodeSpec
+from .resp import Call, Chain, ChainReply, Command
+from .sync import NodeClient, NodeError
+
+logger = logging.getLogger("django_redlock.transport")
+
+#: Seconds after which a Sentinel node asks its sentinels again, in the
+#: background, whether the master moved (only while rounds go on).
+RECHECK = 1.0
+
+#: Seconds between two loads of a Cluster node's slot map, at least.
+REFRESH_MIN = 0.1
+
+#: Replies that say this server is not (or not yet) the master: a script's
+#: error text carries the server's message without its code.
+_MOVED_AWAY = re.compile(r"^(READONLY|MASTERDOWN|LOADING)\b|read only replica")
+
+#: Redirections (MOVED, ASK, TRYAGAIN) one request follows within one call (a
+#: MOVED from a stale map, then an ASK from a slot half-moved, and one to spare).
+MAX_REDIRECTS = 3
+
+
+def make_node(spec: NodeSpec, *, node_timeout: float,
+              pool_factory: Callable[[NodeSpec], Any] | None = None,
+              connect_timeout: float | None = None) -> NodeClient:
+    """The node client for ``spec``, whatever its kind."""
+    cls: type[NodeClient] = {"sentinel": SentinelNode, "cluster": ClusterNode,
+                             "cache": CacheNode}.get(spec.kind, NodeClient)
+    return cls(spec, node_timeout=node_timeout, pool_factory=pool_factory,
+               connect_timeout=connect_timeout)
+
+
+class Router:
+    """What a transport with a Sentinel or Cluster node routes its rounds
+    through (``NodeClient.router``; the transports find it on the nodes, so
+    they import nothing from here)."""
+
+    @staticmethod
+    def round(transport: Any, requests: Sequence[Any], **kwargs: Any) -> list[Any]:
+        return routed_round(transport, requests, **kwargs)
+
+    @staticmethod
+    async def around(transport: Any, requests: Sequence[Any], **kwargs: Any) -> list[Any]:
+        return await async_routed_round(transport, requests, **kwargs)
+
+
+class MasterUnknown(NodeError, RedisConnectionError):
+    """The sentinels named no master (all down, or none knows the service).
+
+    Both a :class:`NodeError` (the sync set-up's failure) and a redis-py
+    ``ConnectionError`` (what the pub/sub listener and asyncio set-ups catch)."""
+
+
+def discover_master(sentinel: Any, service: str) -> tuple[str, int]:
+    """Where the sentinels say ``service``'s master is: ``SENTINEL
+    GET-MASTER-ADDR-BY-NAME`` of the first sentinel (of redis-py's ``Sentinel``
+    ``sentinel``, in its order; the one that answered is asked first next time)
+    that names one, as the Sentinel client guidelines ask. Not redis-py's ``discover_master``: that reads ``SENTINEL
+    MASTERS``, which names the *old* master until a failover has reconfigured
+    every replica (a second or more), while this answer names the promoted
+    replica as soon as it is promoted; the old master, demoted, would answer
+    ``READONLY`` to every request meanwhile. (A master the sentinels call down
+    but have not replaced yet is still named: connecting to it fails, as
+    asking would.) Raises redis-py's ``MasterNotFoundError`` (a
+    ``ConnectionError``) naming each sentinel's reason, never a password."""
+    from redis.sentinel import MasterNotFoundError
+
+    reasons = []
+    clients = list(sentinel.sentinels)
+    for k, client in enumerate(clients):
+        try:
+            reply = client.execute_command("SENTINEL GET-MASTER-ADDR-BY-NAME", service)
+        except (RedisError, OSError) as e:
+            reasons.append(f"{type(e).__name__}: {e}")
+            continue
+        if reply:
+            if k:  # asked first next time (as redis-py does): a dead one costs once
+                sentinel.sentinels = [client, *clients[:k], *clients[k + 1:]]
+            host, port = reply[0], reply[1]
+            return (host.decode() if isinstance(host, bytes) else str(host)), int(port)
+        reasons.append("does not know the service")
+    raise MasterNotFoundError(f"No master found for {service!r}"
+                              + (f" ({'; '.join(reasons)})" if reasons else ""))
+
+
+def _address_of(spec: NodeSpec, url: str) -> tuple[str, int]:
+    host_port = url.split("://", 1)[1].rsplit("/", 1)[0]
+    host, _, port = host_port.rpartition(":")
+    return host.strip("[]"), int(port)
+
+
+def _connection_options(spec: NodeSpec, node: NodeClient) -> dict[str, Any]:
+    """redis-py connection kwargs from a group node's OPTIONS (with its bounds)."""
+    kwargs = dict(spec.options)
+    kwargs.pop("max_connections", None)
+    kwargs["socket_timeout"] = node.timeout
+    kwargs["socket_connect_timeout"] = node.connect_timeout
+    kwargs.setdefault("client_name", "django-redlock")
+    if spec.addresses and spec.addresses[0].startswith("rediss://"):
+        kwargs["connection_class"] = redis.SSLConnection
+    return kwargs
+
+
+# --------------------------------------------------------------------------
+# Sentinel
+# --------------------------------------------------------------------------
+
+
+class SentinelNode(NodeClient):
+    """A Sentinel-managed master: see the module docstring."""
+
+    moves = True
+    router = Router
+    #: A release never hands the lock to a waiter here (engine.protocol's
+    #: _hand_over_entry): right after a failover the waiter may still listen
+    #: on the old master, now a replica, where the new master's notice still
+    #: arrives (replicated) while its PUBLISH counted nobody, so the release
+    #: took the lock back. The waiter is woken, and asks.
+    hands_over = False
+
+    def __init__(self, spec: NodeSpec, **kwargs: Any) -> None:
+        super().__init__(spec, **kwargs)
+        #: The master's (host, port) as last resolved; None before the first.
+        self.address: tuple[str, int] | None = None
+        #: Masters resolved so far (a failover followed adds one).
+        self.switches = 0
+        self._stale = True
+        self._resolving = threading.Lock()
+        self._sentinel: Any = None
+        self._checked = 0.0
+        self._checking = False
+
+    @property
+    def service(self) -> str:
+        """The master's name as the sentinels know it."""
+        return self.spec.service
+
+    # -- where the master is ------------------------------------------------
+    def sentinel(self) -> Any:
+        """redis-py's ``Sentinel`` over this node's sentinels (built once), each
+        sentinel's client with that sentinel URL's own user and password: a
+        URL without them connects without (redis-py's ``sentinel_kwargs`` are
+        one set for all; settings check ``redlock.E013`` refuses a list where
+        only some URLs carry a password), each asked once per resolve."""
+        if self._sentinel is None:
+            from redis.backoff import NoBackoff
+            from redis.retry import Retry
+            from redis.sentinel import Sentinel
+
+            common: dict[str, Any] = {
+                "socket_timeout": self.connect_timeout,
+                "socket_connect_timeout": self.connect_timeout,
+                # One try per sentinel: redis-py's default retries a refused or
+                # refusing sentinel (a wrong password too) 3 times with back-off,
+                # 4 s before the next sentinel is asked, past the connection wait.
+                "retry": Retry(NoBackoff(), 0)}
+            if self.spec.addresses[0].startswith("rediss://"):
+                common["ssl"] = True
+                common.update({k: v for k, v in self.spec.options.items()
+                               if k.startswith("ssl_")})
+            addresses = [_address_of(self.spec, a) for a in self.spec.addresses]
+            sentinel = Sentinel(addresses, sentinel_kwargs=common)  # type: ignore[no-untyped-call]
+            own = list(self.spec.address_options) + [{}] * len(addresses)
+            sentinel.sentinels = [redis.Redis(host=host, port=port, **common, **dict(own[k]))
+                                  for k, (host, port) in enumerate(addresses)]
+            self._sentinel = sentinel
+        return self._sentinel
+
+    def resolve(self) -> tuple[str, int]:
+        """The master's address, asked of the sentinels when not trusted
+        (blocking: at most ``CONNECT_TIMEOUT`` per sentinel). Raises
+        :class:`MasterUnknown`."""
+        with self._resolving:
+            if not self._stale and self.address is not None:
+                return self.address
+            try:
+                host, port = discover_master(self.sentinel(), self.service)
+            except (RedisError, OSError) as e:
+                raise MasterUnknown(self.name, f"no master for {self.service!r} from "
+                                               f"the sentinels: {e}", sent=False) from e
+            self._checked = time.monotonic()
+            self._stale = False
+            address = (str(host), int(port))
+            if address != self.address:
+                if self.address is not None:
+                    logger.warning("node %s: master moved from %s:%s to %s:%s", self.name,
+                                   *self.address, *address)
+                self.address = address
+                self.switches += 1
+                self._forget_connections()
+            return address
+
+    def distrust(self) -> None:
+        """The master may have moved: ask the sentinels at the next set-up, and
+        set up new connections (the idle ones may reach a demoted master)."""
+        if not self._stale:
+            self._stale = True
+            self._forget_connections()
+
+    def _forget_connections(self) -> None:
+        # Not under _pool_lock: the first resolve may run inside _build_pool.
+        self._pool = None  # rebuilt for the new address (_build_pool)
+        idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.disconnect()
+
+    def accepts(self, conn: Any) -> bool:
+        return (not self._stale and self.address is not None
+                and (getattr(conn, "host", None), getattr(conn, "port", None)) == self.address)
+
+    def recheck_due(self, now: float) -> None:
+        """After a round: ask the sentinels again in the background every
+        :data:`RECHECK` seconds (a failover with no error seen yet)."""
+        if self._checking or now - self._checked < RECHECK or self.address is None:
+            return
+        self._checking = True
+        self._checked = now
+        threading.Thread(target=self._recheck, name=f"redlock-sentinel {self.name}",
+                         daemon=True).start()
+
+    def _recheck(self) -> None:
+        try:
+            host, port = discover_master(self.sentinel(), self.service)
+            if (str(host), int(port)) != self.address:
+                self.distrust()
+        except (RedisError, OSError):
+            pass  # the next failure distrusts it; the sentinels may be back by then
+        finally:
+            self._checking = False
+
+    def topology(self, client: Any) -> tuple[str, str | None]:
+        """For ``locks health``: the master the sentinels name now (asked
+        again), and a warning when the server reached is not it."""
+        self.distrust()
+        try:
+            host, port = self.resolve()
+        except MasterUnknown as e:
+            return "master unknown", e.reason
+        shown = f"master {host}:{port} ({self.service})"
+        role = client.info("replication").get("role")
+        if role != "master":
+            return shown, f"the sentinels name {host}:{port}, which reports role {role}"
+        return shown, None
+
+    # -- connections (NodeClient hooks) -------------------------------------
+    def _build_pool(self) -> Any:
+        host, port = self.resolve()
+        kwargs = _connection_options(self.spec, self)
+        kwargs["protocol"] = 2
+        return redis.ConnectionPool(host=host, port=port, db=0, **kwargs)
+
+    def new_connection(self) -> Any:
+        self.resolve()
+        return super().new_connection()
+
+    def async_address(self) -> dict[str, Any]:
+        """host and port for an asyncio connection (resolving, blocking, first
+        when not trusted: run in a worker thread)."""
+        host, port = self.resolve()
+        return {"host": host, "port": port}
+
+    def put(self, conn: Any) -> None:
+        if self.accepts(conn):
+            super().put(conn)
+        else:
+            conn.disconnect()
+
+    def mark_failed(self, now: float) -> None:
+        super().mark_failed(now)
+        self.distrust()
+
+    @staticmethod
+    def moved_away(result: Any) -> bool:
+        """Whether a reply says this server is no longer (or not yet) the master."""
+        error = result.first if isinstance(result, ChainReply) else result
+        return isinstance(error, (ReadOnlyError, BusyLoadingError)) or (
+            isinstance(error, ResponseError) and bool(_MOVED_AWAY.search(str(error))))
+
+    def note_reply(self, result: Any) -> None:
+        if self.moved_away(result):
+            self.distrust()
+
+
+class CacheNode(SentinelNode):
+    """A ``cache:<alias>`` node: the django-redis cache's own pool.
+
+    When the cache is a Sentinel client (django-redis's ``SentinelClient``: its
+    pool a ``redis.sentinel.SentinelConnectionPool``), the node follows the
+    master like a Sentinel node, asking the cache's own sentinels for
+    ``LOCATION``'s service; otherwise it is a plain node. Which one is known
+    once the pool is lent (lazily, at the first connection, as for any cache
+    node). django-redis has no Cluster client; a Cluster is a ``CLUSTER`` entry.
+    """
+
+    def __init__(self, spec: NodeSpec, **kwargs: Any) -> None:
+        super().__init__(spec, **kwargs)
+        self._follows: bool | None = None
+
+    @property
+    def follows(self) -> bool:
+        """Whether the cache's pool is a Sentinel pool."""
+        if self._follows is None:
+            from redis.sentinel import SentinelConnectionPool
+
+            self._follows = isinstance(self.pool, SentinelConnectionPool)
+        return self._follows
+
+    @property
+    def moves(self) -> bool:  # type: ignore[override]
+        return self.follows
+
+    @property
+    def hands_over(self) -> bool:  # type: ignore[override]
+        return not self.follows
+
+    @property
+    def service(self) -> str:
+        return str(self.pool.service_name)
+
+    def sentinel(self) -> Any:
+        return self.pool.sentinel_manager
+
+    def _build_pool(self) -> Any:
+        return NodeClient._build_pool(self)  # the cache's (pool_factory), never ours
+
+    def _forget_connections(self) -> None:
+        idle, self._idle = self._idle, []  # the borrowed pool stays the cache's
+        for conn in idle:
+            conn.disconnect()
+
+    def new_connection(self) -> Any:
+        if not self.follows:
+            return NodeClient.new_connection(self)
+        host, port = self.resolve()
+        conn = NodeClient.new_connection(self)
+        conn.host, conn.port = host, port  # (a SentinelManagedConnection asks again itself)
+        return conn
+
+    def accepts(self, conn: Any) -> bool:
+        return not self.follows or super().accepts(conn)
+
+    def distrust(self) -> None:
+        if self.follows:
+            super().distrust()
+
+    def recheck_due(self, now: float) -> None:
+        if self.follows:
+            super().recheck_due(now)
+
+    def topology(self, client: Any) -> tuple[str | None, str | None]:  # type: ignore[override]
+        if not self.follows:
+            return None, None
+        return super().topology(client)
+
+
+# --------------------------------------------------------------------------
+# Cluster
+# --------------------------------------------------------------------------
+
+
+class _Shard(NodeClient):
+    """One master of a Cluster node: a plain node client whose answers and
+    failures are counted for the Cluster node too (the engine reads those of
+    the node it knows)."""
+
+    def __init__(self, parent: ClusterNode, host: str, port: int) -> None:
+        scheme = "rediss" if parent.spec.addresses[0].startswith("rediss://") else "redis"
+        shown = f"[{host}]" if ":" in host else host
+        spec = NodeSpec(kind="url", url=f"{scheme}://{shown}:{port}/0",
+                        options=parent.spec.options, name=parent.name)
+        super().__init__(spec, node_timeout=parent.timeout,
+                         connect_timeout=parent.connect_timeout)
+        self.parent = parent
+        self.address = (host, port)
+
+    def mark_ok(self) -> None:
+        super().mark_ok()
+        self.parent.answers += 1
+
+    def mark_failed(self, now: float) -> None:
+        super().mark_failed(now)
+        self.parent.errors += 1
+        self.parent.refresh()
+
+    def note_round_trip(self, seconds: float) -> None:
+        super().note_round_trip(seconds)
+        self.parent.note_round_trip(seconds)
+
+
+def request_key(request: Any) -> bytes | None:
+    """The first key a request touches (all its keys share its slot)."""
+    if type(request) is Chain:
+        request = request.first if not isinstance(request.first, _Asking) else request.then
+    if isinstance(request, Call):
+        return bytes(request.keys[0]) if request.keys else None  # type: ignore[arg-type]
+    if isinstance(request, Command):
+        return getattr(request, "key", None)
+    return None
+
+
+class _Asking(Command):
+    """``ASKING``, sent right before a request redirected by ``ASK``."""
+
+    def __init__(self) -> None:
+        super().__init__(b"ASKING")
+
+
+#: Cluster redirections by their reply's first word, for a redis-py whose plain
+#: connections parse them as a bare ``ResponseError`` (5.x: only its cluster
+#: client's parser knows them).
+_REDIRECTIONS = {"MOVED": MovedError, "ASK": AskError, "TRYAGAIN": TryAgainError}
+
+
+def _cluster_error(error: Any) -> Any:
+    """``error`` as redis-py's ``MovedError``/``AskError``/``TryAgainError``
+    when it is one of those replies under another class; else unchanged."""
+    if type(error) is not ResponseError:
+        return error
+    code, _, rest = str(error).partition(" ")
+    kind = _REDIRECTIONS.get(code)
+    if kind is None:
+        return error
+    try:
+        return kind(rest)
+    except (ValueError, IndexError):  # not a redirection after all
+        return error
+
+
+def key_slot(key: bytes) -> int:
+    from redis.crc import key_slot as crc_slot
+
+    return int(crc_slot(key))
+
+
+class ClusterNode(NodeClient):
+    """A Redis Cluster: see the module docstring."""
+
+    #: One script call touches one hash slot (rounds.extend_many_steps).
+    one_slot_per_call = True
+    router = Router
+    #: A release never hands the lock to a waiter here (engine.protocol's
+    #: _entries): its PUBLISH counts only the listeners on its own master, so
+    #: it cannot tell whether the waiter heard; the waiter is woken instead.
+    hands_over = False
+
+    def __init__(self, spec: NodeSpec, **kwargs: Any) -> None:
+        super().__init__(spec, **kwargs)
+        self._shards: dict[tuple[str, int], _Shard] = {}
+        self._shards_lock = threading.Lock()
+        #: slot -> (host, port) learnt from MOVED since the last map.
+        self._moved: dict[int, tuple[str, int]] = {}
+        self._manager: Any = None
+        self._refreshing = False
+        self._refresh_lock = threading.Lock()
+        #: Maps loaded so far.
+        self.refreshes = 0
+        self._refresh_started = -REFRESH_MIN
+
+    # -- the slot map ---------------------------------------------------------
+    def refresh(self) -> None:
+        """Reload the slot map in the background (one load at a time, at most
+        one every :data:`REFRESH_MIN` seconds: a Cluster that is down is not
+        asked on every request)."""
+        now = time.monotonic()
+        with self._refresh_lock:
+            if self._refreshing or now - self._refresh_started < REFRESH_MIN:
+                return
+            self._refreshing = True
+            self._refresh_started = now
+        threading.Thread(target=self._load, name=f"redlock-cluster {self.name}",
+                         daemon=True).start()
+
+    def _load(self) -> None:
+        try:
+            from redis.cluster import ClusterNode as StartupNode
+            from redis.cluster import NodesManager
+
+            if self._manager is None:
+                kwargs = _connection_options(self.spec, self)
+                kwargs.pop("client_name", None)
+                if kwargs.pop("connection_class", None) is not None:
+                    kwargs["ssl"] = True
+                self._manager = NodesManager(
+                    [StartupNode(*_address_of(self.spec, a))  # type: ignore[no-untyped-call]
+                     for a in self.spec.addresses],
+                    require_full_coverage=False, **kwargs)
+            else:
+                self._manager.initialize()
+            self._moved = {}
+            self.refreshes += 1
+        except (RedisError, OSError, IndexError, KeyError) as e:
+            logger.info("node %s: no slot map yet: %s", self.name, e)
+        finally:
+            with self._refresh_lock:
+                self._refreshing = False
+
+    def owner(self, slot: int) -> tuple[str, int]:
+        """Who serves ``slot``: MOVED first, then the map, else a start-up node
+        (which answers MOVED)."""
+        moved = self._moved.get(slot)
+        if moved is not None:
+            return moved
+        manager = self._manager
+        if manager is None:
+            self.refresh()  # the first use (no I/O when the manager is built)
+        else:
+            try:
+                node = manager.get_node_from_slot(slot)
+            except (RedisError, IndexError, KeyError, TypeError):
+                node = None
+            if node is not None:
+                return str(node.host), int(node.port)
+        return _address_of(self.spec, self.spec.addresses[0])
+
+    def shard(self, address: tuple[str, int]) -> _Shard:
+        shard = self._shards.get(address)
+        if shard is None:
+            with self._shards_lock:
+                shard = self._shards.get(address)
+                if shard is None:
+                    shard = self._shards[address] = _Shard(self, *address)
+        return shard
+
+    def route(self, request: Any) -> NodeClient:
+        key = request_key(request)
+        if key is None:  # a keyless command (PING, INFO): any master
+            return self.shard(self.owner(0))
+        return self.shard(self.owner(key_slot(key)))
+
+    def redirect(self, result: Any, request: Any, sent: Any, target: NodeClient
+                 ) -> tuple[NodeClient, Any] | None:
+        """Where a ``MOVED``/``ASK``/``TRYAGAIN`` reply (to ``sent``, which is
+        ``request`` or it behind ``ASKING``) sends ``request`` next: it ran
+        nothing. None for any other reply."""
+        error = _cluster_error(result.first if isinstance(result, ChainReply) else result)
+        if isinstance(error, MovedError):
+            address = (str(error.host) or self.owner(error.slot_id)[0], int(error.port))
+            self._moved[int(error.slot_id)] = address
+            self.refresh()
+            return self.shard(address), request
+        if isinstance(error, AskError):
+            shard = self.shard((str(error.host), int(error.port)))
+            if type(request) is Chain:
+                # A grant with WAIT behind it (REPLICA_ACKS): ASKING, the script,
+                # then WAIT, all to the importing master, so that WAIT confirms
+                # the write of the master that made it. (WAIT on the master that
+                # answered ASK would confirm nothing: it wrote nothing.)
+                return shard, Chain(request.first, request.then, lead=(_Asking(),))
+            return shard, Chain(_Asking(), request)
+        if isinstance(error, TryAgainError):
+            # Some of the request's keys moved, some not (or do not exist):
+            # the same master, the same way, a moment later. A slot whose
+            # move takes longer answers the call with the error (the engine
+            # counts an error: nothing is granted twice).
+            time.sleep(0.005)
+            return target, sent
+        return None
+
+    def _map(self) -> Any:
+        """The slot map, loaded now (blocking) when not yet: for inspection."""
+        bound = time.monotonic() + self.connect_timeout * len(self.spec.addresses) + 1.0
+        while self._manager is None and self._refreshing and time.monotonic() < bound:
+            time.sleep(0.01)  # the background load under way (bounded)
+        if self._manager is None:
+            self._load()
+        return self._manager
+
+    def master_pools(self) -> list[Any]:
+        """For ``locks list``: a pool per master of the Cluster."""
+        manager = self._map()
+        if manager is None:
+            return [self.pool]
+        masters = manager.get_nodes_by_server_type("primary")
+        return [self.shard((str(m.host), int(m.port))).pool for m in masters]
+
+    def pool_for(self, key: bytes) -> Any:
+        """For ``locks show``: the pool of the master serving ``key``."""
+        self._map()
+        return self.shard(self.owner(key_slot(key))).pool
+
+    def topology(self, client: Any) -> tuple[str, str | None]:
+        """For ``locks health``: the Cluster's state as one of its masters
+        sees it, and a warning unless it is ``ok`` with every slot served."""
+        info = client.execute_command("CLUSTER", "INFO")
+        if isinstance(info, bytes):
+            info = info.decode()
+        fields = dict(line.split(":", 1) for line in str(info).split() if ":" in line)
+        state = fields.get("cluster_state", "?")
+        slots = fields.get("cluster_slots_ok", "?")
+        masters = fields.get("cluster_size", "?")
+        shown = f"cluster_state:{state}, {masters} masters, {slots} slots ok"
+        if state != "ok" or slots != "16384":
+            return shown, f"the Cluster is not fully served ({shown}): locks on the " \
+                          f"slots without a master fail"
+        return shown, None
+
+    def new_connection(self) -> Any:
+        # The map may have changed since the pool was built (a failover).
+        with self._pool_lock:
+            pool = self._pool
+            if pool is not None and (pool.connection_kwargs.get("host"),
+                                     pool.connection_kwargs.get("port")) != self.owner(0):
+                self._pool = None
+        return super().new_connection()
+
+    @property
+    def shards(self) -> list[_Shard]:
+        return list(self._shards.values())
+
+    def forget(self, tag: Any) -> None:
+        for shard in self.shards:
+            shard.forget(tag)
+
+    def close(self) -> None:
+        for shard in self.shards:
+            shard.close()
+        manager, self._manager = self._manager, None
+        if manager is not None:
+            try:
+                manager.reset()
+            except Exception:  # noqa: BLE001 - closing: nothing to report to
+                pass
+        super().close()
+
+    def _build_pool(self) -> Any:
+        # For the pub/sub listener and inspection: the master of slot 0 when the
+        # map is known (a PUBLISH reaches every node of a Cluster, so any one
+        # serves the wake-up), else the first start-up node.
+        host, port = self.owner(0)
+        kwargs = _connection_options(self.spec, self)
+        kwargs["protocol"] = 2
+        return redis.ConnectionPool(host=host, port=port, db=0, **kwargs)
+
+
+# --------------------------------------------------------------------------
+# What the transports call
+# --------------------------------------------------------------------------
+
+
+def route(nodes: Sequence[NodeClient], requests: Sequence[Any]) -> list[NodeClient]:
+    """The node client each request goes to (a Cluster node's: its slot's master)."""
+    return [node.route(request) if isinstance(node, ClusterNode) and request is not None
+            else node for node, request in zip(nodes, requests)]
+
+
+def follow_redirects(nodes: Sequence[NodeClient], targets: list[NodeClient],
+                     requests: Sequence[Any], sent: Sequence[Any], results: list[Any]
+                     ) -> tuple[list[NodeClient], list[Any]] | None:
+    """The round to send again for the requests a Cluster redirected
+    (``MOVED``/``ASK``/``TRYAGAIN``) or a demoted Sentinel master refused:
+    (node clients, requests) with None for the others; None when there is
+    none. ``requests``: the originals; ``sent``: what went out last (None:
+    nothing, this time)."""
+    again: list[Any] = [None] * len(nodes)
+    found = False
+    new_targets = list(targets)
+    for i, node in enumerate(nodes):
+        if sent[i] is None:
+            continue
+        if isinstance(node, ClusterNode):
+            hop = node.redirect(results[i], requests[i], sent[i], targets[i])
+            if hop is not None:
+                new_targets[i], again[i] = hop
+                found = True
+        elif isinstance(node, SentinelNode) and node.moves and node.moved_away(results[i]):
+            # Refused by a demoted master (a write refused runs nothing): again,
+            # on a connection to the master the sentinels name now.
+            node.distrust()
+            again[i] = requests[i]
+            found = True
+    return (new_targets, again) if found else None
+
+
+def unwrap(request: Any, result: Any) -> Any:
+    """The reply of a request sent behind ``ASKING``: its own."""
+    if type(request) is Chain and isinstance(request.first, _Asking):
+        if isinstance(result, ChainReply):
+            return result.then
+    return result
+
+
+def after_round(nodes: Sequence[NodeClient], results: Sequence[Any], now: float) -> None:
+    """What the replies say about where the masters are (Sentinel nodes)."""
+    for node, result in zip(nodes, results):
+        if isinstance(node, SentinelNode):
+            if not node.moves:
+                continue
+            if isinstance(result, (ResponseError, ChainReply)):
+                node.note_reply(result)
+            node.recheck_due(now)
+
+
+def _view(transport: Any, targets: list[NodeClient]) -> Any:
+    """The transport over ``targets`` (each node's client for this round),
+    sharing everything else (the asyncio one's per-loop connections, keyed
+    by node client); a plain round, not routed again."""
+    import copy
+
+    view = copy.copy(transport)
+    view._base = transport.nodes
+    view.nodes = targets
+    view.routed = False
+    view.viewing = True
+    return view
+
+
+def routed_round(transport: Any, requests: Sequence[Any], **kwargs: Any) -> list[Any]:
+    """A sync round through Sentinel and Cluster nodes: each request to its
+    node's master; a Cluster's redirections followed (at most
+    :data:`MAX_REDIRECTS` more rounds, for the redirected requests only); the
+    replies then tell the Sentinel nodes whether their master moved."""
+    nodes = transport.nodes
+    targets = route(nodes, requests)
+    results = _view(transport, targets).round(requests, **kwargs)
+    sent: list[Any] = list(requests)
+    for _ in range(MAX_REDIRECTS):
+        hop = follow_redirects(nodes, targets, requests, sent, results)
+        if hop is None:
+            break
+        targets, sent = hop
+        more = _view(transport, targets).round(
+            sent, skip_backoff=False, tag=kwargs.get("tag"), final=kwargs.get("final", False),
+            until=kwargs.get("until"))
+        for i, request in enumerate(sent):
+            if request is not None:
+                results[i] = unwrap(request, more[i])
+    after_round(nodes, results, transport.clock())
+    return list(results)
+
+
+async def async_routed_round(transport: Any, requests: Sequence[Any], **kwargs: Any
+                             ) -> list[Any]:
+    """:func:`routed_round` for the asyncio transport."""
+    nodes = transport.nodes
+    targets = route(nodes, requests)
+    results = await _view(transport, targets).round(requests, **kwargs)
+    sent: list[Any] = list(requests)
+    for _ in range(MAX_REDIRECTS):
+        hop = follow_redirects(nodes, targets, requests, sent, results)
+        if hop is None:
+            break
+        targets, sent = hop
+        more = await _view(transport, targets).round(
+            sent, skip_backoff=False, tag=kwargs.get("tag"), final=kwargs.get("final", False),
+            until=kwargs.get("until"))
+        for i, request in enumerate(sent):
+            if request is not None:
+                results[i] = unwrap(request, more[i])
+    after_round(nodes, results, transport.clock())
+    return list(results)
