@@ -1,5 +1,11 @@
 """The asyncio flavour: :class:`AsyncLock`, with the semantics of the sync :class:`Lock`.
 
+(Why one module of 600 lines: besides the thin driver of the protocol's plans,
+asyncio needs what a thread gets from the watchdog and the notice thread: renewals
+batched per event loop, the bridge from the notice thread to the loop, and the
+guard against a loop that stopped (the timeline below); apart, each would reach
+into the lock's state.)
+
 >>> async with manager.alock("stock:42") as held:   # or django_redlock.alock(...)
 ...     ...                                          # held.fence, held.validity
 
@@ -63,7 +69,7 @@ import math
 import os
 import threading
 import weakref
-from collections.abc import Awaitable, Sequence
+from collections.abc import Awaitable, Coroutine, Generator, Sequence
 from types import EllipsisType, TracebackType
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -108,22 +114,95 @@ T = TypeVar("T")
 
 
 # -- helpers -----------------------------------------------------------------
-async def _complete(aw: Awaitable[T]) -> tuple[T, bool]:
+class _Shielded:
+    """What the task waits on in place of ``fut`` while :func:`_complete` runs
+    a coroutine: the same future, except that a cancellation cannot reach it
+    (``cancel()`` declines). The task is then cancelled once ``fut`` is done,
+    at the ``yield`` of :class:`_Complete`, which notes it and goes on."""
+
+    __slots__ = ("_asyncio_future_blocking", "_fut")
+
+    def __init__(self, fut: Any) -> None:
+        self._fut = fut
+        self._asyncio_future_blocking = True
+
+    def get_loop(self) -> asyncio.AbstractEventLoop:
+        loop: asyncio.AbstractEventLoop = self._fut.get_loop()
+        return loop
+
+    def add_done_callback(self, fn: Any, *, context: Any = None) -> None:
+        self._fut.add_done_callback(fn, context=context)
+
+    def remove_done_callback(self, fn: Any) -> int:
+        removed: int = self._fut.remove_done_callback(fn)
+        return removed
+
+    def cancel(self, msg: Any = None) -> bool:
+        return False
+
+    def cancelled(self) -> bool:
+        return False
+
+    def done(self) -> bool:
+        return bool(self._fut.done())
+
+    def result(self) -> Any:
+        return self._fut.result()
+
+    def exception(self) -> Any:
+        return self._fut.exception()
+
+
+class _Complete:
+    """The awaitable of :func:`_complete`: drives ``coro`` in the calling task,
+    handing the task a :class:`_Shielded` for every future ``coro`` waits on."""
+
+    __slots__ = ("_coro",)
+
+    def __init__(self, coro: Coroutine[Any, Any, T]) -> None:
+        self._coro = coro
+
+    def __await__(self) -> Generator[Any, None, tuple[Any, bool]]:
+        coro = self._coro
+        cancelled = False
+        throw: BaseException | None = None
+        while True:
+            try:
+                if throw is None:
+                    waited = coro.send(None)
+                else:
+                    waited, throw = coro.throw(throw), None
+            except StopIteration as done:
+                return done.value, cancelled
+            try:
+                yield None if waited is None else _Shielded(waited)
+            except GeneratorExit:
+                coro.close()
+                raise
+            except asyncio.CancelledError as exc:
+                if waited is not None and not waited.done():
+                    throw = exc  # not a cancellation of the task (see _Shielded): passed on
+                elif waited is None or not waited.cancelled():
+                    cancelled = True  # the caller's: noted, re-raised by the caller after
+                # else: ``waited`` itself was cancelled; ``coro`` reads it from there
+            except BaseException:  # noqa: BLE001 - ``waited`` failed; ``coro`` reads it from there
+                pass
+
+
+def _complete(aw: Coroutine[Any, Any, T]) -> Awaitable[tuple[T, bool]]:
     """Run ``aw`` to its end even if the caller is cancelled meanwhile.
 
     Returns ``(result, cancelled)``; the caller re-raises ``CancelledError`` after
-    its own bookkeeping when ``cancelled``. Only the loop shutting down (which
-    cancels every task, this inner one too) can cut ``aw`` short.
+    its own bookkeeping when ``cancelled``. ``aw`` runs in the calling task (no
+    task of its own, no turn of the loop to start it or to hand its result
+    back): a cancellation of the task is deferred until the future ``aw``
+    waits on is done, then noted. So every wait of ``aw`` must be bounded
+    without cancelling the task (the transport's rounds are: their deadlines
+    abort connections, ``transport.aio._Deadline``; waits for their tasks
+    and ``asyncio.wait`` have timeouts of their own), and only the loop
+    shutting down can cut ``aw`` short.
     """
-    inner = asyncio.ensure_future(aw)
-    cancelled = False
-    while True:
-        try:
-            return await asyncio.shield(inner), cancelled
-        except asyncio.CancelledError:
-            if inner.done():
-                raise
-            cancelled = True
+    return _Complete(aw)
 
 
 async def _send(signal: Signal, **kwargs: Any) -> None:
@@ -132,8 +211,8 @@ async def _send(signal: Signal, **kwargs: Any) -> None:
     Django 5's ``asend_robust`` is used when present: ``send_robust`` would call
     async receivers through ``async_to_sync``, which refuses to run inside a loop.
     """
-    if not signal.has_listeners(Lock):
-        return
+    if not signal.receivers or not signal.has_listeners(Lock):
+        return  # the first test is free; has_listeners() walks the receivers
     asend = getattr(signal, "asend_robust", None)
     if asend is None:
         signals.send(signal, Lock, **kwargs)
@@ -211,15 +290,19 @@ async def _subscribe(manager: LockHost, channel: bytes, confirm: float,
 
 
 # -- rounds (the rules live in rounds.py, shared with the sync manager) --------
-async def _run(transport: AsyncTransport, steps: rounds.Steps[T]) -> T:
-    """Drive a round's steps (rounds.py) with the asyncio transport, which reads
-    every reply: of each exchange's options it uses ``skip_backoff``, ``last``
-    and ``tag``."""
+async def _run(mgr: LockHost, transport: AsyncTransport, steps: rounds.Steps[T]) -> T:
+    """Drive a round's steps (rounds.py) with the asyncio transport; a failed
+    request worth sending again goes to ``mgr``'s late sender, as in
+    ``LockManager._run``."""
     try:
         ask = next(steps)
         while True:
-            ask = steps.send(await transport.round(ask.requests, skip_backoff=ask.skip_backoff,
-                                                   last=ask.last, tag=ask.tag))
+            replies = await transport.round(ask.requests, skip_backoff=ask.skip_backoff,
+                                            last=ask.last, tag=ask.tag,
+                                            settle=ask.settle, final=ask.final)
+            if ask.redo:
+                mgr._send_later(ask.requests, replies, ask.redo)
+            ask = steps.send(replies)
     except StopIteration as done:
         value: T = done.value
         return value
@@ -230,39 +313,42 @@ async def _acquire_round(mgr: LockHost, transport: AsyncTransport, key: bytes, f
                          ttl: float, *, lock_name: str, waiter: bytes = b"",
                          hand_over: bytes = b"", woken: bool = False, ask_all: bool = False,
                          again: bool = False,
-                         handed: AcquireResult | None = None) -> AcquireResult:
-    return await _run(transport, rounds.acquire_steps(
+                         handed: AcquireResult | None = None, attempt: int = 0,
+                         guard: rounds.Guard | None = None) -> AcquireResult:
+    return await _run(mgr, transport, rounds.acquire_steps(
         mgr, key, fkey, wkey, token, ttl_ms, owner, fencing, ttl, lock_name=lock_name,
         waiter=waiter, hand_over=hand_over, woken=woken, ask_all=ask_all, again=again,
-        handed=handed))
+        handed=handed, attempt=attempt, guard=guard))
 
 
 async def _release_round(mgr: LockHost, transport: AsyncTransport, key: bytes, fkey: bytes,
                          wkey: bytes, token: str, fence: int, *,
-                         only: Sequence[bool] | None = None) -> ReleaseResult:
-    return await _run(transport, rounds.release_steps(mgr, key, fkey, wkey, token, fence,
-                                                      only=only))
+                         only: Sequence[bool] | None = None,
+                         notify: bytes = b"", wait: bool = True,
+                         redo: float = 0.0) -> ReleaseResult:
+    return await _run(mgr, transport, rounds.release_steps(
+        mgr, key, fkey, wkey, token, fence, only=only, notify=notify, wait=wait, redo=redo))
 
 
 async def _leave_queue(mgr: LockHost, transport: AsyncTransport, wkey: bytes,
                        entries: Sequence[bytes], *, only: Sequence[bool] | None = None) -> None:
     """See :meth:`LockHost._leave_queue`."""
-    await _run(transport, rounds.leave_queue_steps(mgr, wkey, entries, only=only))
+    await _run(mgr, transport, rounds.leave_queue_steps(mgr, wkey, entries, only=only))
 
 
 async def _give_up(mgr: LockHost, transport: AsyncTransport, key: bytes, fkey: bytes,
                    wkey: bytes, token: str, entries: Sequence[bytes]) -> None:
     """See :meth:`LockHost._give_up`."""
-    await _run(transport, rounds.give_up_steps(mgr, key, fkey, wkey, token, entries))
+    await _run(mgr, transport, rounds.give_up_steps(mgr, key, fkey, wkey, token, entries))
 
 
 async def _extend_round(mgr: LockHost, transport: AsyncTransport, key: bytes, fkey: bytes,
                         token: str, fence: int, ttl: float) -> ExtendResult:
-    return await _run(transport, rounds.extend_steps(mgr, key, fkey, token, fence, ttl))
+    return await _run(mgr, transport, rounds.extend_steps(mgr, key, fkey, token, fence, ttl))
 
 
 async def _holders(mgr: LockHost, transport: AsyncTransport, key: bytes) -> int:
-    return await _run(transport, rounds.holders_steps(mgr, key))
+    return await _run(mgr, transport, rounds.holders_steps(mgr, key))
 
 
 #: Renewal timers are rounded up to this many seconds, so that the locks due
@@ -341,7 +427,7 @@ class _Renewals:
         if not begun:
             return
         try:
-            results: list[Any] = await _run(self.transport, rounds.extend_many_steps(
+            results: list[Any] = await _run(self.mgr, self.transport, rounds.extend_many_steps(
                 self.mgr, [rounds.Extension(lock._key_b, lock._fence_key_b, step.token,
                                             step.fence, step.ttl)
                            for lock, _, step in begun]))
@@ -423,7 +509,8 @@ class AsyncLock(LockBase):
                                 waiter=sub.entry if sub else b"",
                                 hand_over=sub.hand_over_entry if sub else b"",
                                 woken=step.woken, ask_all=step.ask_all, again=step.again,
-                                handed=self._take_handover(sub, refusal))
+                                handed=self._take_handover(sub, refusal),
+                                attempt=step.number, guard=self._guard)
                         except asyncio.CancelledError:
                             # The round may have set our key on some nodes: take it back.
                             await _complete(_release_round(mgr, self.transport, self._key_b,
@@ -551,7 +638,8 @@ class AsyncLock(LockBase):
                 if type(step) is ReleaseRound:
                     answer = await _release_round(mgr, self.transport, self._key_b,
                                                   self._fence_key_b, self._waiters_key_b,
-                                                  step.token, step.fence)
+                                                  step.token, step.fence, notify=self._notify,
+                                                  redo=step.lease)
                 elif type(step) is ExtendRound:
                     answer = await _extend_round(mgr, self.transport, self._key_b,
                                                  self._fence_key_b, step.token, step.fence,
@@ -582,8 +670,7 @@ class AsyncLock(LockBase):
         if timer is not None:
             timer.cancel()
         renewal, self._renewal = self._renewal, None
-        result, cancelled = await _complete(self._release_nodes(renewal, step.token,
-                                                                step.fence))
+        result, cancelled = await _complete(self._release_nodes(renewal, step))
         try:
             await self._run_plan(plan, result)
         finally:
@@ -592,17 +679,43 @@ class AsyncLock(LockBase):
                 # a LockLost, which the cancelled caller would not look at).
                 raise asyncio.CancelledError
 
-    async def _release_nodes(self, renewal: asyncio.Task[None] | None, token: str,
-                             fence: int) -> ReleaseResult:
+    async def _release_unawaited(self) -> None:
+        """``release()`` without waiting for the nodes' replies (see
+        ``Lock._release_unawaited``)."""
+        plan = self._release_plan()
+        step = next(plan)  # the state as release() changes it (LockNotOwned if not held)
+        plan.close()
+        assert type(step) is ReleaseRound
+        timer, self._renewal_timer = self._renewal_timer, None
+        if timer is not None:
+            timer.cancel()
+        renewal, self._renewal = self._renewal, None
+        if renewal is not None and not renewal.done():
+            renewal.cancel()
+        _, cancelled = await _complete(_release_round(
+            self.manager, self.transport, self._key_b, self._fence_key_b, self._waiters_key_b,
+            step.token, step.fence, notify=self._notify, wait=False, redo=step.lease))
+        if cancelled:  # sent all the same, as release() does
+            raise asyncio.CancelledError
+
+    async def _release_nodes(self, renewal: asyncio.Task[None] | None,
+                             step: ReleaseRound) -> ReleaseResult:
         if renewal is not None and not renewal.done():
             renewal.cancel()
             await asyncio.wait([renewal])  # no renewal outlives release()
         return await _release_round(self.manager, self.transport, self._key_b,
-                                    self._fence_key_b, self._waiters_key_b, token, fence)
+                                    self._fence_key_b, self._waiters_key_b, step.token,
+                                    step.fence, notify=self._notify, redo=step.lease)
 
     # -- extend / renew --------------------------------------------------------
     async def extend(self, ttl: float | EllipsisType = ...) -> None:
         """Reset the lease to ``ttl`` seconds (default: the lock's TTL) on a quorum.
+
+        The holder counts on ``ttl`` from this call (``validity``); a node
+        never shortens a lease, so after a longer one the key stays there
+        until that longer end (or ``release()``): a request of this holder
+        that a node runs late cannot cut the lease a later extend set
+        (tests/test_extend_order.py has the timeline).
 
         Raises :class:`LockNotOwned` when not held; :class:`LockLost` when the
         lease already ran out or a majority no longer has our key;

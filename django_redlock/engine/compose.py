@@ -125,7 +125,8 @@ def release_all(count: int, what: str, name: str) -> Plan:
 
 
 # -- the two drivers, as base classes of a composite primitive -----------------------
-C = TypeVar("C", bound="Composite")
+SC = TypeVar("SC", bound="Composed")
+AC = TypeVar("AC", bound="AsyncComposed")
 
 
 class Composite:
@@ -175,8 +176,8 @@ class Composed(Composite):
         for lock in self._extend_targets():
             lock.extend(ttl)
 
-    def __enter__(self: C) -> C:
-        if not self.acquire():  # type: ignore[attr-defined]  # Composed's, on a Composed
+    def __enter__(self: SC) -> SC:
+        if not self.acquire():
             raise self._busy()
         return self
 
@@ -200,8 +201,8 @@ class AsyncComposed(Composite):
         for lock in self._extend_targets():
             await lock.extend(ttl)
 
-    async def __aenter__(self: C) -> C:
-        if not await self.acquire():  # type: ignore[attr-defined]  # AsyncComposed's
+    async def __aenter__(self: AC) -> AC:
+        if not await self.acquire():
             raise self._busy()
         return self
 

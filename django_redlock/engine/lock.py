@@ -11,7 +11,6 @@ a loss is silent.
 from __future__ import annotations
 
 import logging
-import os
 import threading
 import time
 from types import EllipsisType, TracebackType
@@ -19,6 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from .. import signals
 from ..core.arguments import check_ttl
+from ..core.pid import getpid
 from ..exceptions import LockLost, QuorumUnavailable, RedlockError
 from .held import release_held_locks
 from .protocol import (
@@ -71,8 +71,10 @@ class Lock(LockBase):
         """
         mgr = self.manager
         started, deadline, token, owner, ttl_ms, pause = self._start_acquire(blocking, timeout)
-        with self._io:  # the renewal thread reads the state under it
-            stale = self._end_stale_hold()
+        stale = None
+        if self._state != _UNLOCKED:  # only this thread's acquire leaves "unlocked"
+            with self._io:  # the renewal thread reads the state under it
+                stale = self._end_stale_hold()
         if stale is not None:
             self._report_lost(*stale)
         if pause:
@@ -96,7 +98,8 @@ class Lock(LockBase):
                                 hand_over=subscription.hand_over_entry if subscription
                                 else b"",
                                 woken=step.woken, ask_all=step.ask_all, again=step.again,
-                                handed=self._take_handover(subscription, refusal))
+                                handed=self._take_handover(subscription, refusal),
+                                attempt=step.number, guard=self._guard)
                         except QuorumUnavailable as exc:
                             step = plan.throw(exc)  # re-raised, or the plan asks again
                             continue
@@ -186,8 +189,9 @@ class Lock(LockBase):
             self._enter_hold(token, fence, valid_until)
         if self.auto_renew:
             mgr.watchdog.schedule(self, self._next_renewal(self._acquired_at))
-        signals.send(signals.lock_acquired, Lock, lock=self, name=self.name, fence=fence,
-                     wait=self._acquired_at - started)
+        if signals.lock_acquired.receivers:  # none: sending does nothing, skip its arguments
+            signals.send(signals.lock_acquired, Lock, lock=self, name=self.name, fence=fence,
+                         wait=self._acquired_at - started)
 
     # -- the hold's plans, run with the sync transport ------------------------
     def _run_plan(self, plan: HoldPlan, answer: Any = None) -> Any:
@@ -199,7 +203,8 @@ class Lock(LockBase):
             while True:
                 if type(step) is ReleaseRound:
                     answer = mgr._release_round(self._key_b, self._fence_key_b,
-                                                self._waiters_key_b, step.token, step.fence)
+                                                self._waiters_key_b, step.token, step.fence,
+                                                notify=self._notify, redo=step.lease)
                 elif type(step) is ExtendRound:
                     answer = mgr._extend_round(self._key_b, self._fence_key_b, step.token,
                                                step.fence, step.ttl)
@@ -226,12 +231,37 @@ class Lock(LockBase):
             step = next(plan)
         assert type(step) is ReleaseRound
         result = self.manager._release_round(self._key_b, self._fence_key_b,
-                                             self._waiters_key_b, step.token, step.fence)
+                                             self._waiters_key_b, step.token, step.fence,
+                                             notify=self._notify, redo=step.lease)
         self._run_plan(plan, result)
+
+    def _release_unawaited(self) -> None:
+        """``release()`` without waiting for the nodes' replies, and so without
+        its reports (no ``lock_released`` signal, no ``LockLost``): the state
+        changes as ``release()`` changes it, the requests go out, and their
+        replies are read by the next round on their connections. For a
+        semaphore's line, handed on by a head that already holds its permit:
+        the next head is woken by the release script as it would be, and the
+        head's ``acquire()`` returns without one more round trip. Raises
+        :class:`LockNotOwned` as ``release()`` does."""
+        plan = self._release_plan()
+        with self._io:  # the state changes before the round (the renewal reads it)
+            step = next(plan)
+        plan.close()
+        assert type(step) is ReleaseRound
+        self.manager._release_round(self._key_b, self._fence_key_b, self._waiters_key_b,
+                                    step.token, step.fence, notify=self._notify, wait=False,
+                                    redo=step.lease)
 
     # -- extend / renew --------------------------------------------------------
     def extend(self, ttl: float | EllipsisType = ...) -> None:
         """Reset the lease to ``ttl`` seconds (default: the lock's TTL) on a quorum.
+
+        The holder counts on ``ttl`` from this call (``validity``); a node
+        never shortens a lease, so after a longer one the key stays there
+        until that longer end (or ``release()``): a request of this holder
+        that a node runs late cannot cut the lease a later extend set
+        (tests/test_extend_order.py has the timeline).
 
         Raises :class:`LockNotOwned` when not held; :class:`LockLost` when the
         lease already ran out or a majority no longer has our key;
@@ -277,7 +307,8 @@ class Lock(LockBase):
     def _renewal_end(self, plan: HoldPlan, result: Any) -> float | None:
         """The second half: the plan gets its round's result; ``_io`` is let go."""
         try:
-            return self._run_plan(plan, result)  # type: ignore[no-any-return]
+            due: float | None = self._run_plan(plan, result)
+            return due
         finally:
             self._io.release()
 
@@ -298,7 +329,7 @@ class Lock(LockBase):
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if self._state == _UNLOCKED or self._pid != os.getpid():
+        if self._state == _UNLOCKED or self._pid != getpid():
             return  # released by hand inside the block, or a forked child
         try:
             self.release()

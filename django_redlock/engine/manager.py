@@ -34,10 +34,12 @@ from ..core.arguments import check_max_hold, check_timeout, check_ttl
 from ..core.config import DEFAULTS, NodeSpec, check_options, parse_nodes, resolve_options
 from ..core.keys import lock_key, validate_name
 from ..core.retry import next_wait
+from ..transport.nodekinds import make_node
 from ..transport.notify import ReleaseNotifier
 from ..transport.resp import FORCE_RELEASE, Call
-from ..transport.sync import NodeClient, SyncTransport
+from ..transport.sync import SyncTransport
 from . import rounds
+from .leftovers import Leftovers, failed_requests
 from .lock import Lock
 from .multilock import AsyncMultiLock, MultiLock, check_names
 from .reentrant import AsyncReentrantLock, HoldTable, ReentrantLock
@@ -149,13 +151,15 @@ class LockManager:
         self.clock = clock
         self.rng = rng or random.Random()
         factory = pool_factory or _default_pool_factory
-        self.nodes = [NodeClient(spec, node_timeout=self.node_timeout,
-                                 pool_factory=factory if spec.kind == "cache" else pool_factory,
-                                 connect_timeout=float(conf["CONNECT_TIMEOUT"]))
+        self.nodes = [make_node(spec, node_timeout=self.node_timeout,
+                                pool_factory=factory if spec.kind == "cache" else pool_factory,
+                                connect_timeout=float(conf["CONNECT_TIMEOUT"]))
                       for spec in specs]
         self.quorum = q.quorum(len(self.nodes))
         self.transport = SyncTransport(self.nodes, clock=clock)
         self._watchdog: Watchdog | None = None
+        #: Releases and clean-ups that failed on a node, sent again (made at the first).
+        self._leftovers: Leftovers | None = None
         self._notifier: ReleaseNotifier | None = None
         self._async_transport: Any = None  # transport.aio.AsyncTransport, made by alock()
         self._lazy_lock = threading.Lock()
@@ -203,17 +207,23 @@ class LockManager:
             return ReentrantLock(self, lambda: self.lock(
                 name, ttl=proto.ttl, timeout=proto.timeout, auto_renew=proto.auto_renew,
                 fencing=fencing, max_hold=proto.max_hold, label=label), proto.timeout)
+        return Lock(self, name, label=label, **self._lock_options(
+            ttl, timeout, auto_renew, fencing, max_hold))
+
+    def _lock_options(self, ttl: Any, timeout: Any, auto_renew: Any, fencing: Any,
+                      max_hold: Any) -> dict[str, Any]:
+        """A lock's options, checked before anything is sent (the name is
+        checked by the lock itself), the manager's defaults filled in: one
+        place for lock() and alock()."""
         if not isinstance(fencing, bool):
             raise ValueError(f"fencing must be True or False, not {fencing!r}")
         if auto_renew is not ... and not isinstance(auto_renew, bool):
             raise ValueError(f"auto_renew must be True or False, not {auto_renew!r}")
-        return Lock(self, name,
-                    ttl=self.ttl if ttl is ... else check_ttl(ttl),
-                    timeout=self.timeout if timeout is ... else check_timeout(timeout),
-                    auto_renew=self.auto_renew if auto_renew is ... else auto_renew,
-                    fencing=fencing,
-                    max_hold=self.max_hold if max_hold is ... else check_max_hold(max_hold),
-                    label=label)
+        return {"ttl": self.ttl if ttl is ... else check_ttl(ttl),
+                "timeout": self.timeout if timeout is ... else check_timeout(timeout),
+                "auto_renew": self.auto_renew if auto_renew is ... else auto_renew,
+                "fencing": fencing,
+                "max_hold": self.max_hold if max_hold is ... else check_max_hold(max_hold)}
 
     @overload
     def alock(self, name: str, *, ttl: float | EllipsisType = ...,
@@ -237,17 +247,17 @@ class LockManager:
         (``reentrant=True``: an ``AsyncReentrantLock``, per asyncio task)."""
         from .aio import AsyncLock
 
-        opts = self.lock(name, ttl=ttl, timeout=timeout, auto_renew=auto_renew, fencing=fencing,
-                         max_hold=max_hold, label=label)  # validates like lock(); no I/O
         if not isinstance(reentrant, bool):
             raise ValueError(f"reentrant must be True or False, not {reentrant!r}")
         if reentrant:
+            opts = self.lock(name, ttl=ttl, timeout=timeout, auto_renew=auto_renew,
+                             fencing=fencing, max_hold=max_hold, label=label)  # validates
             return AsyncReentrantLock(self, lambda: self.alock(
                 name, ttl=opts.ttl, timeout=opts.timeout, auto_renew=opts.auto_renew,
                 fencing=fencing, max_hold=opts.max_hold, label=label), opts.timeout)
-        return AsyncLock(self, self._async(), opts.name, ttl=opts.ttl,
-                         timeout=opts.timeout, auto_renew=opts.auto_renew, fencing=fencing,
-                         max_hold=opts.max_hold, label=label)
+        # Checked as lock() checks them, without building a sync Lock first.
+        return AsyncLock(self, self._async(), name, label=label, **self._lock_options(
+            ttl, timeout, auto_renew, fencing, max_hold))
 
     def read_lock(self, name: str, *, ttl: float | EllipsisType = ...,
                   timeout: float | None | EllipsisType = ...,
@@ -415,6 +425,8 @@ class LockManager:
         self._closed = True
         if self._watchdog is not None:
             self._watchdog.close()
+        if self._leftovers is not None:
+            self._leftovers.close()
         if self._notifier is not None:
             self._notifier.close()
         self.transport.close()
@@ -456,6 +468,7 @@ class LockManager:
     def _reset_after_fork(self) -> None:
         """In a forked child: forget the parent's threads; its locks are not ours."""
         self._watchdog = None
+        self._leftovers = None  # the parent's to send, not the child's
         self._notifier = None
         self._lazy_lock = threading.Lock()
         for node in self.nodes:
@@ -499,26 +512,48 @@ class LockManager:
         try:
             ask = next(steps)
             while True:
-                ask = steps.send(exchange(ask.requests, skip_backoff=ask.skip_backoff,
-                                          settle=ask.settle, tag=ask.tag, final=ask.final,
-                                          last=ask.last))
+                replies = exchange(ask.requests, skip_backoff=ask.skip_backoff,
+                                   settle=ask.settle, tag=ask.tag, final=ask.final,
+                                   last=ask.last)
+                if ask.redo:
+                    self._send_later(ask.requests, replies, ask.redo)
+                ask = steps.send(replies)
         except StopIteration as done:
             value: T = done.value
             return value
+
+    def _send_later(self, requests: Sequence[Any], replies: Sequence[Any],
+                    lasts: float) -> None:
+        """Hand the requests of a round that failed on their nodes to the late
+        sender (engine/leftovers.py), for up to ``lasts`` seconds: a release
+        or clean-up that did not arrive would keep the lock busy until the
+        key's lease ends. Both flavours' drivers call this."""
+        again = failed_requests(requests, replies)
+        if again is None or self._closed:
+            return
+        if self._leftovers is None:
+            with self._lazy_lock:
+                if self._leftovers is None:
+                    self._leftovers = Leftovers(self.transport.round, len(self.nodes),
+                                                    self.clock)
+        self._leftovers.add(again, lasts)
 
     def _acquire_round(self, key: bytes, fkey: bytes, wkey: bytes, token: str, ttl_ms: int,
                        owner: str, fencing: bool, ttl: float, *, lock_name: str,
                        waiter: bytes = b"", hand_over: bytes = b"", woken: bool = False,
                        ask_all: bool = False, again: bool = False,
-                       handed: AcquireResult | None = None) -> AcquireResult:
+                       handed: AcquireResult | None = None, attempt: int = 0,
+                       guard: rounds.Guard | None = None) -> AcquireResult:
         return self._run(rounds.acquire_steps(
             self, key, fkey, wkey, token, ttl_ms, owner, fencing, ttl, lock_name=lock_name,
             waiter=waiter, hand_over=hand_over, woken=woken, ask_all=ask_all, again=again,
-            handed=handed))
+            handed=handed, attempt=attempt, guard=guard))
 
     def _release_round(self, key: bytes, fkey: bytes, wkey: bytes, token: str, fence: int, *,
-                       only: list[bool] | None = None) -> ReleaseResult:
-        return self._run(rounds.release_steps(self, key, fkey, wkey, token, fence, only=only))
+                       only: list[bool] | None = None, notify: bytes = b"",
+                       wait: bool = True, redo: float = 0.0) -> ReleaseResult:
+        return self._run(rounds.release_steps(self, key, fkey, wkey, token, fence, only=only,
+                                              notify=notify, wait=wait, redo=redo))
 
     def _leave_queue(self, wkey: bytes, entries: Sequence[bytes], token: str, *,
                      only: list[bool] | None = None, wait: bool = True) -> None:

@@ -1,5 +1,8 @@
 """The lock's protocol, written once: every rule of acquire, renew, release.
 
+(Why one module of 600 lines: the plans share one lock state and one set of
+steps; split, each plan would reach into the others' state.)
+
 Timeline of the race this protocol is built to survive::
 
     t0  A acquires "stock:1" (fence 41), lease 10 s, starts its work
@@ -23,9 +26,9 @@ own rules (what to ask each node, what the replies mean) are in :mod:`.rounds`.
 
 from __future__ import annotations
 
+import functools
 import logging
 import math
-import os
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Generator, NamedTuple, Protocol, Sequence, Union
 
@@ -33,6 +36,7 @@ from .. import signals
 from ..core.arguments import check_timeout
 from ..core.keys import fence_key, lock_key, validate_name, waiters_key
 from ..core.owner import new_token, owner_json
+from ..core.pid import getpid
 from ..core.retry import jittered_delay
 from ..exceptions import LockLost, LockNotAcquired, LockNotOwned, QuorumUnavailable, RedlockError
 from ..transport.sync import call_deadline
@@ -78,6 +82,8 @@ class LockHost(Protocol):
     def _extend_round(self, *args: Any, **kwargs: Any) -> Any: ...
     def _leave_queue(self, *args: Any, **kwargs: Any) -> None: ...
     def _give_up(self, *args: Any, **kwargs: Any) -> None: ...
+    def _send_later(self, requests: Sequence[Any], replies: Sequence[Any],
+                    lasts: float) -> None: ...
 
 
 # What an acquire's waiting rules (LockBase._acquire_plan) ask its flavour to do.
@@ -91,6 +97,10 @@ class Attempt(NamedTuple):
     #: Asked again after a round that met a late reply: ask the nodes in
     #: back-off too (the late one is in back-off now; see _acquire_plan).
     again: bool = False
+    #: This attempt's number in its acquire() call, from 1: written into the
+    #: lock value, so that no late request of an earlier attempt undoes this
+    #: one's grant (rounds.attempt_owner).
+    number: int = 0
 
 
 class Subscribe(NamedTuple):
@@ -188,6 +198,9 @@ class ReleaseRound(NamedTuple):
 
     token: str
     fence: int
+    #: How long the key may still be on a node (its lease): a release that
+    #: failed on a node is sent again for that long (engine/leftovers.py).
+    lease: float = 0.0
 
 
 class ExtendRound(NamedTuple):
@@ -239,6 +252,15 @@ def run_to_round(plan: HoldPlan) -> "tuple[list[Report], tuple[HoldPlan, ExtendR
         answer = None
 
 
+@functools.lru_cache(maxsize=1024)
+def _keys(prefix: str, name: str) -> tuple[str, bytes, bytes, bytes]:
+    """A lock's key (str and bytes), fencing counter and waiter queue keys,
+    for a name that :func:`validate_name` accepts (it raises, and nothing is
+    cached, for any other): derived once per name, not per lock object."""
+    key = lock_key(prefix, validate_name(name))
+    return key, key.encode(), fence_key(key).encode(), waiters_key(key).encode()
+
+
 class LockBase:
     """State and rules shared by :class:`Lock` and :class:`~django_redlock.aio.AsyncLock`.
 
@@ -256,11 +278,9 @@ class LockBase:
                  timeout: float | None, auto_renew: bool, fencing: bool = True,
                  max_hold: float | None = None, label: str | None = None) -> None:
         self.manager = manager
-        self.name = validate_name(name)
-        self.key = lock_key(manager.key_prefix, name)
-        self._key_b = self.key.encode()
-        self._fence_key_b = fence_key(self.key).encode()
-        self._waiters_key_b = waiters_key(self.key).encode()
+        self.name = name if type(name) is str else validate_name(name)
+        self.key, self._key_b, self._fence_key_b, self._waiters_key_b = _keys(
+            manager.key_prefix, self.name)
         self.ttl = float(ttl)
         self.timeout = timeout
         self.auto_renew = auto_renew
@@ -281,6 +301,14 @@ class LockBase:
         #: What held the key at the last refusal when it was not a lock
         #: (rounds.obstacle), for the busy error.
         self._obstacle = ""
+        #: Set by a semaphore around its first try of this permit: checks the
+        #: acquire script makes first (``rounds.Guard``); and what the last
+        #: refused attempt's guards answered (node name to (code, detail)).
+        self._guard: rounds.Guard | None = None
+        self._guard_refusal: dict[str, tuple[int, Any]] = {}
+        #: A semaphore's permit: the channel its release publishes on (the
+        #: semaphore's free channel), in the release script itself.
+        self._notify = b""
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} {self._state} fence={self.fence}>"
@@ -288,7 +316,7 @@ class LockBase:
     @property
     def validity(self) -> float:
         """Seconds of lease left (0.0 when not held, lost, or in a forked child)."""
-        if self._state != _HELD or self._pid != os.getpid():
+        if self._state != _HELD or self._pid != getpid():
             return 0.0
         return max(0.0, self._valid_until - self.manager.clock())
 
@@ -311,7 +339,7 @@ class LockBase:
         wait_for = self.timeout if timeout is ... else check_timeout(timeout)
         if not isinstance(blocking, bool):
             raise ValueError(f"blocking must be True or False, not {blocking!r}")
-        if self._state != _UNLOCKED and self._pid == os.getpid() and self.owned():
+        if self._state != _UNLOCKED and self._pid == getpid() and self.owned():
             raise RedlockError(f"lock {self.name!r} is already held by this object "
                                f"(locks are not reentrant)", lock_name=self.name)
         if not blocking:
@@ -339,7 +367,7 @@ class LockBase:
         ``release()`` would have; None otherwise. The old key needs no
         clean-up: its lease is over on the nodes too (validity is conservative).
         """
-        if self._state == _UNLOCKED or self._pid != os.getpid() or self.owned():
+        if self._state == _UNLOCKED or self._pid != getpid() or self.owned():
             return None
         owed = None
         if self._state == _HELD:
@@ -363,13 +391,16 @@ class LockBase:
             yield Subscribe(mgr.node_timeout)
         woken = ask_all = False
         self._obstacle = ""
+        self._guard_refusal = {}
         unavailable_retries = 0
         again = False
+        number = 0
         while True:
             asked_at = mgr.clock()
             answers = _answers(mgr.nodes)
+            number += 1
             try:
-                result = yield Attempt(woken, ask_all, again)
+                result = yield Attempt(woken, ask_all, again, number)
             except QuorumUnavailable as exc:
                 # Issue 25: with a minority down, one slow reply from a live
                 # node left the round short of a quorum, and the call ended
@@ -406,6 +437,7 @@ class LockBase:
             if result.acquired:
                 won: AcquireResult = result
                 return won
+            self._guard_refusal = result.guard
             if result.obstacle and result.obstacle != self._obstacle:
                 logger.warning("lock %r: %s", self.name, result.obstacle)
             self._obstacle = result.obstacle
@@ -427,8 +459,22 @@ class LockBase:
 
     def _hand_over_entry(self, ttl_ms: int, owner: str) -> bytes:
         """What this acquire's queue entry adds on the hand-over node so that a
-        release there may hand it the lock (``rounds.hand_over_entry``)."""
-        return rounds.hand_over_entry(ttl_ms, self.fencing, owner)
+        release there may hand it the lock (``rounds.hand_over_entry``).
+
+        Nothing when that node is a Redis Cluster (``hands_over`` False):
+        there a release's ``PUBLISH`` counts only the listeners on its own
+        master while the notice reaches every master, so a waiter listening
+        on another one would take a lock the release took back for want of a
+        listener. Such a waiter is woken, and asks (transport/nodekinds.py).
+
+        On several nodes the entry also says how long the waiter has a handed
+        lock to itself while it asks the others (``rounds.first_ms``)."""
+        nodes = self.manager.nodes
+        if not getattr(nodes[rounds.hand_over_node(self._key_b, len(nodes))], "hands_over", True):
+            return b""
+        mgr = self.manager
+        first = rounds.first_ms(mgr.node_timeout, mgr.retry_delay) if len(nodes) > 1 else 0
+        return rounds.hand_over_entry(ttl_ms, self.fencing, owner, first)
 
     def _entries(self, sub: "Subscription") -> list[bytes]:
         """The waiter's queue entry on each node (``rounds.waiter_entries``)."""
@@ -469,21 +515,23 @@ class LockBase:
     def _release_plan(self) -> HoldPlan:
         """``release()``: see :meth:`Lock.release` for what it raises and when."""
         mgr = self.manager
-        if self._state == _UNLOCKED or self._pid != os.getpid():
+        if self._state == _UNLOCKED or self._pid != getpid():
             raise LockNotOwned(f"lock {self.name!r} is not held by this object",
                                lock_name=self.name)
         # Judged before the first yield (under the sync lock's _io; before the
         # asyncio flavour can yield to the loop): a renewal that runs late
         # must not make an expired lease look valid.
-        was_lost = self._state == _LOST or self._valid_until <= mgr.clock()
+        now = mgr.clock()
+        was_lost = self._state == _LOST or self._valid_until <= now
         reason = self._lost_reason or "the lease ran out before release"
         already_marked = self._lost_reason != ""
         token, fence = self._token, self.fence
+        lease = max(self.ttl, self._valid_until - now)  # an extend(ttl) may be longer
         self._state = _UNLOCKED
         self._token = ""
         self._valid_until = 0.0
-        held = mgr.clock() - self._acquired_at
-        result = yield ReleaseRound(token, fence)
+        held = now - self._acquired_at
+        result = yield ReleaseRound(token, fence, lease)
         mgr._note_release(self._key_b, result.woken)
         if result.lost and not was_lost:
             # Taken or expired although our clock still gave it time (a node's
@@ -496,16 +544,28 @@ class LockBase:
                 yield from self._report_lost_plan(reason, held)
             raise LockLost(f"lock {self.name!r} was lost before release: {reason}",
                            lock_name=self.name, fence=fence)
-        if result.released:  # only a release some node confirmed (see signals)
+        # Only a release some node confirmed (see signals); with no receiver
+        # connected, sending would do nothing, so nothing is built for it.
+        if result.released and signals.lock_released.receivers:
             yield Report(signals.lock_released, dict(lock=self, name=self.name, fence=fence,
                                                      held=held, nodes=result.released))
-        else:
-            logger.warning("release of lock %r reached no node; the key expires with its "
-                           "lease (%.3f s at most)", self.name, self.ttl)
+        if not result.released:
+            logger.warning("release of lock %r was confirmed by no node; it is sent again "
+                           "to the nodes that failed until they answer, and where it "
+                           "never arrives the key expires with its lease (%.3f s at most)",
+                           self.name, self.ttl)
+        elif result.released + result.not_ours < mgr.quorum:
+            # The nodes it did not reach may keep the key, and fewer than a
+            # quorum are known free: others can be kept out until it expires.
+            logger.warning("release of lock %r was confirmed by %d of %d nodes (a quorum is "
+                           "%d); it is sent again to the nodes that failed until they "
+                           "answer, and where it never arrives the key expires with its "
+                           "lease (%.3f s at most): the lock may stay busy until then",
+                           self.name, result.released, len(mgr.nodes), mgr.quorum, self.ttl)
 
     def _extend_call_plan(self, ttl: float) -> HoldPlan:
         """``extend(ttl)`` once its argument was checked: raises as documented."""
-        if self._state != _HELD or self._pid != os.getpid():
+        if self._state != _HELD or self._pid != getpid():
             raise LockNotOwned(f"lock {self.name!r} is not held by this object",
                                lock_name=self.name)
         status, reason = yield from self._extend_plan(ttl)
@@ -529,8 +589,11 @@ class LockBase:
             return "lost", "released while the extension ran"
         if result.extended:
             self._valid_until = result.valid_until
-            yield Report(signals.lock_extended, dict(lock=self, name=self.name, fence=self.fence,
-                                                     ttl=ttl))
+            # With no receiver connected, sending would do nothing: nothing is
+            # built for it (10,000 held locks renew 3,000 times a second).
+            if signals.lock_extended.receivers:
+                yield Report(signals.lock_extended, dict(lock=self, name=self.name,
+                                                         fence=self.fence, ttl=ttl))
             return "ok", ""
         if result.valid_until:  # some node took a shorter lease (rounds.tally_extend)
             self._valid_until = min(self._valid_until, result.valid_until)
@@ -542,7 +605,7 @@ class LockBase:
     def _renew_plan(self) -> HoldPlan:
         """One renewal of a held lock; returns the next due time, or None to stop."""
         mgr = self.manager
-        if self._state != _HELD or self._pid != os.getpid():
+        if self._state != _HELD or self._pid != getpid():
             return None
         now = mgr.clock()
         ttl = self.ttl
@@ -586,7 +649,7 @@ class LockBase:
         self.fence = fence
         self._valid_until = valid_until
         self._acquired_at = self.manager.clock()
-        self._pid = os.getpid()
+        self._pid = getpid()
         self._state = _HELD
         self._lost_reason = ""
         held.enrol(self)

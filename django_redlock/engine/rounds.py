@@ -1,6 +1,6 @@
 """What each Redlock round asks the nodes, and what their answers mean.
 
-(Why one module of 700 lines: every round of every lock shares the same
+(Why one module of 900 lines: every round of every lock shares the same
 vocabulary, the Ask exchange, the settle rules, the tallies and the hand-over
 node; split, each part would import all the others.)
 
@@ -79,6 +79,10 @@ class AcquireResult:
     #: A won round: how many nodes had granted it when the round was decided
     #: (0: not counted, e.g. a lock handed over by a release).
     granted: int = 0
+    #: A guarded attempt (:class:`Guard`) refused by the guard: node name to
+    #: ``(code, detail)`` (5: another permit count, recorded as ``detail``; 6:
+    #: someone is in the semaphore's line).
+    guard: dict[str, tuple[int, Any]] = field(default_factory=dict)
 
 
 @dataclass
@@ -104,6 +108,16 @@ class AcquireTally:
     #: Nodes that answered with an error reply (READONLY, OOM...): they are
     #: up, but cannot take part; counted apart from the silent ones.
     error_replies: int = 0
+    #: Granting nodes where the grant was a lock a release had handed to us
+    #: (acquire.lua's third element): a lost round hands it on from there.
+    handed: list[bool] = field(default_factory=list)
+    #: Nodes whose guard refused the attempt (:class:`Guard`): name to (code, detail).
+    guard: dict[str, tuple[int, Any]] = field(default_factory=dict)
+    #: The hand-over node said someone else goes first: the lock was just
+    #: handed to the first in line (:data:`HANDED_FIRST`), or this waiter
+    #: stands behind another there (:data:`BEHIND_IN_LINE`). This round is
+    #: lost even with a quorum of grants.
+    handed_first: bool = False
 
     @property
     def answered(self) -> int:
@@ -134,15 +148,17 @@ class ExtendResult:
 
 
 def quorum_error(what: str, n_nodes: int, answered: int, errors: dict[str, str],
-                 lock_name: str | None, error_replies: int = 0) -> QuorumUnavailable:
+                 lock_name: str | None, error_replies: int = 0,
+                 note: str = "") -> QuorumUnavailable:
     """``error_replies``: nodes that answered, but with an error (READONLY, OOM...):
-    said apart, since such a node is up and needs a different fix than a dead one."""
+    said apart, since such a node is up and needs a different fix than a dead one.
+    ``note``: said once after the nodes' reasons."""
     needed = q.quorum(n_nodes)
     detail = "; ".join(f"{node}: {why}" for node, why in errors.items())
     also = f", {error_replies} more answered with an error" if error_replies else ""
     return QuorumUnavailable(
         f"{what}: {answered} of {n_nodes} nodes answered, {needed} needed{also}"
-        + (f" ({detail})" if detail else ""),
+        + (f" ({detail})" if detail else "") + (f"; {note}" if note else ""),
         lock_name=lock_name, answered=answered, needed=needed, errors=errors)
 
 
@@ -264,19 +280,64 @@ def _extend_script(token: str) -> Script:
     return RW_EXTEND if _rw(token) else EXTEND
 
 
+def attempt_owner(owner: str, attempt: int) -> str:
+    """``owner`` (compact JSON, :func:`~..core.owner.owner_json`) with the
+    attempt's number as its last field, ``"n":<attempt>``.
+
+    Every attempt of one ``acquire()`` uses the same holder token, and a
+    request of an earlier attempt may run on a node after a later one's (its
+    connection was dropped after a timeout, but the node still runs what it
+    had received, and it may read that socket after a newer one). The scripts
+    compare this number (``lua/attempt.lua``), so that the late clean-up of a
+    lost attempt never deletes the next attempt's grant::
+
+        attempt 1   SET k T   node X slow: no reply in time, connection dropped
+        clean-up    DEL k if T (attempt 1)   sent on another connection
+        attempt 2   SET k T   on a third connection: granted, the lock is held
+        node X      runs the clean-up last: without the number it deleted the
+                    grant, and a second client could take the lock (seen once
+                    in CI, under a burst on a loaded machine)
+    """
+    return f'{owner[:-1]},"n":{attempt}}}'
+
+
+class Guard(NamedTuple):
+    """What a semaphore's first try of a permit adds to the permit's acquire
+    script (acquire.lua, KEYS[4..6] and ARGV[9..11]): its count key, its line's
+    lock and waiter queue keys; its permits, the count record's lease (ms) and
+    whether to step aside while anyone is in line (b"1") or not (b"0")."""
+
+    keys: tuple[bytes, bytes, bytes]
+    args: tuple[bytes, int, bytes]
+
+
+#: Guard refusals (acquire.lua): another permit count is recorded; someone is in line.
+GUARD_COUNT, GUARD_LINE = 5, 6
+#: acquire.lua's busy flag: the key is a lock a release handed to the first in
+#: line, who has it to itself for a moment (release.lua's ``first_until``).
+HANDED_FIRST = 7
+#: acquire.lua's busy flag on the hand-over node: the asking waiter stands
+#: behind another in the lock's line there.
+BEHIND_IN_LINE = 8
+
+
 def acquire_call(key: bytes, fkey: bytes, wkey: bytes, token: str, ttl_ms: int, owner: str,
-                 fencing: bool, waiter: bytes = b"", woken: bool = False) -> Call:
+                 fencing: bool, waiter: bytes = b"", woken: bool = False,
+                 guard: Guard | None = None) -> Call:
     """One node's acquire script call.
 
     ``waiter`` is the waiter's queue entry (``Subscription.entry``), empty for a
     first attempt, which stays out of the queue. A waiter joins the queue at the
     back; one that was woken by name (``woken``) and still lost, to a newcomer
-    that got there first, goes back to the front.
+    that got there first, goes back to the front. ``guard``: checks the script
+    makes first (a semaphore's permit, :class:`Guard`).
     """
     mode = b"0" if not waiter else b"2" if woken else b"1"
-    return Call(_acquire_script(token), (key, fkey, wkey),
-                (token, ttl_ms, owner, b"1" if fencing else b"0", _FENCE_GRACE_B, mode,
-                 _WAITERS_GRACE_B, waiter))
+    args = (token, ttl_ms, owner, b"1" if fencing else b"0", _FENCE_GRACE_B, mode,
+            _WAITERS_GRACE_B, waiter)
+    if guard is not None:
+        return Call(_acquire_script(token), (key, fkey, wkey, *guard.keys), args + guard.args)
+    return Call(_acquire_script(token), (key, fkey, wkey), args)
 
 
 def granted_by(reply: Any) -> bool:
@@ -288,6 +349,7 @@ def _busy_reply(reply: Any) -> bool:
     return isinstance(reply, list) and len(reply) >= 2 and reply[0] == 0
 
 
+@functools.lru_cache(maxsize=64)
 def acquire_settle(need: int, replicas: int = 0) -> Settle:
     """An acquire round is decided by ``need`` grants, or by so many busy answers
     that ``need`` grants are out of reach. Replies not waited for count as
@@ -307,10 +369,24 @@ def acquire_settle(need: int, replicas: int = 0) -> Settle:
     return Settle(need, yes, no)
 
 
-def tally_acquire(replies: Sequence[Any], node_names: Sequence[str],
+def tally_acquire(replies: Sequence[Any], node_names: "Sequence[str] | _NodeNames",
                   clock_node: int = 0) -> AcquireTally:
     """Count one acquire round's replies. ``clock_node``: the node whose clock
     a refused waiter keeps (:func:`hand_over_node`)."""
+    n = len(replies)
+    fence = fence_min = ok = 0
+    for reply in replies:
+        # The usual round: every node granted with ``[1, fence]`` (nothing
+        # handed over, nobody queued); counted here in one pass.
+        if type(reply) is not list or len(reply) != 2 or reply[0] != 1:
+            break
+        got = int(reply[1])
+        fence_min = got if ok == 0 else min(fence_min, got)
+        fence = max(fence, got)
+        ok += 1
+    else:
+        return AcquireTally(ok=n, fence=fence, fence_min=fence_min, busy_ttls=[], errors={},
+                            maybe_ours=[True] * n, queued_at=[False] * n)
     tally = AcquireTally(ok=0, fence=0, fence_min=0, busy_ttls=[], errors={},
                          maybe_ours=[False] * len(replies), queued_at=[False] * len(replies))
     for i, reply in enumerate(replies):
@@ -324,6 +400,10 @@ def tally_acquire(replies: Sequence[Any], node_names: Sequence[str],
                 tally.fence = max(tally.fence, fence)
                 tally.ok += 1
                 tally.maybe_ours[i] = True
+                if len(reply) > 2 and reply[2] == 1:
+                    if not tally.handed:
+                        tally.handed = [False] * len(replies)
+                    tally.handed[i] = True
             else:
                 pttl = int(reply[1])
                 if pttl < 0:
@@ -333,7 +413,12 @@ def tally_acquire(replies: Sequence[Any], node_names: Sequence[str],
                 else:
                     tally.busy_ttls.append(pttl / 1000.0)
                 tally.queued_at[i] = True
-                if len(reply) > 3 and reply[3]:
+                if len(reply) > 3 and reply[3] in (HANDED_FIRST, BEHIND_IN_LINE):
+                    tally.handed_first = True
+                elif len(reply) > 3 and reply[3] in (GUARD_COUNT, GUARD_LINE):
+                    tally.guard[node_names[i]] = (int(reply[3]),
+                                                  reply[4] if len(reply) > 4 else None)
+                elif len(reply) > 3 and reply[3]:
                     tally.foreign[node_names[i]] = int(reply[3])
                 if i == clock_node and len(reply) > 2:  # it queued a waiter: its clock then
                     tally.queued_ms = int(reply[2])
@@ -359,12 +444,32 @@ _ERROR_MEANINGS = {
     "MASTERDOWN": "it is a replica that lost its master",
     "LOADING": "it is still loading its data set",
     "BUSY": "a script is running too long on it",
+    "WRONGTYPE": "a key of this lock holds a value of another type, which other code wrote",
+}
+
+
+#: redis-py turns these error codes into their own exception classes and drops
+#: the code from the text (``OOM command not allowed...`` becomes
+#: ``OutOfMemoryError('command not allowed...')``); redis-py 5 keeps no
+#: ``status_code``, so the class says which code it was.
+_CODE_OF_CLASS = {
+    "ReadOnlyError": "READONLY",
+    "OutOfMemoryError": "OOM",
+    "NoPermissionError": "NOPERM",
+    "BusyLoadingError": "LOADING",
+    "MasterDownError": "MASTERDOWN",
 }
 
 
 def error_reply_reason(reply: BaseException) -> str:
-    """A node's error reply, said as what it means: the node answered, with an error."""
+    """A node's error reply, said as what it means: the node answered, with an error.
+
+    The reply as the node sent it, error code first (put back where the
+    client library took it off), and what that code means for a lock."""
     text = str(reply).strip()
+    code = getattr(reply, "status_code", None) or _CODE_OF_CLASS.get(type(reply).__name__)
+    if isinstance(code, str) and code and not text.startswith(code):
+        text = f"{code} {text}"
     word = text.split(" ", 1)[0]
     meaning = _ERROR_MEANINGS.get(word)
     text = text if len(text) <= 120 else text[:117] + "..."
@@ -452,7 +557,7 @@ def busy_at_gate(reply: Any, start: float, node_name: str = "", key: bytes = b""
         pttl = int(reply[1])
         tally = AcquireTally(ok=0, fence=0, fence_min=0, busy_ttls=[], errors={}, maybe_ours=[],
                              no_expiry=int(pttl < 0))
-        if len(reply) > 3 and reply[3]:
+        if len(reply) > 3 and reply[3] and reply[3] not in (HANDED_FIRST, BEHIND_IN_LINE):
             tally.foreign[node_name] = int(reply[3])
         return AcquireResult(False, holder_ttl=pttl / 1000.0 if pttl >= 0 else None,
                              at_gate=True, asked_at=start,
@@ -494,18 +599,29 @@ def fences_disagree(tally: AcquireTally, ttl: float) -> bool:
 
 
 def refused(tally: AcquireTally, *, n_nodes: int, start: float, elapsed: float, ttl: float,
-            lock_name: str, key: bytes = b"") -> AcquireResult:
-    """After a lost round (and its clean-up release): busy, or QuorumUnavailable."""
+            lock_name: str, key: bytes = b"", beside: Sequence[bytes] = ()) -> AcquireResult:
+    """After a lost round (and its clean-up release): busy, or QuorumUnavailable.
+
+    ``beside``: the keys the round's script keeps beside the lock key (its
+    fencing counter and waiter queue). A foreign value at the lock key itself
+    is busy (acquire.lua reads it under ``pcall``), so a ``WRONGTYPE`` reply
+    comes from one of these, and the error names them."""
     if tally.answered < q.quorum(n_nodes):
+        note = ""
+        if beside and any("WRONGTYPE" in why for why in tally.errors.values()):
+            note = ("the value of another type is at " + " or ".join(
+                repr(k.decode(errors="backslashreplace")) for k in beside)
+                + " (a key no lock wrote: delete it once you know whose it is)")
         raise quorum_error(f"cannot acquire lock {lock_name!r}", n_nodes, tally.answered,
-                           tally.errors, lock_name, tally.error_replies)
-    if tally.ok >= q.quorum(n_nodes):
+                           tally.errors, lock_name, tally.error_replies, note)
+    if tally.ok >= q.quorum(n_nodes) and not tally.guard and not tally.handed_first:
         logger.info("lock %r: quorum reached but the round took %.3f s of a %.3f s lease; "
                     "retrying", lock_name, elapsed, ttl)
     busy = sorted(tally.busy_ttls)
     holder_ttl = busy[len(busy) // 2] if busy else None  # None: wait the normal pace
     return AcquireResult(False, holder_ttl=holder_ttl, errors=tally.errors, asked_at=start,
-                         queued_ms=tally.queued_ms, obstacle=obstacle(tally, key))
+                         queued_ms=tally.queued_ms, obstacle=obstacle(tally, key),
+                         guard=tally.guard)
 
 
 # -- a lock handed over by a release (the hand-over node) --------------------------
@@ -516,15 +632,30 @@ def refused(tally: AcquireTally, *, n_nodes: int, start: float, elapsed: float, 
 HANDOVER_MIN_SHARE = 0.5
 
 
-def hand_over_entry(ttl_ms: int, fencing: bool, owner: str) -> bytes:
+def hand_over_entry(ttl_ms: int, fencing: bool, owner: str, first_ms: int = 0) -> bytes:
     """What a waiter appends to its queue entry on the hand-over node
     (:func:`hand_over_node`) so that a release there hands it the lock
     outright (release.lua): the key is set for it and its notice carries the
     fence, so the woken waiter sends no acquire request to that node (one
     round trip less on every contended handoff: on one node, its whole
     acquire; on several, the gate's, before it asks the others).
+
+    ``first_ms`` (several nodes): how long the waiter then has the lock to
+    itself on that node while it asks the others (:data:`HANDED_FIRST`); it
+    bounds how long a hand-over the waiter never completes (it died, or the
+    release missed the other nodes' copy... ) holds everyone else back.
     """
-    return b"%d|%s|%s" % (ttl_ms, b"1" if fencing else b"0", owner.encode("utf-8"))
+    return b"%d|%s|%d|%s" % (ttl_ms, b"1" if fencing else b"0", first_ms,
+                             owner.encode("utf-8"))
+
+
+def first_ms(node_timeout: float, retry_delay: float) -> int:
+    """How long a waiter handed a lock on the hand-over node has it to itself
+    there (:func:`hand_over_entry`), in ms: long enough for its notice and its
+    round to the other nodes (two node timeouts), and at least one retry
+    delay. It is also the longest a hand-over that is never completed holds
+    the others back (then their rounds win as before)."""
+    return max(1, int(1000 * max(2 * node_timeout, retry_delay)))
 
 
 def handed_over(notice: bytes, *, asked_at: float, queued_ms: int, now: float, ttl: float,
@@ -562,18 +693,36 @@ def leave_queue_command(wkey: bytes, waiter: bytes) -> Command:
 
 def release_requests(n_nodes: int, key: bytes, fkey: bytes, wkey: bytes, token: str,
                      fence: int, only: Sequence[bool] | None,
-                     wake_at: int | None = None) -> list[Call | None]:
+                     wake_at: int | None = None, notify: bytes = b"", *, attempt: int = 0,
+                     handed: Sequence[bool] = ()) -> list[Call | None]:
     """Release on every node, or only where ``only`` says (the clean-up after a
     lost attempt, which wakes nobody: the lock was never held; except on node
-    ``wake_at``, whose lock was handed to us while others queued there)."""
+    ``wake_at`` and the nodes ``handed`` says, whose lock a release had handed
+    to us while others queued there: it goes on to the next in line).
+
+    ``notify``: a channel each node publishes on once it deleted the key (a
+    semaphore's free channel; a release only, not a clean-up).
+    ``attempt``: the number of the lost attempt (:func:`attempt_owner`); its
+    clean-up then deletes only what that attempt or an earlier one wrote, never
+    a later attempt's grant that a node happened to run first (0: unnumbered,
+    any value of the token is deleted)."""
     script = _release_script(token)
-    call = Call(script, (key, fkey, wkey),
-                (token, fence, _FENCE_GRACE_B, b"1" if only is None else b"0"),
-                last_of_token=only is None)
-    requests: list[Call | None] = [call if only is None or only[i] else None
-                                   for i in range(n_nodes)]
-    if only is not None and wake_at is not None and only[wake_at]:
-        requests[wake_at] = Call(script, (key, fkey, wkey), (token, fence, _FENCE_GRACE_B, b"1"))
+    if only is None:
+        args: tuple[Any, ...] = (token, fence, _FENCE_GRACE_B, b"1")
+        if notify:
+            args += (b"", notify)
+        call = Call(script, (key, fkey, wkey), args, last_of_token=True)
+        return [call] * n_nodes
+    plain: tuple[Any, ...] = (token, fence, _FENCE_GRACE_B, b"0")
+    hand_on: tuple[Any, ...] = (token, fence, _FENCE_GRACE_B, b"1")
+    if attempt:
+        plain += (b"", b"", str(attempt).encode())
+        hand_on += (b"", b"", str(-attempt).encode())
+    call = Call(script, (key, fkey, wkey), plain)
+    requests: list[Call | None] = [call if only[i] else None for i in range(n_nodes)]
+    for i in range(n_nodes):
+        if only[i] and (i == wake_at or (handed and handed[i])):
+            requests[i] = Call(script, (key, fkey, wkey), hand_on)
     return requests
 
 
@@ -594,6 +743,7 @@ def _not_ours_reply(reply: Any) -> bool:
     return isinstance(reply, int) and reply == 0
 
 
+@functools.lru_cache(maxsize=256)
 def release_settle(n_nodes: int, gate: int | None) -> Settle:
     """A release is done, for its caller, once a quorum deleted the key (the lock
     is free for the next holder) or so many did not have it that it was lost;
@@ -606,12 +756,44 @@ def release_settle(n_nodes: int, gate: int | None) -> Settle:
     return Settle(q.quorum(n_nodes), _released_reply, _not_ours_reply, gate)
 
 
-def tally_release(replies: Sequence[Any], key: bytes) -> ReleaseResult:
+def tally_release(replies: Sequence[Any], key: bytes,
+                  node_names: "Sequence[str] | _NodeNames" = (),
+                  beside: Sequence[bytes] = ()) -> ReleaseResult:
+    """Count one release round's replies. A node that answered with an error
+    reply (``WRONGTYPE`` from a foreign value at ``beside``, the lock's
+    fencing counter or waiter queue; ``READONLY``...) did not confirm the
+    release; it is said at WARNING with what it said, since it needs a fix
+    on the node, where an unreachable one only needs time."""
+    n = len(replies)
+    released = not_ours = woken = 0
+    for r in replies:
+        if type(r) is not int:
+            break  # an error or a reply not waited for: counted below
+        if r >= 1:
+            released += 1
+            if r >= 2:
+                woken += 1
+        elif r == 0:
+            not_ours += 1
+    else:  # every node answered with a count (the usual release)
+        return ReleaseResult(released=released, not_ours=not_ours,
+                             lost=not_ours > n - q.quorum(n), woken=woken)
     failed = [r for r in replies if isinstance(r, NodeError)]
     if failed:
         logger.info("release of %r did not reach %d node(s): %s; the key expires there "
                     "with its lease", key.decode(), len(failed), "; ".join(map(str, failed)))
-    n = len(replies)
+    answered_errors = [(node_names[i] if i < len(node_names) else f"node {i}",
+                        error_reply_reason(r))
+                       for i, r in enumerate(replies)
+                       if isinstance(r, Exception) and not isinstance(r, NodeError)]
+    if answered_errors:
+        where = ""
+        if beside and any("WRONGTYPE" in why for _, why in answered_errors):
+            where = ("; the value of another type is at " + " or ".join(
+                repr(k.decode(errors="backslashreplace")) for k in beside))
+        logger.warning("release of %r: %d node(s) did not confirm it (%s)%s", key.decode(),
+                       len(answered_errors),
+                       "; ".join(f"{node}: {why}" for node, why in answered_errors), where)
     counts = [r for r in replies if isinstance(r, int)]
     not_ours = sum(1 for r in counts if r == 0)
     return ReleaseResult(released=sum(1 for r in counts if r >= 1), not_ours=not_ours,
@@ -645,8 +827,8 @@ def tally_extend(replies: Sequence[Any], *, start: float, elapsed: float, ttl: f
     """
     n = len(replies)
     need = q.quorum(n)
-    ok = sum(1 for r in replies if r == 1)
-    not_ours = sum(1 for r in replies if r == 0)
+    ok = replies.count(1)  # (an error object is never == 1 or 0)
+    not_ours = replies.count(0)
     valid = q.validity(ttl, elapsed, drift_factor)
     if ok >= need and valid > 0:
         return ExtendResult(True, valid_until=start + valid)
@@ -701,6 +883,10 @@ class Ask(NamedTuple):
     #: A node to send to after the others (a release's hand-over node, see
     #: :func:`release_steps`).
     last: int | None = None
+    #: Seconds for which a request that failed on its node (no reply, or an
+    #: error reply) is still worth sending: the driver hands it to the
+    #: manager's late sender (engine/leftovers.py). 0: not sent again.
+    redo: float = 0.0
 
 
 #: A round as a generator: it yields the exchanges it needs, receives each
@@ -708,6 +894,23 @@ class Ask(NamedTuple):
 #: flavour each drive it with their own transport (``LockManager._run``,
 #: ``aio._run``), so the decisions between the exchanges are written once.
 Steps = Generator[Ask, list[Any], T]
+
+
+class _NodeNames:
+    """The nodes' names, as the tallies index them (``names[i]``, ``len``):
+    read only for a node that failed or refused, so not listed each round."""
+
+    __slots__ = ("nodes",)
+
+    def __init__(self, nodes: Sequence[Any]) -> None:
+        self.nodes = nodes
+
+    def __getitem__(self, i: int) -> str:
+        name: str = self.nodes[i].name
+        return name
+
+    def __len__(self) -> int:
+        return len(self.nodes)
 
 
 class RoundContext(Protocol):
@@ -729,7 +932,8 @@ def acquire_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token
                   ttl_ms: int, owner: str, fencing: bool, ttl: float, *, lock_name: str,
                   waiter: bytes = b"", hand_over: bytes = b"", woken: bool = False,
                   ask_all: bool = False, again: bool = False,
-                  handed: AcquireResult | None = None) -> Steps[AcquireResult]:
+                  handed: AcquireResult | None = None,
+                  attempt: int = 0, guard: Guard | None = None) -> Steps[AcquireResult]:
     """One acquire attempt: the gate node first for a waiter, then a quorum; on a
     win with fences far apart, the write-back; on a loss, the clean-up.
 
@@ -739,12 +943,21 @@ def acquire_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token
     whole result; on several the gate is not asked again, and the lease
     counts from the handover when that is earlier. ``again``: the attempt
     after a round that met a late reply; the nodes in back-off are asked too.
+    ``attempt``: this attempt's number within its ``acquire()`` call (1, 2...),
+    written into the lock value (:func:`attempt_owner`) so that no late request
+    of an earlier attempt undoes this one's grant (0: unnumbered).
+    ``guard``: a first attempt's checks on every node (:class:`Guard`); when any
+    node's guard refuses, the round is lost even with a quorum of grants (what
+    was granted is released): one node in another count or in line is enough.
     """
     nodes = mgr.nodes
     n = len(nodes)
     if handed is not None and n == 1:
         return handed
-    call = acquire_call(key, fkey, wkey, token, ttl_ms, owner, fencing, waiter, woken)
+    if attempt:
+        owner = attempt_owner(owner, attempt)
+    call = acquire_call(key, fkey, wkey, token, ttl_ms, owner, fencing, waiter, woken,
+                        guard=guard)
     h = hand_over_node(key, n)
     calls: list[Any] = [call] * n
     if hand_over and hand_over != waiter:
@@ -756,7 +969,15 @@ def acquire_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token
     # A waiter (it queues) asks the gate node first; see gate_node.
     # A read-write lock's waiters ask every node: a writer must stand in line
     # on every node, or readers would pass it on the nodes it never asked.
-    gate = gate_node(key, nodes, start) if waiter and not ask_all and not _rw(token) else None
+    # ``ask_all`` (a retry after a refusal at the gate with no notice since):
+    # the gate is still asked first, but only its "someone goes first" ends
+    # the round there (HANDED_FIRST, BEHIND_IN_LINE); a plain "busy" may be a
+    # copy a release never reached, so the other nodes are asked anyway.
+    # Asked all at once instead, a waiter behind another took grants on the
+    # nodes a release had just freed, lost the round on the gate's answer,
+    # and gave them back: meanwhile the first in line found them busy and
+    # lost its turn (tests/test_hand_over_first.py, the timer retry).
+    gate = gate_node(key, nodes, start) if waiter and not _rw(token) else None
     if gate is not None:
         if handed is not None:
             first: Any = [1, handed.fence]  # the gate's release handed it to us
@@ -769,7 +990,9 @@ def acquire_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token
             if busy is not None:
                 if isinstance(first, list) and len(first) > 3 and first[3] in _OTHER_KIND:
                     raise _conflict(int(first[3]), lock_name)
-                return busy
+                if not ask_all or (isinstance(first, list) and len(first) > 3
+                                   and first[3] in (HANDED_FIRST, BEHIND_IN_LINE)):
+                    return busy
         need = mgr.quorum - (1 if granted_by(first) else 0)
         # A woken waiter's place at the front is the gate's, where the release
         # popped it. Elsewhere it joins at the back: on a node whose release is
@@ -787,14 +1010,35 @@ def acquire_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token
         replies[gate] = first
     else:
         handed = None  # the gate is not trusted now: its copy is asked like any
-        replies = yield Ask(calls, settle=acquire_settle(mgr.quorum, acks), tag=token,
-                            skip_backoff=not again)
+        # A guarded attempt (a semaphore's first try) hears every node out
+        # (within the node timeout): one node's guard refusal loses the
+        # round, and a round settled on a quorum of grants left it unread
+        # about one run in three. A first attempt settles at once: a
+        # newcomer whose round ends before the hand-over node answers may
+        # pass the line (barging); a waiter in it asks the gate first.
+        settle = None if n > 1 and guard is not None else acquire_settle(mgr.quorum, acks)
+        # (positional: requests, settle, tag, final, skip_backoff; built per attempt)
+        replies = yield Ask(calls, settle, token, False, not again)
         if acks:
             replies = confirm_all(replies, nodes, acks, granted_by)
     elapsed = mgr.clock() - start
-    tally = tally_acquire(replies, [node.name for node in nodes], clock_node=h)
+    tally = tally_acquire(replies, _NodeNames(nodes), clock_node=h)
+    # The first in line goes first: a release handed it the lock on the
+    # hand-over node and left the other nodes free for it to ask. A round
+    # that took them meanwhile would win with a quorum and pass the line; the
+    # hand-over node says so for a moment (HANDED_FIRST), and a round that
+    # heard it is lost, its grants released. Only ever a refusal: never a
+    # second holder. A waiter asks the gate first and stops there on it (or
+    # on BEHIND_IN_LINE: the release to the gate is sent last, so the other
+    # nodes may be free while the gate still has the holder's key); a
+    # newcomer asks all at once and is stopped when its round read the gate:
+    #
+    #   release     hands the gate's key to W; the 2 other nodes are free
+    #   S (new)     asks all 3: gate busy (HANDED_FIRST), 2 grants: lost
+    #   W (notice)  asks the 2 others: granted, W holds the lock
     won = granted(tally, n_nodes=n, start=start, elapsed=elapsed, ttl=ttl,
-                  drift_factor=mgr.drift_factor)
+                  drift_factor=mgr.drift_factor) \
+        if not tally.guard and not tally.handed_first else None
     if won is not None:
         if handed is not None and handed.valid_until < won.valid_until:
             won.valid_until = handed.valid_until  # that lease began before this round
@@ -810,35 +1054,43 @@ def acquire_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token
         # silent after the request left: a leftover would block others. The
         # gate's lock, when it was handed to us, goes on to the next in line.
         yield from release_steps(mgr, key, fkey, wkey, token, 0, only=tally.maybe_ours,
-                                 wake_at=gate if handed is not None else None)
+                                 wake_at=gate if handed is not None else None,
+                                 attempt=attempt, handed=tally.handed, redo=ttl)
     conflict = kind_conflict(tally, lock_name)
     if conflict is not None:
         raise conflict
     return refused(tally, n_nodes=n, start=start, elapsed=elapsed, ttl=ttl,
-                   lock_name=lock_name, key=key)
+                   lock_name=lock_name, key=key, beside=(fkey, wkey))
 
 
 def release_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token: str,
                   fence: int, *, only: Sequence[bool] | None = None,
-                  wake_at: int | None = None) -> Steps[ReleaseResult]:
+                  wake_at: int | None = None, notify: bytes = b"", attempt: int = 0,
+                  handed: Sequence[bool] = (), wait: bool = True,
+                  redo: float = 0.0) -> Steps[ReleaseResult]:
     """A release on every node, or the clean-up after a lost attempt (``only``).
 
     The clean-up waits for no reply: it is sent behind the attempt on the same
     connection (``tag``), so it runs after it and before the next attempt, and
     what it finds changes nothing for the caller. A release is the token's last
-    exchange (``final``).
+    exchange (``final``). ``wait=False``: a release that waits for no reply
+    either (its result counts none: a semaphore's line, handed on by a head
+    that holds its permit, ``Lock._release_unawaited``). ``redo``: how long
+    the key may last (its lease), and so how long a request that failed on
+    a node is sent again (:attr:`Ask.redo`).
     """
     n = len(mgr.nodes)
-    requests = release_requests(n, key, fkey, wkey, token, fence, only, wake_at)
-    gate = gate_node(key, mgr.nodes, mgr.clock())
-    settle = NO_WAIT if only is not None else release_settle(n, gate)
+    requests = release_requests(n, key, fkey, wkey, token, fence, only, wake_at, notify,
+                                attempt=attempt, handed=handed)
+    gate = gate_node(key, mgr.nodes, mgr.clock()) if n > 1 else None
+    settle = NO_WAIT if only is not None or not wait else release_settle(n, gate)
     # The gate's release hands the lock to a waiter, which then asks the other
     # nodes at once: sent last, it gives the other releases a head start (sent
     # in node order, the handed waiter found one still held 5 % of the time on
     # 5 nodes and lost its turn).
-    replies = yield Ask(requests, settle=settle, tag=token, final=only is None,
-                        skip_backoff=only is None, last=gate)
-    return tally_release(replies, key)
+    # (positional: requests, settle, tag, final, skip_backoff, last)
+    replies = yield Ask(requests, settle, token, only is None, only is None, gate, redo)
+    return tally_release(replies, key, _NodeNames(mgr.nodes), (fkey, wkey))
 
 
 def extend_steps(mgr: RoundContext, key: bytes, fkey: bytes, token: str, fence: int,
@@ -882,9 +1134,8 @@ def extend_many_steps(mgr: RoundContext, items: Sequence[Extension]
     :func:`extend_steps` counts its own round (a node that failed failed for
     every lock of the call)."""
     n = len(mgr.nodes)
-    results: list[ExtendResult] = []
-    for at in range(0, len(items), EXTEND_BATCH):
-        chunk = items[at:at + EXTEND_BATCH]
+    results: list[ExtendResult] = [None] * len(items)  # type: ignore[list-item]
+    for at, chunk in _extend_batches(mgr, items):
         keys: list[bytes] = []
         args: list[Any] = [_FENCE_GRACE_B]
         for item in chunk:
@@ -902,9 +1153,26 @@ def extend_many_steps(mgr: RoundContext, items: Sequence[Extension]
         elapsed = mgr.clock() - start
         for k, item in enumerate(chunk):
             own = [r[k] if isinstance(r, list) and k < len(r) else r for r in replies]
-            results.append(tally_extend(own, start=start, elapsed=elapsed, ttl=item.ttl,
-                                        drift_factor=mgr.drift_factor))
+            results[at[k]] = tally_extend(own, start=start, elapsed=elapsed, ttl=item.ttl,
+                                          drift_factor=mgr.drift_factor)
     return results
+
+
+def _extend_batches(mgr: RoundContext, items: Sequence[Extension]
+                    ) -> list[tuple[list[int], Sequence[Extension]]]:
+    """``items`` in batches of at most :data:`EXTEND_BATCH` (with the place of
+    each item). When a node is a Redis Cluster, a batch holds the locks of one
+    hash slot only: a script's keys must share a slot there."""
+    if not any(getattr(node, "one_slot_per_call", False) for node in mgr.nodes):
+        return [(list(range(at, min(at + EXTEND_BATCH, len(items)))),
+                 items[at:at + EXTEND_BATCH]) for at in range(0, len(items), EXTEND_BATCH)]
+    from redis.crc import key_slot
+
+    by_slot: dict[int, list[int]] = {}
+    for i, item in enumerate(items):
+        by_slot.setdefault(key_slot(item.key), []).append(i)
+    return [(places[at:at + EXTEND_BATCH], [items[i] for i in places[at:at + EXTEND_BATCH]])
+            for places in by_slot.values() for at in range(0, len(places), EXTEND_BATCH)]
 
 
 def holders_steps(mgr: RoundContext, key: bytes) -> Steps[int]:

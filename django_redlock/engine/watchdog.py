@@ -140,35 +140,32 @@ class Watchdog:
     def _renew(self, locks: list[Renewable | None]) -> list[float | None]:
         """Renew ``locks`` (None: dropped); the next due time of each."""
         dues: list[float | None] = [None] * len(locks)
-        live = [i for i, lock in enumerate(locks) if lock is not None]
+        live = [(i, lock) for i, lock in enumerate(locks) if lock is not None]
         if len(live) == 1 or self._extend_many is None:
-            for i in live:
-                dues[i] = self._tick(locks[i])
+            for i, lock in live:
+                dues[i] = self._tick(lock)
             return dues
         batch = []
-        for i in live:
+        for i, lock in live:
             try:
-                begun = locks[i]._renewal_begin()  # type: ignore[union-attr]
+                begun = lock._renewal_begin()
             except Exception:  # noqa: BLE001 - one lock's failure must not stop the others' renewal
                 logger.exception("renewal of a lock failed unexpectedly")
                 continue
             if isinstance(begun, tuple):
-                batch.append((i, begun))
+                batch.append((i, lock, begun))
             else:
                 dues[i] = begun
         if not batch:
             return dues
         try:
             results = self._extend_many([
-                Extension(locks[i]._key_b, locks[i]._fence_key_b,  # type: ignore[union-attr]
-                          step.token, step.fence, step.ttl)
-                for i, (_, step) in batch])
+                Extension(lock._key_b, lock._fence_key_b, step.token, step.fence, step.ttl)
+                for _, lock, (_, step) in batch])
         except Exception as exc:  # noqa: BLE001 - each plan hears of it
             logger.exception("batched renewal failed unexpectedly")
             results = [exc] * len(batch)
-        for (i, (plan, _)), result in zip(batch, results):
-            lock = locks[i]
-            assert lock is not None
+        for (i, lock, (plan, _)), result in zip(batch, results):
             if isinstance(result, Exception):
                 lock._renewal_abort(plan)
                 dues[i] = self._clock() + 0.05  # try again soon, while the lease lasts

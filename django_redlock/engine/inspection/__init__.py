@@ -47,6 +47,7 @@ from .common import (
     SCAN_COUNT,
     SCAN_DEADLINE,
     PatternError,
+    glob_escape,
     short_reason,
     validate_pattern,
     what_answered,
@@ -61,20 +62,19 @@ from .health import (
     read_node_settings,
 )
 from .locks import (
-    PREVIEW_CHARS,
     ForeignKey,
-    ForeignValue,
     Inventory,
     LockDetail,
-    LockInfo,
     NodeFailure,
-    NodeLockValue,
     ReleaseReport,
     force_release,
     inspect_lock,
+    inspect_semaphore,
     merge,
     scan_locks,
 )
+from .records import PREVIEW_CHARS, ForeignValue, LockInfo, NodeLockValue
+from .semaphores import SemaphoreInfo, group_semaphores
 
 __all__ = [
     "CLOCK_OFFSET_WARN_MS",
@@ -83,6 +83,7 @@ __all__ = [
     "SCAN_COUNT",
     "SCAN_DEADLINE",
     "PatternError",
+    "glob_escape",
     "short_reason",
     "validate_pattern",
     "what_answered",
@@ -104,6 +105,9 @@ __all__ = [
     "ReleaseReport",
     "force_release",
     "inspect_lock",
+    "inspect_semaphore",
     "merge",
     "scan_locks",
+    "SemaphoreInfo",
+    "group_semaphores",
 ]

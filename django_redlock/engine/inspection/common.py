@@ -48,6 +48,11 @@ class PatternError(ValueError):
     """A ``--pattern`` that Redis would not match the way the user meant."""
 
 
+def glob_escape(text: str) -> str:
+    """``text`` as a Redis glob that matches only itself."""
+    return "".join("\\" + c if c in "*?[]\\" else c for c in text)
+
+
 def validate_pattern(pattern: str) -> str:
     """Return ``pattern`` if it is a usable glob over lock names, else raise :class:`PatternError`.
 
@@ -117,9 +122,20 @@ def short_reason(node: NodeClient, exc: BaseException) -> str:
     return text if len(text) <= 160 else text[:157] + "..."
 
 
-def _client(node: NodeClient) -> redis.Redis:
-    """A redis-py client on the manager's pool for ``node`` (bounded by its timeouts)."""
+def _client(node: NodeClient, key: bytes | None = None) -> redis.Redis:
+    """A redis-py client on the manager's pool for ``node`` (bounded by its
+    timeouts); on a Cluster node, on the master serving ``key``."""
+    if key is not None and hasattr(node, "pool_for"):
+        return redis.Redis(connection_pool=node.pool_for(key))
     return redis.Redis(connection_pool=node.pool)
+
+
+def _clients(node: NodeClient) -> list[redis.Redis]:
+    """A client per server holding some of ``node``'s keys: each master of a
+    Cluster node, else the node's one."""
+    if hasattr(node, "master_pools"):
+        return [redis.Redis(connection_pool=pool) for pool in node.master_pools()]
+    return [_client(node)]
 
 
 #: Bytes read from a service that answered something other than Redis' protocol.

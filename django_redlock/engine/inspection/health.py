@@ -43,6 +43,9 @@ class NodeHealth:
     #: Why the node is not counted healthy although it answered (eviction that
     #: drops locks, or eviction settings that could not be read).
     problem: str | None = None
+    #: A Sentinel node: the master its sentinels name now ("host:port");
+    #: a Cluster node: its state ("cluster_state:ok, 3 masters, 16384 slots").
+    topology: str | None = None
 
     @property
     def status(self) -> str:
@@ -83,6 +86,7 @@ class NodeHealth:
             "status": self.status,
             "problem": self.problem,
             "eviction": {"maxmemory": self.maxmemory, "policy": self.maxmemory_policy},
+            "topology": self.topology,
         }
 
 
@@ -252,6 +256,11 @@ def _probe(node: NodeClient) -> NodeHealth:
         if aof is not None:
             health.aof_enabled = aof == "yes"
     health.maxmemory, health.maxmemory_policy = _eviction_settings(maxmemory, policy, memory)
+    describe = getattr(node, "topology", None)  # Sentinel and Cluster nodes (transport.nodekinds)
+    if describe is not None:
+        health.topology, trouble = describe(client)
+        if trouble:
+            health.warnings.append(trouble)
     return health
 
 
@@ -312,7 +321,7 @@ def check_health(manager: "LockHost", *, deadline: float | None = None) -> Healt
                 h.clock_offset_ms = h.clock_ms - middle
     for h in report:
         if h.error is None:
-            h.warnings = _warnings(h)
+            h.warnings = h.warnings + _warnings(h)
             if h.status != "ok":
                 verdict = eviction_verdict(h.maxmemory, h.maxmemory_policy)
                 h.problem = verdict[1] if verdict is not None else h.status

@@ -1,5 +1,10 @@
 """Who holds which lock: ``locks list`` / ``show`` / ``release`` (see the package
-docstring for how the nodes are read and merged)."""
+docstring for how the nodes are read and merged).
+
+(Why one module of 600 lines: the scan, the merge of the nodes' views and the
+forced release read the same values in the same layout; the node plumbing
+and the health checks are already apart, in ``common`` and ``health``.)
+"""
 
 from __future__ import annotations
 
@@ -16,6 +21,7 @@ from ...core.keys import (
     legacy_internal_role,
     lock_key,
     name_from_key,
+    permits_key,
     waiters_key,
 )
 from ...core.owner import parse_value
@@ -27,134 +33,23 @@ from .common import (
     MAX_KEYS_PER_NODE,
     SCAN_COUNT,
     SCAN_DEADLINE,
+    PatternError,
     _client,
+    _clients,
     _each_node,
+    glob_escape,
     short_reason,
     validate_pattern,
 )
+from .records import PREVIEW_CHARS, ForeignValue, LockInfo, NodeLockValue
+from .semaphores import SemaphoreInfo, candidate_base, group_semaphores
 
 # ------------------------------------------------------------------- locks
-
-@dataclass
-class NodeLockValue:
-    """One node's view of one lock, for ``locks show``."""
-
-    node: str
-    state: str  # "held", "absent", "unreachable", "foreign"
-    token: str | None = None  # the first characters of the holder token
-    fence: int | None = None
-    pttl_ms: int | None = None
-    owner: dict[str, Any] = field(default_factory=dict)
-    fence_counter: int | None = None
-    error: str | None = None
-    agrees: bool = False  # holds the same token as the lock's main holder
-    waiters: int | None = None  # length of the node's waiter queue (None: not read)
-    foreign: ForeignValue | None = None  # what the key holds instead of a lock value
-
-    def as_json(self) -> dict[str, Any]:
-        return {"node": self.node, "state": self.state, "agrees": self.agrees,
-                "token": self.token, "fence": self.fence, "ttl_ms": self.pttl_ms,
-                "owner": self.owner or None, "fence_counter": self.fence_counter,
-                "error": self.error, "waiters": self.waiters,
-                "foreign": None if self.foreign is None else self.foreign.as_json()}
-
-
-@dataclass
-class LockInfo:
-    """One lock merged across the nodes."""
-
-    name: str
-    key: str
-    nodes: int  # nodes holding it for the main holder (k of k/N)
-    total: int  # configured nodes (N)
-    quorum_size: int
-    ttl_ms: int  # -1: a key without expiry (not written by us)
-    owner: dict[str, Any]
-    fence: int
-    token: str
-    others: int = 0  # nodes holding the key for a different holder
-    unread: int = 0  # nodes that did not answer: they may hold it too
-    since: float | None = None
-    age_s: float | None = None
-    per_node: list[NodeLockValue] = field(default_factory=list)
-    #: Acquirers queued for the lock: the longest waiter queue among the nodes
-    #: read (None when no node's queue was read).
-    waiters: int | None = None
-
-    @property
-    def quorum(self) -> bool:
-        return self.nodes >= self.quorum_size
-
-    @property
-    def state(self) -> str:
-        """How the lock stands across the nodes.
-
-        ``quorum``: held on a quorum. ``uncertain``: below a quorum on the nodes
-        that answered, but the silent ones could make up a quorum. ``split``:
-        several holders, none with a quorum (leftovers of competing attempts).
-        ``minority``: one holder on fewer nodes than a quorum.
-        """
-        if self.quorum:
-            return "quorum"
-        if self.nodes + self.unread >= self.quorum_size:
-            return "uncertain"
-        return "split" if self.others else "minority"
-
-    def as_json(self, *, per_node: bool = False) -> dict[str, Any]:
-        data: dict[str, Any] = {
-            "name": self.name,
-            "key": self.key,
-            "nodes": self.nodes,
-            "nodes_total": self.total,
-            "quorum": self.quorum,
-            "state": self.state,
-            "ttl_ms": self.ttl_ms,
-            "owner": self.owner,
-            "fence": self.fence,
-            "since": self.since,
-            "age_s": None if self.age_s is None else round(self.age_s, 3),
-            "other_holders": self.others,
-            "nodes_unread": self.unread,
-            "waiters": self.waiters,
-        }
-        if per_node:
-            data["per_node"] = [v.as_json() for v in self.per_node]
-        return data
-
 
 @dataclass
 class NodeFailure:
     node: str
     reason: str
-
-
-#: Characters of a foreign string value shown by ``locks list`` / ``show``.
-PREVIEW_CHARS = 40
-
-
-@dataclass
-class ForeignValue:
-    """Something at a lock key that is not a django-redlock lock value, on one node.
-
-    It still blocks the lock: the acquire script's ``SET NX`` (and its ``GET``)
-    sees a key there, so every acquire of the name is refused by this node until
-    the key goes. An operator needs to see it, not a lock list that skips it.
-    """
-
-    node: str
-    type: str  # Redis type: "string", "list", "hash", ...
-    ttl_ms: int | None  # -1: no expiry
-    preview: str | None = None  # first characters of a string value
-
-    def describe(self) -> str:
-        what = self.type if self.preview is None else f"{self.type} {self.preview!r}"
-        if self.ttl_ms is not None and self.ttl_ms < 0:
-            return what + ", no expiry"
-        return what + ("" if self.ttl_ms is None else f", {self.ttl_ms} ms left")
-
-    def as_json(self) -> dict[str, Any]:
-        return {"node": self.node, "type": self.type, "ttl_ms": self.ttl_ms,
-                "preview": self.preview}
 
 
 @dataclass
@@ -212,6 +107,14 @@ class Inventory:
     skipped: int = 0  # matching keys whose value is not a lock value
     #: Keys named like locks that hold something else (sorted by name).
     foreign: list[ForeignKey] = field(default_factory=list)
+    #: Semaphores whose permits or line some node holds (sorted by name); their
+    #: locks are in ``locks`` too (:mod:`.semaphores`).
+    semaphores: list[SemaphoreInfo] = field(default_factory=list)
+
+    def ungrouped(self) -> list[LockInfo]:
+        """``locks`` without the permits and lines of ``semaphores``."""
+        grouped = {id(lock) for sem in self.semaphores for lock in sem.locks()}
+        return [lock for lock in self.locks if id(lock) not in grouped]
 
     @property
     def complete(self) -> bool:
@@ -407,15 +310,59 @@ class _NodeScan:
     truncated: bool
     waiters: dict[bytes, int] = field(default_factory=dict)
     foreign: dict[bytes, tuple[str, int | None, str | None]] = field(default_factory=dict)
+    #: The permit count recorded for each semaphore name some found key may be a
+    #: permit or the line of (names without a record are left out).
+    permits: dict[str, int] = field(default_factory=dict)
 
 
-def _scan_node(node: NodeClient, match: bytes, deadline: float) -> _NodeScan:
-    client = _client(node)
+def _read_permit_records(client: redis.Redis, prefix: str, keys: Sequence[bytes]
+                         ) -> dict[str, int]:
+    """The recorded count of each semaphore that a key in ``keys`` may belong to."""
+    bases: set[str] = set()
+    for k in keys:
+        name = name_from_key(prefix, k.decode("utf-8", "replace"))
+        base = None if name is None else candidate_base(name)
+        if base is not None:
+            bases.add(base)
+    if not bases:
+        return {}
+    ordered = sorted(bases)
+    records: dict[str, int] = {}
+    for start in range(0, len(ordered), SCAN_COUNT):
+        chunk = ordered[start:start + SCAN_COUNT]
+        pipe = client.pipeline(transaction=False)
+        for base in chunk:
+            pipe.get(permits_key(lock_key(prefix, base)).encode())
+        for base, raw in zip(chunk, pipe.execute(raise_on_error=False), strict=True):
+            if isinstance(raw, str):
+                raw = raw.encode()
+            if isinstance(raw, bytes) and raw.isdigit():
+                records[base] = int(raw)
+    return records
+
+
+def _scan_node(node: NodeClient, match: bytes, deadline: float,
+               prefix: str | None = None) -> _NodeScan:
+    """Every lock key on ``node`` (on each master of a Cluster node)."""
+    end = time.monotonic() + deadline
+    found = _NodeScan(values={}, truncated=False)
+    for client in _clients(node):
+        part = _scan_server(client, match, max(end - time.monotonic(), 0.0), deadline, prefix)
+        found.values.update(part.values)
+        found.waiters.update(part.waiters)
+        found.foreign.update(part.foreign)
+        found.permits.update(part.permits)
+        found.truncated = found.truncated or part.truncated
+    return found
+
+
+def _scan_server(client: redis.Redis, match: bytes, left: float, deadline: float,
+                 prefix: str | None) -> _NodeScan:
     keys: list[bytes] = []
     seen: set[bytes] = set()
     cursor: int = 0
     truncated = False
-    end = time.monotonic() + deadline
+    end = time.monotonic() + left
     while True:
         cursor, batch = client.scan(cursor=cursor, match=match, count=SCAN_COUNT)
         for k in batch:
@@ -432,7 +379,9 @@ def _scan_node(node: NodeClient, match: bytes, deadline: float) -> _NodeScan:
         if time.monotonic() > end:
             raise TimeoutError(f"scan did not finish within {deadline:g} s")
     values, waiters, foreign = _read_values(client, keys)
-    return _NodeScan(values=values, truncated=truncated, waiters=waiters, foreign=foreign)
+    permits = {} if prefix is None else _read_permit_records(client, prefix, list(values))
+    return _NodeScan(values=values, truncated=truncated, waiters=waiters, foreign=foreign,
+                     permits=permits)
 
 
 def scan_locks(manager: "LockHost", pattern: str = "*", *,
@@ -442,18 +391,22 @@ def scan_locks(manager: "LockHost", pattern: str = "*", *,
     prefix = manager.key_prefix
     match = f"{prefix}:{pattern}".encode()
     nodes = manager.nodes
-    outcomes = _each_node(nodes, lambda node: _scan_node(node, match, deadline), deadline + 1.0)
+    outcomes = _each_node(nodes, lambda node: _scan_node(node, match, deadline, prefix),
+                          deadline + 1.0)
     node_names = [node.name for node in nodes]
     per_key: dict[bytes, list[tuple[str, Any, int | None] | None]] = {}
     queued: dict[bytes, list[int | None]] = {}
     errors: list[str | None] = [o.error for o in outcomes]
     strangers: dict[bytes, list[ForeignValue]] = {}
+    records: dict[str, list[int]] = {}
     truncated = False
     for i, outcome in enumerate(outcomes):
         if outcome.error is not None:
             continue
         result: _NodeScan = outcome.value
         truncated = truncated or result.truncated
+        for base, count in result.permits.items():
+            records.setdefault(base, []).append(count)
         for k, (raw, pttl) in result.values.items():
             stored = parse_value(raw)
             if stored is None:  # pragma: no cover - _read_values sorted these out
@@ -476,6 +429,9 @@ def scan_locks(manager: "LockHost", pattern: str = "*", *,
         if info is not None:
             locks.append(info)
     locks.sort(key=lambda lock: lock.name)
+    _, semaphores = group_semaphores(
+        locks, records, {base: lock_key(prefix, base) for base in records}, len(nodes),
+        manager.quorum)
     foreign: list[ForeignKey] = []
     for k, values in strangers.items():
         key = k.decode("utf-8", "replace")
@@ -488,7 +444,8 @@ def scan_locks(manager: "LockHost", pattern: str = "*", *,
         answered=sum(1 for o in outcomes if o.error is None), quorum_size=manager.quorum,
         failures=[NodeFailure(node_names[i], o.error) for i, o in enumerate(outcomes)
                   if o.error is not None],
-        truncated=truncated, skipped=len(set(strangers) - set(per_key)), foreign=foreign)
+        truncated=truncated, skipped=len(set(strangers) - set(per_key)), foreign=foreign,
+        semaphores=semaphores)
 
 
 @dataclass
@@ -503,6 +460,21 @@ class LockDetail:
     foreign: ForeignKey | None = None
 
 
+def inspect_semaphore(manager: "LockHost", name: str
+                      ) -> tuple[SemaphoreInfo | None, list[NodeFailure]]:
+    """Semaphore ``name`` as :func:`scan_locks` groups it (a scan of its permits
+    and line, ``NAME#*``), or None when it is none: no count recorded for it on
+    the nodes read, or none of its permits nor its line held. With the nodes
+    not read. ``name`` must already be valid."""
+    try:
+        pattern = validate_pattern(glob_escape(name) + "#*")
+    except PatternError:  # a name too long to be escaped into a pattern
+        return None, []
+    inventory = scan_locks(manager, pattern)
+    return (next((sem for sem in inventory.semaphores if sem.name == name), None),
+            inventory.failures)
+
+
 def inspect_lock(manager: "LockHost", name: str, *, now: Callable[[], float] = time.time,
                  deadline: float | None = None) -> LockDetail:
     """One lock node by node: value, PTTL, fencing counter and waiter queue of every node.
@@ -513,7 +485,7 @@ def inspect_lock(manager: "LockHost", name: str, *, now: Callable[[], float] = t
     kb, fb, wb = key.encode(), fence_key(key).encode(), waiters_key(key).encode()
 
     def job(node: NodeClient) -> tuple[Any, Any, Any, Any, Any]:
-        pipe = _client(node).pipeline(transaction=False)
+        pipe = _client(node, kb).pipeline(transaction=False)
         pipe.get(kb)
         pipe.pttl(kb)
         pipe.get(fb)
