@@ -10,8 +10,10 @@ node addresses shown with their passwords masked.
 URLs (under ``admin:django_redlock_redislock_...``):
 
 ``changelist``  ``.../redislock/?q=GLOB&p=N`` the held locks matching GLOB, paginated,
-                and the node health
-``detail``      ``.../redislock/lock/?name=NAME`` one lock node by node
+                and the node health; a semaphore is one entry with its permits,
+                grouped as ``manage.py locks`` groups them (``Inventory.semaphores``)
+``detail``      ``.../redislock/lock/?name=NAME`` one lock node by node; a semaphore's
+                name: its entry as the list shows it (``inspect_semaphore``)
 ``release``     ``.../redislock/release/?name=NAME`` GET: the confirmation page;
                 POST: force release. Both need ``django_redlock.release_lock``.
 
@@ -36,10 +38,14 @@ from django.urls import path, reverse
 
 from .core.keys import InvalidLockName, validate_name
 from .engine.inspection import (
+    Inventory,
+    LockInfo,
     PatternError,
+    SemaphoreInfo,
     check_health,
     force_release,
     inspect_lock,
+    inspect_semaphore,
     scan_locks,
     validate_pattern,
 )
@@ -73,6 +79,49 @@ def _row(lock: Any) -> dict[str, Any]:
         "age": fmt.format_seconds(lock.age_s),
         "waiters": fmt.format_count(lock.waiters),
     }
+
+
+def _semaphore_row(sem: SemaphoreInfo) -> dict[str, Any]:
+    """A semaphore as one entry: its permits held of its count, who waits, and
+    a row per permit held (the inspection layer grouped them; nothing is read
+    again here)."""
+    fmt = _formats()
+    permits = "?" if sem.permits is None else str(sem.permits)
+    line = sem.line
+    first = fmt.format_owner(line.owner) if line is not None and line.quorum else ""
+    disagree = ""
+    if sem.permits is None or len(sem.recorded) > 1:
+        disagree = ", ".join(f"{count} on {nodes} node(s)"
+                             for count, nodes in sorted(sem.recorded.items()))
+    return {
+        "semaphore": True,
+        "name": sem.name,
+        "permits": permits,
+        "held": sem.held,
+        "holders": f"{sem.held}/{permits}",
+        "waiters": sem.waiters,
+        "first": first,
+        "queued": fmt.format_count(sem.queued),
+        "disagree": disagree,
+        # The permits held, then the line when it is held below a quorum (a
+        # leftover of a failed try: shown, not hidden, as ``locks list`` does).
+        "permits_held": [{"part": f"#{index}", **_row(lock)} for index, lock in sem.holders]
+        + ([{"part": "line", **_row(line)}] if line is not None and not line.quorum else []),
+    }
+
+
+def _entries(inventory: Inventory) -> list[LockInfo | SemaphoreInfo]:
+    """What the page lists, in ``locks list``'s order: the plain locks, then the
+    semaphores (each one entry, its permits and line inside)."""
+    return [*inventory.ungrouped(), *inventory.semaphores]
+
+
+def _summary(inventory: Inventory) -> str:
+    """``N locks and M semaphores``: the entries the page lists."""
+    count, sems = len(inventory.ungrouped()), len(inventory.semaphores)
+    parts = ([f"{count} lock{'' if count == 1 else 's'}"] if count or not sems else []) + (
+        [f"{sems} semapho{'re' if sems == 1 else 'res'}"] if sems else [])
+    return " and ".join(parts)
 
 
 @admin.register(RedisLock)
@@ -131,6 +180,7 @@ class RedisLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]  # not subscri
         pattern = request.GET.get("q", "").strip() or "*"
         error = None
         rows: list[dict[str, Any]] = []
+        summary = ""
         inventory = None
         page = None
         try:
@@ -145,12 +195,14 @@ class RedisLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]  # not subscri
                 error = f"bad pattern: {e}"
             else:
                 inventory = scan_locks(manager, pattern)
-                page = Paginator(inventory.locks, PER_PAGE).get_page(request.GET.get("p"))
-                rows = [_row(lock) for lock in page.object_list]
+                page = Paginator(_entries(inventory), PER_PAGE).get_page(request.GET.get("p"))
+                rows = [_semaphore_row(entry) if isinstance(entry, SemaphoreInfo)
+                        else {**_row(entry), "semaphore": False} for entry in page.object_list]
+                summary = _summary(inventory)
         health = check_health(manager) if manager is not None else None
         refresh = request.GET.get("refresh", "")
         context = self._context(
-            request, "Locks", rows=rows, inventory=inventory, page=page,
+            request, "Locks", rows=rows, inventory=inventory, page=page, summary=summary,
             pattern="" if pattern == "*" else pattern, error=error, health=health,
             refresh=int(refresh) if refresh.isdigit() and 1 <= int(refresh) <= 3600 else None,
             prefix=getattr(manager, "key_prefix", ""),
@@ -160,8 +212,14 @@ class RedisLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]  # not subscri
     def detail_view(self, request: HttpRequest) -> HttpResponse:
         self._check_view(request)
         name = self._name(request)
-        detail = inspect_lock(self._manager(), name)
+        manager = self._manager()
+        detail = inspect_lock(manager, name)
         fmt = _formats()
+        semaphore = None
+        if detail.lock is None and detail.foreign is None and detail.answered:
+            # No lock of that name: a semaphore's, as ``locks show NAME`` finds it.
+            found, _ = inspect_semaphore(manager, name)
+            semaphore = _semaphore_row(found) if found is not None else None
         nodes = []
         if detail.lock is not None:
             for v in detail.lock.per_node:
@@ -176,7 +234,8 @@ class RedisLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]  # not subscri
                                         fmt.format_owner(v.owner) if v.state == "held" else "-"),
                 })
         context = self._context(
-            request, f"Lock {name}", name=name, detail=detail, nodes=nodes,
+            request, f"Semaphore {name}" if semaphore else f"Lock {name}", name=name,
+            detail=detail, nodes=nodes, semaphore=semaphore,
             row=_row(detail.lock) if detail.lock is not None else None,
             since=fmt.format_since(detail.lock.since, detail.lock.age_s)
             if detail.lock is not None else "-")

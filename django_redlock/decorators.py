@@ -1,5 +1,10 @@
 """``with_lock``: one decorator for views, model methods and plain functions.
 
+(Why one module of 600 lines: ``with_lock`` and ``with_semaphore`` are one
+``_Target`` that finds the request, renders the name, answers a busy lock and
+runs the body the same way for every kind of callable, sync and async; split by
+kind, each part would re-tell those rules.)
+
 ::
 
     @with_lock("stock:<pk>")                   # a function view, pk from the URL

@@ -1,5 +1,9 @@
 """ORM helpers: lock a row, claim it, read it, and write it fenced.
 
+(Why one module of 600 lines: Django finds models in ``models.py``, and the
+queryset, the model and the fence field share one order of claim, read and
+fenced write, which is easier to check in one place.)
+
 Two mistakes this module exists to prevent:
 
 1. **Reading before locking.** ``p = Product.objects.get(pk=1); with p.lock(): p.stock -= 1;

@@ -160,8 +160,14 @@ class LocksPanel(Panel):
                 _live.pop(lock, None)
                 item = {k: v for k, v in record.items() if k != "acquired_at"}
                 if record["outcome"] == "acquired" and record["hold_ms"] is None:
-                    item["hold_ms"] = _ms(now - record["acquired_at"])
-                    item["still_held"] = True
+                    if getattr(lock, "_state", None) == "unlocked":
+                        # Released with no confirmation to report: a semaphore's
+                        # line handed on without waiting for the reply, or a
+                        # release no node confirmed (logged).
+                        item["unconfirmed"] = True
+                    else:
+                        item["hold_ms"] = _ms(now - record["acquired_at"])
+                        item["still_held"] = True
                 locks.append(item)
         self._locks = []
         self.record_stats({  # type: ignore[no-untyped-call]  # debug-toolbar is untyped

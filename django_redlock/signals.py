@@ -8,7 +8,8 @@ All are sent with ``sender=Lock`` (the class) and these keyword arguments:
     ``lock``, ``name``, ``fence``, ``held`` (seconds held), ``nodes`` (how many
     nodes confirmed the deletion). Sent only for a release that at least one node
     confirmed: a release that reached no node (all unreachable) is logged
-    instead, since the lock then stays until its lease ends.
+    instead, since the lock then stays until its lease ends; none for a
+    semaphore's line handed on without waiting for the replies.
 ``lock_lost``
     ``lock``, ``name``, ``fence``, ``held``, ``reason`` (str). Sent from the thread
     that noticed: the renewal thread, or the caller at release time. A database

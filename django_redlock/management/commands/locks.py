@@ -1,5 +1,9 @@
 """``manage.py locks``: see, explain and repair the locks of a running site.
 
+(Why one module of 630 lines: one Django command with its subcommands, whose
+text and JSON forms share their formatting helpers; the reading itself is in
+:mod:`django_redlock.engine.inspection`.)
+
 Forms (the contract in ``docs/commands.rst``)::
 
     locks                                  same as ``locks list``
@@ -43,9 +47,11 @@ from ...engine.inspection import (
     LockInfo,
     NodeFailure,
     PatternError,
+    SemaphoreInfo,
     check_health,
     force_release,
     inspect_lock,
+    inspect_semaphore,
     scan_locks,
     validate_pattern,
 )
@@ -279,27 +285,25 @@ class Command(BaseCommand):
         """The human ``list`` table plus its summary lines (also a ``watch`` frame)."""
         st = self.style
         lines: list[str] = []
-        if inventory.locks:
-            rows = []
-            for lock in inventory.locks:
-                state_style = st.SUCCESS if lock.quorum else st.WARNING
-                rows.append([
-                    (clean(lock.name), None),
-                    (f"{lock.nodes}/{lock.total}", state_style),
-                    (lock.state, state_style),
-                    (format_ms(lock.ttl_ms), None),
-                    (str(lock.fence), None),
-                    (format_seconds(lock.age_s), None),
-                    (format_count(lock.waiters), None),
-                    (format_owner(lock.owner), None),
-                ])
+        plain = inventory.ungrouped()
+        if plain:
+            rows = [self.lock_row(lock, [(clean(lock.name), None)], with_waiters=True)
+                    for lock in plain]
             lines += table(["NAME", "NODES", "STATE", "TTL", "FENCE", "AGE", "WAITERS", "OWNER"],
                            rows, st.MIGRATE_HEADING)
+        for sem in inventory.semaphores:
+            if lines:
+                lines.append("")
+            lines += self.render_semaphore(sem)
         where = f"under prefix {prefix!r}" + ("" if pattern == "*" else f" matching '{clean(pattern)}'")
-        below = sum(1 for lock in inventory.locks if not lock.quorum)
-        count = len(inventory.locks)
-        if count:
-            summary = f"{count} lock{'' if count == 1 else 's'} {where}"
+        every = inventory.locks
+        below = sum(1 for lock in every if not lock.quorum)
+        count = len(plain)
+        sems = len(inventory.semaphores)
+        if count or sems:
+            parts = ([f"{count} lock{'' if count == 1 else 's'}"] if count else []) + (
+                [f"{sems} semapho{'re' if sems == 1 else 'res'}"] if sems else [])
+            summary = f"{' and '.join(parts)} {where}"
         elif inventory.complete:
             summary = f"No locks held {where}."
         else:
@@ -309,7 +313,7 @@ class Command(BaseCommand):
             summary += f" ({below} below quorum)"
         lines.append(summary + f"; {inventory.answered} of {inventory.total} nodes read, "
                                f"quorum {inventory.quorum_size}.")
-        for lock in inventory.locks:
+        for lock in every:
             if lock.ttl_ms < 0:
                 lines.append(st.WARNING(
                     f"Lock '{clean(lock.name)}' has no expiry (a raw SET or a PERSIST): it "
@@ -322,6 +326,48 @@ class Command(BaseCommand):
             lines.append(st.WARNING(f"node {clean(f.node)} not read: {clean(f.reason)}"))
         if not inventory.enough:
             lines.append(st.ERROR(self.no_quorum_read(inventory)))
+        return lines
+
+    def lock_row(self, lock: LockInfo, first: list[Cell], *, with_waiters: bool) -> list[Cell]:
+        """One lock's cells after ``first``: nodes, state, ttl, fence, age, [waiters,] owner."""
+        st = self.style
+        state_style = st.SUCCESS if lock.quorum else st.WARNING
+        return [
+            *first,
+            (f"{lock.nodes}/{lock.total}", state_style),
+            (lock.state, state_style),
+            (format_ms(lock.ttl_ms), None),
+            (str(lock.fence), None),
+            (format_seconds(lock.age_s), None),
+            *([(format_count(lock.waiters), None)] if with_waiters else []),
+            (format_owner(lock.owner), None),
+        ]
+
+    def render_semaphore(self, sem: SemaphoreInfo) -> list[str]:
+        """A semaphore as one entry: its count, a row per permit held, its line."""
+        st = self.style
+        permits = "?" if sem.permits is None else str(sem.permits)
+        head = (f"Semaphore '{clean(sem.name)}': {sem.held} of {permits} permits held, "
+                f"{sem.waiters} waiting")
+        line = sem.line
+        if line is not None and line.quorum:
+            head += (f" (first in line {format_owner(line.owner)}, "
+                     f"{format_count(line.waiters)} queued behind)")
+        lines = [st.MIGRATE_HEADING(head)]
+        if sem.permits is None or len(sem.recorded) > 1:
+            lines.append(st.WARNING(
+                "  the nodes disagree on its permit count: " + ", ".join(
+                    f"{count} on {nodes} node(s)" for count, nodes in sorted(sem.recorded.items()))))
+        rows = [self.lock_row(lock, [(f"#{index}", None)], with_waiters=False)
+                for index, lock in sem.holders]
+        if line is not None and not line.quorum:
+            rows.append(self.lock_row(line, [("line", None)], with_waiters=False))
+        if rows:
+            lines += ["  " + text for text in table(
+                ["PERMIT", "NODES", "STATE", "TTL", "FENCE", "AGE", "OWNER"], rows,
+                st.MIGRATE_HEADING)]
+        else:
+            lines.append("  no permit held")
         return lines
 
     @staticmethod
@@ -344,7 +390,8 @@ class Command(BaseCommand):
                 f"{clean(f.node)}: {clean(f.reason)}" for f in inventory.failures))
         if as_json:
             self._warn_failures(inventory.failures)
-            items = [lock.as_json() for lock in inventory.locks]
+            items = [lock.as_json() for lock in inventory.ungrouped()]
+            items += [sem.as_json() for sem in inventory.semaphores]
             items += [foreign.as_json() for foreign in inventory.foreign]
             self.stdout.write(json.dumps(items, indent=2))
         else:
@@ -370,6 +417,13 @@ class Command(BaseCommand):
                     for v in detail.foreign.per_node:
                         self.stdout.write(f"  {clean(v.node)}: {clean(v.describe())}")
                 return
+            semaphore = self._semaphore(manager, name)
+            if semaphore is not None:
+                if as_json:
+                    self.stdout.write(json.dumps(semaphore.as_json(), indent=2))
+                else:
+                    self.stdout.write("\n".join(self.render_semaphore(semaphore)))
+                return
             raise CommandError(
                 f"no lock {name!r} is held (key {manager.key_prefix}:{name}; "
                 f"{detail.answered} of {detail.total} nodes read)")
@@ -378,6 +432,13 @@ class Command(BaseCommand):
             self.stdout.write(json.dumps(lock.as_json(per_node=True), indent=2))
             return
         self.stdout.write("\n".join(self.render_show(lock)))
+
+    def _semaphore(self, manager: Any, name: str) -> SemaphoreInfo | None:
+        """Semaphore ``name`` as ``list`` groups it, or None when it is none (no
+        count recorded for it on the nodes, or none of its permits held)."""
+        semaphore, failures = inspect_semaphore(manager, name)
+        self._warn_failures(failures)
+        return semaphore
 
     def render_show(self, lock: LockInfo) -> list[str]:
         st = self.style
@@ -513,7 +574,9 @@ class Command(BaseCommand):
                 (clean(h.persistence), st.WARNING if any("fsync" in w or "AOF" in w
                                                          for w in h.warnings) else None),
                 (clock, clock_style),
-                (f"{len(h.warnings)} warning(s)" if h.warnings else "", st.WARNING),
+                (clean("; ".join(x for x in (
+                    h.topology, f"{len(h.warnings)} warning(s)" if h.warnings else "") if x)),
+                 st.WARNING if h.warnings else None),
             ])
         lines = table(["NODE", "OK", "RTT", "SERVER", "ROLE", "PERSISTENCE", "CLOCK", "NOTES"],
                       rows, st.MIGRATE_HEADING)
