@@ -52,14 +52,18 @@ from .base import (  # noqa: F401 - LOCALHOST, for users
     _free_port,  # noqa: F401 - the test suite picks free ports with it
 )
 from .binaries import find_server_binary, find_valkey_binary
+from .groups import RedisClusterGroup, SentinelGroup, SentinelServer
 from .proxy import FaultProxy
 from .servers import RedisNodes, RedisServer
 
 __all__ = [
     "FaultProxy",
+    "RedisClusterGroup",
     "RedisNodes",
     "RedisReplyError",
     "RedisServer",
+    "SentinelGroup",
+    "SentinelServer",
     "ServerBinaryNotFound",
     "find_server_binary",
     "find_valkey_binary",

@@ -1,4 +1,9 @@
-"""One Redis server process, and a group of independent nodes."""
+"""One Redis server process, and a group of independent nodes.
+
+(Why one module of 600 lines: ``RedisNodes`` is a list of ``RedisServer`` and
+its faults (pause, kill, restart, flush, clock steps) are the server's own,
+applied to several; the proxy and the binaries live apart.)
+"""
 
 from __future__ import annotations
 
@@ -312,13 +317,15 @@ class RedisServer:
         return "\n".join(out)
 
     def stop(self) -> None:
-        """Stop the server (SIGTERM, then SIGKILL after :data:`EXIT_TIMEOUT`)
-        and remove its temp dir. Idempotent. A paused server is resumed first:
-        a stopped process would not act on SIGTERM until continued."""
+        """Stop the server (``kill -9``, paused or not) and remove its temp
+        dir. Idempotent. Not SIGTERM: the data goes with the temp dir anyway,
+        and on SIGTERM a Redis 7 master with replicas waits up to its
+        ``shutdown-timeout`` (10 s) for them to catch up; a test's teardown
+        spent 5 s (EXIT_TIMEOUT) on that, three times a run."""
         proc, self._state.proc = self._state.proc, None
         self._paused = False
         if proc is not None:
-            _terminate(proc, hard=False)
+            _terminate(proc, hard=True)
         tmpdir, self._state.tmpdir = self._state.tmpdir, None
         if tmpdir:
             shutil.rmtree(tmpdir, ignore_errors=True)
@@ -484,6 +491,31 @@ class RedisServer:
 _PROBE_KEY = "redlock-testing:replication-probe"
 
 
+def replicas_following(master: RedisServer, live: int, deadline: float,
+                       key: str = _PROBE_KEY) -> int:
+    """How many of ``master``'s replicas confirm a fresh write (``WAIT``),
+    asked again until ``live`` do or ``deadline`` (a ``time.monotonic()``
+    value) has passed.
+
+    "online" in ``INFO replication`` is not yet "applying": right after its
+    first sync a replica may take up to a second (its first ACK) before it
+    follows the stream, and a ``WAIT`` then confirms nothing. A write that
+    ``WAIT`` confirms on every replica is. ``key`` is written and deleted at
+    once; on a Cluster master it must hash to a slot that master serves."""
+    acked = 0
+    for _ in range(int(max(0.0, deadline - time.monotonic()) / 0.1) + 1):  # WAIT ... 100
+        try:
+            *_, reply = _raw_commands(
+                master.host, master.port, master.password,
+                [("SET", key, "1"), ("DEL", key), ("WAIT", str(live), "100")], 1.0)
+        except (OSError, ConnectionError, RedisReplyError):
+            reply = 0
+        acked = reply if isinstance(reply, int) else 0
+        if acked >= live or time.monotonic() >= deadline:
+            break
+    return acked
+
+
 class RedisNodes:
     """``n`` independent Redis masters (NOT a Redis Cluster): what Redlock
     runs against. Each is a :class:`RedisServer` built with the same
@@ -580,22 +612,7 @@ class RedisNodes:
             if online < live:
                 raise RuntimeError(f"{master!r}: {online} of {live} replicas online after "
                                    f"{timeout:g} s")
-            # "online" is not yet "applying": right after its first sync a
-            # replica may take up to a second (its first ACK) before it follows
-            # the stream, and a WAIT then confirms nothing. A write that WAIT
-            # confirms on every replica is.
-            acked = 0
-            for _ in range(int(timeout / 0.1) + 1):
-                try:
-                    *_, reply = _raw_commands(
-                        master.host, master.port, master.password,
-                        [("SET", _PROBE_KEY, "1"), ("DEL", _PROBE_KEY),
-                         ("WAIT", str(live), "100")], 1.0)
-                except (OSError, ConnectionError, RedisReplyError):
-                    reply = 0
-                acked = reply if isinstance(reply, int) else 0
-                if acked >= live or time.monotonic() >= deadline:
-                    break
+            acked = replicas_following(master, live, deadline)
             if acked < live:
                 raise RuntimeError(f"{master!r}: {acked} of {live} replicas follow its writes "
                                    f"after {timeout:g} s")
