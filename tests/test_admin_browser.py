@@ -186,3 +186,55 @@ def test_without_the_permission(browser: Any, live_server: Any, hold: Any,
         caught.value.close()
         assert caught.value.code == 403
     assert all(server.execute("EXISTS", "redlock:stock:43") for server in session_nodes)
+
+
+def test_a_semaphore_is_one_entry(browser: Any, live_server: Any, session_nodes: Any,
+                                  tmp_path: Path) -> None:
+    """The semaphore as the browser shows it: one entry with its permits held
+    of its count, a row per permit held under it, its permits not listed as locks."""
+    from selenium.webdriver.common.by import By
+
+    from django_redlock import LockManager
+
+    User.objects.create_superuser("boss", "boss@example.com", "boss-pw")
+    manager = LockManager(list(session_nodes.urls), node_timeout=0.5)
+    held = [manager.semaphore("browsersem", 4, ttl=30, auto_renew=False, label=f"export-{i}")
+            for i in range(2)]
+    try:
+        for sem in held:
+            assert sem.acquire(timeout=5)
+        log_in(browser, live_server.url, "boss", "boss-pw")
+        browser.get(f"{live_server.url}{URL}?q=browsersem*")
+        (entry,) = browser.find_elements(By.CSS_SELECTOR, 'tr.redlock-semaphore')
+        assert entry.get_attribute("data-name") == "browsersem"
+        cells = [td.text for td in entry.find_elements(By.TAG_NAME, "td")]
+        assert cells[1:3] == ["2/4 permits", "semaphore"], cells
+        assert "2 of 4 permits held, 0 waiting" in cells[3]
+        permits = {tr.get_attribute("data-name"): [td.text for td in
+                                                   tr.find_elements(By.TAG_NAME, "td")]
+                   for tr in browser.find_elements(
+                       By.CSS_SELECTOR, 'tr.redlock-permit[data-semaphore="browsersem"]')}
+        assert sorted(permits) == sorted(f"browsersem#{sem.index}" for sem in held)
+        for sem in held:
+            row = permits[f"browsersem#{sem.index}"]
+            assert row[1:3] == ["3/3", "quorum"] and row[6] == sem.lock.label, row
+        assert not any(name.startswith("browsersem#") for name in rows(browser))
+        assert "1 semaphore under prefix" in browser.find_element(By.ID, "redlock-summary").text
+        assert_not_blank(browser.get_screenshot_as_png(), tmp_path / "admin-semaphore.png")
+
+        # The semaphore's name opens its entry alone.
+        browser.find_element(By.LINK_TEXT, "browsersem").click()
+        wait_for(browser, lambda d: "Semaphore browsersem" in d.title)
+        assert "2 of 4 permits held" in browser.find_element(By.ID, "redlock-semaphore").text
+        assert len(browser.find_elements(By.CSS_SELECTOR, "#redlock-semaphore tr.redlock-permit")) == 2
+
+        # A permit's link opens that permit's lock node by node.
+        browser.find_element(By.LINK_TEXT, f"#{held[0].index}").click()
+        wait_for(browser, lambda d: f"Lock browsersem#{held[0].index}" in d.title)
+        assert len(browser.find_elements(By.CSS_SELECTOR,
+                                         "#redlock-per-node tr.redlock-node")) == 3
+    finally:
+        for sem in held:
+            if sem.index is not None:
+                sem.release()
+        manager.close()

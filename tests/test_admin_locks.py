@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import logging
 import re
+import threading
 from collections.abc import Iterator
 from typing import Any
 
@@ -17,6 +18,7 @@ from django.test import Client
 from django_redlock import LockManager
 from django_redlock.models import RedisLock
 from tests.admin_support import held_elsewhere
+from tests.polling import wait_until
 
 pytestmark = pytest.mark.django_db
 
@@ -101,6 +103,80 @@ def test_pagination(admin_client: Client, manager: LockManager) -> None:
             lock.release()
     assert first.count('class="redlock-lock"') == 100 and "page 1 of 2" in first
     assert second.count('class="redlock-lock"') == 30 and 'data-name="page:129"' in second
+
+
+def _cells(page: str, marker: str) -> list[str]:
+    """The text of the cells of the row that ``marker`` opens (links stripped)."""
+    row = page.split(marker, 1)[1].split("</tr>")[0]
+    return [re.sub(r"<[^>]+>", "", cell).replace("&emsp;", "").strip()
+            for cell in re.findall(r"<td[^>]*>(.*?)</td>", row, re.DOTALL)]
+
+
+def test_a_semaphore_is_one_entry_with_its_permits(admin_client: Client,
+                                                   manager: LockManager) -> None:
+    """Grouped as ``manage.py locks`` groups it: one entry with its permits held
+    of its count, who holds which permit and who waits; not its permit and line
+    locks one lock each. A lock only named like a permit stays a lock."""
+    held = [manager.semaphore("adminsem", 3, ttl=30, auto_renew=False, label=f"job-{i}")
+            for i in range(3)]
+    lookalike = manager.lock("adminsem-x#0", ttl=30, auto_renew=False)
+    waiter = manager.semaphore("adminsem", 3, ttl=5, auto_renew=False, label="waiter")
+    served: list[bool] = []
+    thread = threading.Thread(target=lambda: served.append(waiter.acquire(timeout=15)),
+                              daemon=True)
+
+    def page() -> str:
+        response = admin_client.get(URL, {"q": "adminsem*"})
+        assert response.status_code == 200
+        return response.content.decode()
+
+    try:
+        assert lookalike.acquire(timeout=0)
+        assert held[0].acquire(timeout=5) and held[1].acquire(timeout=5)
+        text = page()
+        assert text.count('class="redlock-semaphore"') == 1
+        assert _cells(text, 'class="redlock-semaphore" data-name="adminsem"')[:3] \
+            == ["adminsem (semaphore)", "2/3 permits", "semaphore"]
+        assert "2 of 3 permits held, 0 waiting" in text
+        # A row per permit held, under the semaphore; none as a lock of its own.
+        assert text.count('class="redlock-permit"') == 2
+        assert 'class="redlock-lock" data-name="adminsem#' not in text
+        for sem in held[:2]:
+            cells = _cells(text, f'data-semaphore="adminsem" data-name="adminsem#{sem.index}"')
+            assert cells[:3] == [f"#{sem.index}", "3/3", "quorum"], cells
+            assert cells[6] == sem.lock.label and int(cells[5]) >= sem.fence, cells
+        assert 'class="redlock-lock" data-name="adminsem-x#0"' in text
+        assert "1 lock and 1 semaphore under prefix" in text
+        # Its name opens the same entry alone (as ``locks show NAME``).
+        assert "?name=adminsem\"" in text
+        detail = admin_client.get(URL + "lock/", {"name": "adminsem"}).content.decode()
+        assert "<title>Semaphore adminsem" in detail and "No lock" not in detail
+        assert "2 of 3 permits held, 0 waiting" in detail
+        assert detail.count('class="redlock-permit"') == 2
+
+        assert held[2].acquire(timeout=5)  # all held: the next one waits in line
+        thread.start()
+        assert wait_until(lambda: "3 of 3 permits held, 1 waiting" in page(), timeout=10)
+        text = page()
+        assert 'first in line' in text and '&quot;waiter&quot;' in text
+        assert text.count('class="redlock-permit"') == 3
+        assert 'data-name="adminsem#line"' not in text  # the line is the waiting count
+
+        for sem in held:
+            sem.release()
+        thread.join(15)
+        assert served == [True]
+        waiter.release()
+        text = page()
+        assert 'class="redlock-semaphore"' not in text and "1 lock under prefix" in text
+    finally:
+        if thread.ident is not None:
+            thread.join(15)
+        for sem in [*held, waiter]:
+            if sem.index is not None:
+                sem.release()
+        if lookalike.owned():
+            lookalike.release()
 
 
 def test_detail_node_by_node(admin_client: Client, hold: Any) -> None:

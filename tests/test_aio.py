@@ -29,12 +29,27 @@ from django_redlock.core.owner import parse_value
 from django_redlock.engine.lock import Lock
 from django_redlock.testing import RedisNodes
 
+from .polling import wait_until
+
 MakeManager = Callable[..., Any]
 NODE_TIMEOUT = 0.2
 
 
 def holders(nodes: RedisNodes, key: str) -> int:
     return sum(server.client().exists(key) for server in nodes)
+
+
+async def settled(nodes: RedisNodes, key: str, count: int) -> bool:
+    """Whether ``count`` nodes hold ``key`` within a second: a round returns
+    once its outcome is known (a quorum), and the last node's exchange may
+    still be on its way (its task runs while this one waits: the loop is not
+    blocked)."""
+    deadline = time.monotonic() + 1.0
+    while holders(nodes, key) != count:
+        if time.monotonic() > deadline:
+            return False
+        await asyncio.sleep(0.01)
+    return True
 
 
 def run(coro: Any, *, limit: float = 20.0) -> Any:
@@ -63,14 +78,16 @@ def test_acquire_release_and_fences_grow(nodes3: RedisNodes, make_manager: MakeM
         assert await lock.acquire()
         assert lock.owned() and 4 < lock.validity <= 5
         assert await lock.locked()
-        stored = parse_value(nodes3[0].client().get(lock.key))
-        assert stored is not None and stored.fence <= lock.fence  # the max over the quorum
+        assert await settled(nodes3, lock.key, 3)
+        stored = [parse_value(server.client().get(lock.key)) for server in nodes3]
+        # The max over the nodes that answered in time (a quorum at least).
+        assert sum(v is not None and v.fence <= lock.fence for v in stored) >= 2
         await lock.extend(ttl=8)
         assert 7 < lock.validity <= 8
         fences.append(lock.fence)
         await lock.release()
         assert not lock.owned() and not await lock.locked()
-        assert holders(nodes3, lock.key) == 0
+        assert await settled(nodes3, lock.key, 0)
         for _ in range(3):
             async with mgr.alock("basic") as held:
                 assert held.owned()
@@ -182,7 +199,7 @@ def test_renewal_keeps_a_short_lock(nodes3: RedisNodes, make_manager: MakeManage
             assert timer is not None and not timer.cancelled()  # the next renewal
         assert timer.cancelled() and held._renewal_timer is None  # none outlives release()
         assert held._renewal is None
-        assert holders(nodes3, held.key) == 0
+        assert await settled(nodes3, held.key, 0)
 
     run(scenario())
 
@@ -207,6 +224,8 @@ def test_blocked_event_loop_loses_the_lock_and_says_so(nodes3: RedisNodes,
         rival["ok"] = lock.acquire()
         rival["lock"] = lock
 
+    before: list[int] = []
+
     async def scenario() -> int:
         thread = threading.Thread(target=take_over)
         with pytest.raises(LockLost):
@@ -214,7 +233,8 @@ def test_blocked_event_loop_loses_the_lock_and_says_so(nodes3: RedisNodes,
                 thread.start()
                 time.sleep(2.0)  # blocks the event loop past the 1 s lease
                 assert not held.owned() and held.validity == 0.0
-        thread.join(5)
+                thread.join(5)  # the rival holds it now
+                before.append(holders(nodes3, "redlock:paused"))
         return held.fence
 
     signals.lock_lost.connect(on_lost, dispatch_uid="test_aio_lost")
@@ -224,7 +244,11 @@ def test_blocked_event_loop_loses_the_lock_and_says_so(nodes3: RedisNodes,
         signals.lock_lost.disconnect(dispatch_uid="test_aio_lost")
     assert rival["ok"] and rival["lock"].owned()
     assert rival["lock"].fence > fence
-    assert holders(nodes3, "redlock:paused") == 3  # the rival's key survived our release
+    # The rival holds a quorum (its round may settle on 2 of the 3 nodes, the
+    # third busy with our expiring key or its reply not waited for), and our
+    # release at the block's exit deleted none of its keys.
+    assert before and before[0] >= 2
+    assert holders(nodes3, "redlock:paused") >= before[0]
     assert len(lost) == 1 and lost[0]["name"] == "paused"
     rival["lock"].release()
 
@@ -237,7 +261,7 @@ def test_max_hold_caps_renewal(nodes3: RedisNodes, make_manager: MakeManager) ->
             async with mgr.alock("capped", ttl=0.6, max_hold=0.5, auto_renew=True) as held:
                 await asyncio.sleep(1.0)
                 assert not held.owned()  # renewed up to the cap, then let expire
-        assert holders(nodes3, held.key) == 0
+        assert await settled(nodes3, held.key, 0)
 
     run(scenario())
 
@@ -272,11 +296,11 @@ def test_task_cancelled_inside_async_with_leaves_no_key(nodes3: RedisNodes,
 
         task = asyncio.ensure_future(body())
         await entered.wait()
-        assert holders(nodes3, lock.key) == 3
+        assert await settled(nodes3, lock.key, 3)
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert holders(nodes3, lock.key) == 0
+        assert await settled(nodes3, lock.key, 0)
         assert not lock.owned() and lock._renewal is None and lock._renewal_timer is None
 
     run(scenario())
@@ -293,7 +317,7 @@ def test_cancelled_release_still_releases(nodes3: RedisNodes, make_manager: Make
         task.cancel()
         with pytest.raises(asyncio.CancelledError):
             await task
-        assert holders(nodes3, lock.key) == 0
+        assert await settled(nodes3, lock.key, 0)
         assert not lock.owned()
         with pytest.raises(LockNotOwned):
             await lock.release()
@@ -317,22 +341,28 @@ def test_cancelled_acquire_leaves_nothing_behind(nodes3: RedisNodes,
         await holder.release()
         # The waiter's subscription was closed (its channel may linger, empty).
         assert not any(mgr.notifier._subs.values())
-        # Cancelled in the middle of a round: two nodes said yes, the third is
-        # silent (paused). What the round set is taken back.
+        # Cancelled in the middle of a round: one node said yes, the two
+        # others are silent (paused), so the round waits for them. What the
+        # round set is taken back.
         quick = mgr.alock("cancel-acquire", timeout=None)
+        nodes3[1].pause()
         nodes3[2].pause()
         try:
             task = asyncio.ensure_future(quick.acquire())
             await asyncio.sleep(0.15)
             assert not task.done()
-            assert nodes3[0].client().exists(quick.key) and nodes3[1].client().exists(quick.key)
+            assert nodes3[0].client().exists(quick.key)
             task.cancel()
             with pytest.raises(asyncio.CancelledError):
                 await task
         finally:
+            nodes3[1].resume()
             nodes3[2].resume()
         assert not nodes3[0].client().exists(quick.key)
-        assert not nodes3[1].client().exists(quick.key)
+        # The paused nodes run what they were sent when they resume: the
+        # acquire, then the release behind it: no key is left there either.
+        assert wait_until(lambda: not nodes3[1].client().exists(quick.key)
+                          and not nodes3[2].client().exists(quick.key), timeout=5)
 
     run(scenario())
 
@@ -425,8 +455,8 @@ def test_alock_from_settings(session_nodes: RedisNodes) -> None:
     async def scenario() -> None:
         async with alock("from-settings", ttl=5) as held:
             assert held.owned()
-            assert session_nodes[0].client().exists("redlock:from-settings")
-        assert not session_nodes[0].client().exists("redlock:from-settings")
+            assert await settled(session_nodes, "redlock:from-settings", 3)
+        assert await settled(session_nodes, "redlock:from-settings", 0)
 
     run(scenario())
 
@@ -441,9 +471,9 @@ def test_cache_node_gets_an_asyncio_twin_of_the_cache_pool(
 
     async def scenario() -> None:
         async with mgr.alock("via-cache", ttl=5) as held:
-            assert holders(nodes3, held.key) == 3
+            assert await settled(nodes3, held.key, 3)
             assert held.fence > 0
-        assert holders(nodes3, held.key) == 0
+        assert await settled(nodes3, held.key, 0)
 
     run(scenario())
 
@@ -469,3 +499,101 @@ def test_a_loop_per_call_reuses_connections(nodes3: RedisNodes, make_manager: Ma
     opened = received() - before
     # The first loops' connections, then the shared ones (3 nodes).
     assert opened <= 3 * (3 + 3), opened
+
+
+# -- cost ----------------------------------------------------------------------------------------
+def test_uncontended_acquire_release_waits_once_per_round_trip(
+        redis_nodes_factory: Callable[..., RedisNodes], make_manager: MakeManager) -> None:
+    """Issue 23: on 1 node, an acquire + release is two round trips, and the
+    event loop turns twice for each (the reply's read event, then the task's
+    wake-up): no turn to start a task for the release, or to hand its result
+    back (it took 7 turns, 3 of them for the release's task)."""
+    import selectors
+
+    one = redis_nodes_factory(1)
+    mgr = make_manager(one)
+
+    class CountingSelector(selectors.DefaultSelector):  # type: ignore[misc, valid-type]
+        calls = 0
+
+        def select(self, timeout: float | None = None) -> Any:
+            CountingSelector.calls += 1
+            return super().select(timeout)
+
+    async def ops(count: int) -> None:
+        for _ in range(count):
+            lock = mgr.alock("turns", ttl=5)
+            assert await lock.acquire(timeout=1)
+            await lock.release()
+
+    loop = asyncio.SelectorEventLoop(CountingSelector())
+    try:
+        loop.run_until_complete(ops(5))  # connections open, scripts loaded
+        before = CountingSelector.calls
+        loop.run_until_complete(ops(20))
+        turns = CountingSelector.calls - before
+    finally:
+        loop.run_until_complete(loop.shutdown_asyncgens())
+        loop.close()
+    # redis-py before ``can_read`` (5.x) checks an idle connection with a read
+    # under a zero timeout (``can_read_destructive``, transport/aio.py's
+    # _stale): one more turn per round there, two per acquire + release.
+    from redis.asyncio.connection import AbstractConnection
+
+    per_op = 4 if hasattr(AbstractConnection, "can_read") else 6
+    assert turns <= 20 * per_op + 2, turns / 20
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_a_cancelled_release_ends_within_the_node_timeout(
+        redis_nodes_factory: Callable[..., RedisNodes], make_manager: MakeManager,
+        count: int) -> None:
+    """A release runs to its end when its task is cancelled (the cancellation
+    waits for the round); with the nodes silent, the round still ends at the
+    node timeout (1 node: the round reads the reply itself; 3: tasks read the
+    replies), and what it sent runs when the nodes answer again."""
+    three = redis_nodes_factory(count)
+    mgr = make_manager(three, node_timeout=NODE_TIMEOUT)
+
+    async def scenario() -> None:
+        lock = mgr.alock("cancelled-silent", ttl=10)
+        assert await lock.acquire()
+        assert await settled(three, lock.key, count)
+        for node in three:
+            node.pause()
+        try:
+            started = time.monotonic()
+            task = asyncio.ensure_future(lock.release())
+            await asyncio.sleep(0.02)
+            assert not task.done()
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            took = time.monotonic() - started
+            assert NODE_TIMEOUT - 0.05 < took < NODE_TIMEOUT + 0.5, took
+        finally:
+            for node in three:
+                node.resume()
+        assert not lock.owned()
+        # The nodes run the release they were sent once they resume.
+        assert wait_until(lambda: holders(three, lock.key) == 0, timeout=5)
+
+    run(scenario())
+
+
+def test_requests_skip_redis_py_layers_only_on_its_own_connection_classes() -> None:
+    """The rounds write to the stream and read from the parser of redis-py's
+    connection classes directly; a class that overrides its send or read
+    (a connection_class of the user's) is used through them."""
+    import redis.asyncio.connection as aconn
+
+    from django_redlock.transport.aio import _direct
+
+    class Logged(aconn.Connection):
+        async def read_response(self, *args: Any, **kwargs: Any) -> Any:
+            return await super().read_response(*args, **kwargs)
+
+    assert _direct(aconn.Connection())
+    assert _direct(aconn.SSLConnection())
+    assert _direct(aconn.UnixDomainSocketConnection(path="/nonexistent"))
+    assert not _direct(Logged())

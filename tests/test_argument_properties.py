@@ -13,6 +13,9 @@ The property, on real nodes:
 * an accepted value does what the docs say: the accepted set is exactly the
   documented range (``core.arguments``); an acquire with an accepted timeout on
   a busy lock returns ``False`` within that timeout plus one round, never later.
+
+The lock family (reentrant locks, read and write locks, multi-locks, segments,
+semaphores, sync and asyncio, and their decorators) is held to the same rules.
 """
 
 from __future__ import annotations
@@ -201,3 +204,92 @@ def test_async_acquire_and_extend(mgr: Any, value: Any) -> None:
                 await lock.release()
 
     asyncio.run(scenario())
+
+
+# -- the lock family: the same rules, checked by the same code ---------------------------
+FAMILY_RUNS = settings(max_examples=25, deadline=None, database=None,
+                       suppress_health_check=[HealthCheck.function_scoped_fixture,
+                                              HealthCheck.too_slow])
+
+#: Each family call, made with options: (sync, asyncio) twins.
+FAMILY: dict[str, Any] = {
+    "reentrant": (lambda m, **o: m.lock("fam-re", reentrant=True, **o),
+                  lambda m, **o: m.alock("fam-re", reentrant=True, **o)),
+    "read_lock": (lambda m, **o: m.read_lock("fam-rw", **o),
+                  lambda m, **o: m.aread_lock("fam-rw", **o)),
+    "write_lock": (lambda m, **o: m.write_lock("fam-rw", **o),
+                   lambda m, **o: m.awrite_lock("fam-rw", **o)),
+    "multi_lock": (lambda m, **o: m.multi_lock(["fam-m1", "fam-m2"], **o),
+                   lambda m, **o: m.amulti_lock(["fam-m1", "fam-m2"], **o)),
+    "segments": (lambda m, **o: m.segments("fam-seg", 2, **o),
+                 lambda m, **o: m.asegments("fam-seg", 2, **o)),
+    "semaphore": (lambda m, **o: m.semaphore("fam-sem", 2, **o),
+                  lambda m, **o: m.asemaphore("fam-sem", 2, **o)),
+}
+
+
+@pytest.mark.parametrize("kind", sorted(FAMILY))
+@pytest.mark.parametrize("rule", ["ttl", "timeout", "max_hold"])
+@FAMILY_RUNS
+@given(value=values)
+def test_family_options(mgr: Any, kind: str, rule: str, value: Any) -> None:
+    for make in FAMILY[kind]:
+        _expect(rule, value, lambda make=make: make(mgr, **{rule: value}))
+
+
+@pytest.mark.parametrize("kind", sorted(FAMILY))
+@FAMILY_RUNS
+@given(value=values)
+def test_family_acquire_and_extend(mgr: Any, kind: str, value: Any) -> None:
+    """On a free name (any accepted wait ends at once), sync and asyncio: a
+    refused ``timeout`` or ``ttl`` is a ValueError naming it, and the
+    object is left as it was (not held, or still held)."""
+    make, amake = FAMILY[kind]
+    lock = make(mgr, ttl=5)
+    if timeout_ok(value):
+        assert lock.acquire(timeout=value) is True
+    else:
+        with pytest.raises(ValueError, match="timeout"):
+            lock.acquire(timeout=value)
+        assert lock.acquire(timeout=1) is True
+    try:
+        _expect("ttl", value, lambda: lock.extend(value))
+    finally:
+        lock.release()
+
+    async def scenario() -> None:
+        alock = amake(mgr, ttl=5)
+        if timeout_ok(value):
+            assert await alock.acquire(timeout=value) is True
+        else:
+            with pytest.raises(ValueError, match="timeout"):
+                await alock.acquire(timeout=value)
+            assert await alock.acquire(timeout=1) is True
+        try:
+            if ttl_ok(value):
+                await alock.extend(value)
+            else:
+                with pytest.raises(ValueError, match="ttl"):
+                    await alock.extend(value)
+        finally:
+            await alock.release()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("decorator", ["read", "write", "reentrant", "semaphore"])
+@pytest.mark.parametrize("rule", ["ttl", "timeout", "max_hold"])
+@FAMILY_RUNS
+@given(value=values)
+def test_family_decorators_check_when_decorating(decorator: str, rule: str,
+                                                 value: Any) -> None:
+    from django_redlock import with_semaphore
+
+    def decorate() -> Any:
+        if decorator == "semaphore":
+            return with_semaphore("prop:<x>", 2, **{rule: value})(lambda x: x)
+        if decorator == "reentrant":
+            return with_lock("prop:<x>", reentrant=True, **{rule: value})(lambda x: x)
+        return with_lock("prop:<x>", mode=decorator, **{rule: value})(lambda x: x)
+
+    _expect(rule, value, decorate)

@@ -3,7 +3,7 @@
 ``test_*_schedule*`` run ``python -m tests.chaos`` once on the four original
 schedules (about 60 s: 45 s of workload split safe 17.6 / majority 11.7 /
 nofence 9.8 / single 9.8, plus start-up) in a subprocess and assert the
-checker's figures; the other schedules (partition, crash, dataloss, family) run in
+checker's figures; the other schedules (partition, crash, dataloss, family, failover) run in
 ``make chaos``. The synthetic tests pin the
 checker down on histories whose answer is known. The last three tests
 reproduce, deterministically, what the chaos run found (a stale-read window in
@@ -65,6 +65,7 @@ def chaos() -> dict[str, Any]:
     return data
 
 
+@pytest.mark.chaosrun
 @pytest.mark.slow
 @pytest.mark.timeout(CI_TIMEOUT + 60)
 def test_safe_schedule_fences_hold_and_nothing_acknowledged_is_lost(chaos: dict[str, Any]) -> None:
@@ -90,6 +91,7 @@ def test_safe_schedule_fences_hold_and_nothing_acknowledged_is_lost(chaos: dict[
     assert r["overlaps_silent"] == 0, r["overlaps_silent_examples"]
 
 
+@pytest.mark.chaosrun
 @pytest.mark.slow
 @pytest.mark.timeout(CI_TIMEOUT + 60)
 def test_single_node_schedule_hands_over_safely(chaos: dict[str, Any]) -> None:
@@ -107,6 +109,7 @@ def test_single_node_schedule_hands_over_safely(chaos: dict[str, Any]) -> None:
     assert r["failed_over_bound"] == 0
 
 
+@pytest.mark.chaosrun
 @pytest.mark.slow
 @pytest.mark.timeout(CI_TIMEOUT + 60)
 def test_majority_schedule_fails_fast_and_loses_nothing(chaos: dict[str, Any]) -> None:
@@ -122,6 +125,7 @@ def test_majority_schedule_fails_fast_and_loses_nothing(chaos: dict[str, Any]) -
     assert r["outcomes"]["ok"] > 50  # it recovers between the outages
 
 
+@pytest.mark.chaosrun
 @pytest.mark.slow
 @pytest.mark.timeout(CI_TIMEOUT + 60)
 def test_nofence_schedule_shows_stale_writes_landing(chaos: dict[str, Any]) -> None:
@@ -421,9 +425,10 @@ def _clean(n: int = 5, resource: str = "db:1") -> tuple[list[Op], dict[str, list
 
 
 def _judge(ops: list[Op], writes: dict[str, list[Write]], *, expect: str = "safe",
-           events: list[Event] | None = None, fenced: bool = True, **extra: Any
+           events: list[Event] | None = None, fenced: bool = True,
+           finals: dict[str, int] | None = None, **extra: Any
            ) -> tuple[dict[str, Any], bool, list[str]]:
-    r = _check(ops, events or [], writes, fenced=fenced)
+    r = _check(ops, events or [], writes, fenced=fenced, finals=finals)
     r.update({"expect": expect, "min_ok": 0, "hung_workers": [], "died_workers": [],
               "nemesis_errors": [], "faults_planned": {}, "faults_applied": {}})
     r.update(extra)
@@ -557,6 +562,34 @@ def test_verdict_cannot_pass_a_run_that_proved_nothing(defect: dict[str, Any], w
     assert not ok and any(words in x for x in reasons), reasons
 
 
+def test_verdict_fails_a_value_the_write_log_does_not_explain() -> None:
+    ops, writes = _clean()
+    # The log says the last write erased an increment (it found 4 and wrote 4),
+    # yet the final value says nothing was lost: the records do not add up.
+    writes["db:1"][-1] = Write("db:1", 4, 14, 14, 4, 4)
+    r, ok, reasons = _judge(ops, writes, finals={"db:1": 5})
+    assert r["value_gaps"] == 1 and r["lost_updates"] == 0
+    assert not ok and any("value gap" in x for x in reasons), reasons
+
+
+def test_majority_verdict_fails_when_no_outage_took_place() -> None:
+    ops, writes = _clean()
+    _, ok, reasons = _judge(ops, writes, expect="majority")
+    assert not ok and any("no majority outage took place" in x for x in reasons), reasons
+
+
+def test_clock_verdict_passes_a_clean_history_and_allows_an_untold_overlap() -> None:
+    ops, writes = _clean()
+    _, ok, reasons = _judge(ops, writes, expect="clock")
+    assert ok, reasons
+    ops[1].acquired, ops[1].start = 101.2, 101.1  # inside hold 0, never told
+    r, ok, reasons = _judge(ops, writes, expect="clock")
+    assert r["overlaps_untold"] == 1
+    assert ok, reasons  # clock jumps beyond the model: only the data is judged
+    r["stale_writes_landed"] = 1
+    assert not checker.verdict(r)[0]
+
+
 def test_nofence_contrast_must_show_stale_writes_landing() -> None:
     ops, writes = _clean()
     _, ok, reasons = _judge(ops, writes, expect="nofence", fenced=False)
@@ -647,11 +680,19 @@ def test_single_node_worker_pauses_are_planned_clear_of_node_faults() -> None:
 # -- the lock family (the family schedule) ------------------------------------------------------
 def _section(worker: int, seq: int, mode: str, at: float, *, present: tuple[str, ...] = (),
              valid: bool = True, fence: int = 0, read: int | None = None,
-             read_again: int | None = None, write: bool | None = None) -> Op:
+             read_again: int | None = None, write: bool | None = None,
+             names: tuple[str, ...] = (), segment: int = 0, before: tuple[str, ...] = ()
+             ) -> Op:
     """One family hold with its critical section [at, at + 0.3] (resource ``rw:0`` for
-    readers and writers, ``sem:0`` for permits), entered while ``present`` were inside."""
+    readers and writers, ``sem:0`` for permits, the first of ``names`` for a
+    multi-lock, ``seg:0.<segment>`` for a segment), entered while ``present`` were
+    inside (and acquired after ``before`` were: multi-locks and segments)."""
     resource = "sem:0" if mode == "permit" else "rw:0"
     lock = f"chaos-sem:0#{worker % 2}" if mode == "permit" else "chaos-rw:0"
+    if mode == "multi":
+        resource, lock = min(names), f"chaos-{min(names)}"
+    elif mode == "segment":
+        resource, lock = f"seg:0.{segment}", f"chaos-seg:0[{segment}]"
     op = _op(worker, seq, lock=lock, resource=resource, start=at - 0.05, acquired=at - 0.01,
              fence=fence or 10 + seq, read=read, write=write,
              write_start=at + 0.1 if write is not None else None,
@@ -660,12 +701,15 @@ def _section(worker: int, seq: int, mode: str, at: float, *, present: tuple[str,
     op.mode, op.enter, op.exit, op.present, op.valid = mode, at, at + 0.3, list(present), valid
     op.read_again = read if read_again is None and mode == "read" else read_again
     op.owned_before_write = True
+    op.names, op.before = sorted(names), list(before)
     return op
 
 
 def _family_clean() -> tuple[list[Op], dict[str, list[Write]]]:
     """Two readers sharing rw:0, then a writer alone (fenced, reads 0 writes 1), two
-    permit holders of a 2-permit semaphore together, then a third after them."""
+    permit holders of a 2-permit semaphore together, then a third after them; a
+    multi-lock of mx:0a + mx:0b, then one of mx:0b + mx:0c that waited for it; two
+    segment holders, one in each segment, at once."""
     ops = [
         _section(0, 0, "read", 101.0, read=0),
         _section(1, 1, "read", 101.1, present=("w0.0",), read=0),
@@ -673,8 +717,20 @@ def _family_clean() -> tuple[list[Op], dict[str, list[Write]]]:
         _section(0, 3, "permit", 101.0),
         _section(1, 4, "permit", 101.1, present=("w0.3",)),
         _section(2, 5, "permit", 102.0),
+        _section(0, 10, "multi", 104.0, names=("mx:0a", "mx:0b"), fence=30, read=0,
+                 write=True),
+        _section(1, 11, "multi", 104.5, names=("mx:0c", "mx:0b"), fence=31, read=1,
+                 write=True, before=("w0.10",)),
+        _section(2, 12, "segment", 104.0, segment=0, fence=40, read=0, write=True),
+        _section(3, 13, "segment", 104.1, segment=1, fence=41, read=0, write=True,
+                 present=("w2.12",)),
     ]
-    return ops, {"rw:0": [Write("rw:0", 0, 12, 12, 0, 1)]}
+    return ops, {"rw:0": [Write("rw:0", 0, 12, 12, 0, 1)],
+                 "mx:0a": [Write("mx:0a", 0, 30, 30, 0, 1)],
+                 "mx:0b": [Write("mx:0b", 0, 30, 30, 0, 1), Write("mx:0b", 1, 31, 31, 1, 2)],
+                 "mx:0c": [Write("mx:0c", 0, 31, 31, 0, 1)],
+                 "seg:0.0": [Write("seg:0.0", 0, 40, 40, 0, 1)],
+                 "seg:0.1": [Write("seg:0.1", 0, 41, 41, 0, 1)]}
 
 
 def _judge_family(ops: list[Op], writes: dict[str, list[Write]], **extra: Any
@@ -700,7 +756,10 @@ def test_family_verdict_passes_a_clean_history() -> None:
     assert fam["sections_permit"] == 3
     assert fam["reads_shared"] == 1 and fam["permits_shared"] == 1
     assert fam["semaphore_max_inside"] == 2
-    assert fam["family_ops"] == {"read": 2, "write": 1, "permit": 3}
+    assert fam["family_ops"] == {"read": 2, "write": 1, "permit": 3, "multi": 2, "segment": 2}
+    assert fam["sections_multi"] == 2 and fam["sections_segment"] == 2
+    assert fam["multi_contended"] == 1 and fam["segments_parallel"] == 1
+    assert r["lost_updates"] == 0 and r["acknowledged_missing"] == 0
     for key, _ in checker.FAMILY_VIOLATIONS:
         assert fam[key] == 0, key
     # Two readers holding at once are not an overlapping pair; nothing else overlaps.
@@ -729,13 +788,13 @@ def test_family_meeting_a_holder_whose_lease_ran_out_is_no_overlap() -> None:
     # after it), and readers came in meanwhile: no lock can prevent that.
     ops[2] = _section(2, 2, "write", 100.9, valid=False, fence=9, read=0, write=False)
     ops[0].present = ["w2.2"]
-    r, ok, reasons = _judge_family(ops, {"rw:0": []})
+    r, ok, reasons = _judge_family(ops, {**writes, "rw:0": []})
     assert r["family"]["reader_overlapped_writer"] == 0
     assert r["family"]["sections_invalid"] == 1
     # But then no write section was checked: the kind proved nothing.
     assert not ok and any("checked write section" in x for x in reasons), reasons
     ops.append(_section(3, 7, "write", 103.0, read=0, write=True))
-    _, ok, reasons = _judge_family(ops, {"rw:0": [Write("rw:0", 0, 17, 17, 0, 1)]})
+    _, ok, reasons = _judge_family(ops, {**writes, "rw:0": [Write("rw:0", 0, 17, 17, 0, 1)]})
     assert ok, reasons
 
 
@@ -773,16 +832,54 @@ def test_family_verdict_fails_writer_fence_regressions() -> None:
     assert not ok and any("writer fence regressions" in x for x in reasons), reasons
 
 
+def test_family_verdict_fails_multi_lock_holders_that_met_on_a_name() -> None:
+    ops, writes = _family_clean()
+    # The second multi-lock entered while the first, which holds mx:0b too, was inside.
+    ops[7] = _section(1, 11, "multi", 104.1, names=("mx:0c", "mx:0b"), fence=31, read=1,
+                      write=True, before=("w0.10",), present=("w0.10",))
+    r, ok, reasons = _judge_family(ops, writes)
+    assert r["family"]["multi_overlapped"] == 1
+    assert not ok and any("multi-lock holders met on a name" in x for x in reasons), reasons
+    # Two multi-locks with no name in common may be inside together.
+    ops[7] = _section(1, 11, "multi", 104.1, names=("mx:0c", "mx:0d"), fence=31, read=0,
+                      write=True, before=("w0.10",), present=("w0.10",))
+    writes["mx:0b"].pop()
+    writes["mx:0c"] = [Write("mx:0c", 0, 31, 31, 0, 1)]
+    r, ok, reasons = _judge_family(ops, writes)
+    assert r["family"]["multi_overlapped"] == 0
+    # ... but then no multi-lock ever waited for one with a shared name: untested.
+    assert not ok and any("no multi-lock waited" in x for x in reasons), reasons
+
+
+def test_family_verdict_fails_two_holders_of_one_segment() -> None:
+    ops, writes = _family_clean()
+    ops[9] = _section(3, 13, "segment", 104.1, segment=0, fence=41, read=1, write=True,
+                      present=("w2.12",))
+    writes["seg:0.0"].append(Write("seg:0.0", 1, 41, 41, 1, 2))
+    writes["seg:0.1"] = []
+    r, ok, reasons = _judge_family(ops, writes)
+    assert r["family"]["segment_shared"] == 1
+    assert not ok and any("two holders of one segment" in x for x in reasons), reasons
+    # And no section then met a holder of the other segment.
+    assert any("no segment section met a holder of another segment" in x for x in reasons)
+
+
 @pytest.mark.parametrize("drop, words", [
     ("read", "checked read section"),
     ("write", "checked write section"),
     ("permit", "checked permit section"),
+    ("multi", "checked multi section"),
+    ("segment", "checked segment section"),
 ])
 def test_family_verdict_fails_when_a_kind_never_ran(drop: str, words: str) -> None:
     ops, writes = _family_clean()
     ops = [o for o in ops if o.mode != drop]
     if drop == "write":
-        writes = {"rw:0": []}
+        writes["rw:0"] = []
+    elif drop == "multi":
+        writes = {k: v for k, v in writes.items() if not k.startswith("mx:")}
+    elif drop == "segment":
+        writes = {k: v for k, v in writes.items() if not k.startswith("seg:")}
     _, ok, reasons = _judge_family(ops, writes)
     assert not ok and any(words in x for x in reasons), reasons
     # And when there are too few of a kind for the run's length.
@@ -799,6 +896,7 @@ def test_family_verdict_fails_when_no_section_ever_met_another() -> None:
     assert not ok
     assert any("no read section met another reader" in x for x in reasons), reasons
     assert any("no permit section met another holder" in x for x in reasons), reasons
+    assert any("no segment section met a holder of another segment" in x for x in reasons)
     _, ok, reasons = _judge_family([], {})
     assert not ok and any("no lock-family operation" in x for x in reasons), reasons
 
@@ -811,7 +909,10 @@ def test_family_table_shows_each_verdict_line() -> None:
     for line in ("reader overlapped a writer: 0", "writers overlapped: 0",
                  "semaphore holders above permits: 0", "writer fence regressions: 0",
                  "reader saw a write inside its section: 0",
-                 "operations (ok): read 2 (2), write 1 (1), permit 3 (3)", "PASS"):
+                 "multi-lock holders met on a name: 0", "two holders of one segment: 0",
+                 "multi 2 (waited 1), segment 2 (beside the other 1)",
+                 "operations (ok): read 2 (2), write 1 (1), permit 3 (3), multi 2 (2), "
+                 "segment 2 (2)", "PASS"):
         assert line in text, text
 
 
@@ -819,10 +920,16 @@ def test_family_schedule_takes_its_time_from_the_others() -> None:
     from tests.chaos import runner
 
     assert "family" in runner.ALL and runner.EXPECT["family"] == "family"
-    assert sum(runner.SHARES[n] for n in runner.ALL) == pytest.approx(1.0)
-    durations = runner.durations_for(list(runner.ALL), 120)
+    before = [n for n in runner.ALL if n != "failover"]
+    assert sum(runner.SHARES[n] for n in before) == pytest.approx(1.0)
+    durations = runner.durations_for(before, 120)
     assert sum(durations.values()) == pytest.approx(120)
     assert durations["family"] == pytest.approx(12)
+    # The failover schedule came later with time of its own: make chaos runs
+    # 132 s of workload, and every other schedule keeps what it had.
+    with_failover = runner.durations_for(list(runner.ALL), 132)
+    assert with_failover["failover"] == pytest.approx(12)
+    assert all(with_failover[n] == pytest.approx(durations[n]) for n in before)
     node_plan, link_plan, worker_plan = runner._plans(
         "family", random.Random("7:family"), 12.0, runner.Options(seed=7), None, [])
     assert node_plan and worker_plan
@@ -864,3 +971,149 @@ def test_family_resource_scripts_refuse_a_paused_writer_and_report_who_is_inside
     finally:
         client.close()
         server.stop()
+
+
+# -- the failover schedule (a Sentinel group as the node) ---------------------------------------
+def _failover_events(acks: tuple[int, ...] = (1, 1, 0, 0), *, holders: tuple[int, ...] = (0,),
+                     kinds: tuple[str, ...] = ("failover", "kill-master")) -> list[Event]:
+    """The run's info event (each worker's REPLICA_ACKS) and one Sentinel fault of
+    each kind in ``kinds``: a forced failover at 102 (new master at 103), a killed
+    master at 106 (a lock taken by w2 while the replicas lagged, elected at 108)."""
+    events = [Event(100.0, 0, "run", "info", "", {"replica_acks": list(acks)})]
+    if "failover" in kinds:
+        events += [Event(102.0, 0, "failover", "start", "n0",
+                         {"holders": list(holders), "old": 1}),
+                   Event(103.0, 0, "failover", "end", "n0", {"new": 2})]
+    if "kill-master" in kinds:
+        events += [Event(106.0, 0, "kill-master", "start", "n0",
+                         {"holders": list(holders), "old": 2, "lag": 0.3}),
+                   Event(106.4, 0, "kill-master", "killed", "n0", {"fresh": [2]}),
+                   Event(108.0, 0, "kill-master", "elected", "n0", {"new": 1}),
+                   Event(109.0, 0, "kill-master", "end", "n0", {"restarted": 2})]
+    return events
+
+
+def _failover_history() -> tuple[list[Op], dict[str, list[Write]]]:
+    """Clean holds by the REPLICA_ACKS=1 workers (w0, w1) on ``db:1`` and by the
+    REPLICA_ACKS=0 ones (w2, w3) on ``db:2``; holds 0 and 2 of each half span
+    the forced failover at 102 and the kill at 106, and end ok."""
+    ops: list[Op] = []
+    writes: dict[str, list[Write]] = {}
+    for half, (workers, resource, lock) in enumerate((((0, 1), "db:1", "l1"),
+                                                     ((2, 3), "db:2", "l2"))):
+        log = []
+        for i in range(4):
+            at = 101.5 + 2.0 * i
+            ops.append(_hold(workers[i % 2], 10 * half + i, at, at + 1.0, 10 + i, lock=lock,
+                             resource=resource, read=i))
+            log.append(Write(resource, i, 10 + i, 10 + i, i, i + 1))
+        writes[resource] = log
+    return ops, writes
+
+
+def _judge_failover(ops: list[Op], writes: dict[str, list[Write]], events: list[Event],
+                    **extra: Any) -> tuple[dict[str, Any], bool, list[str]]:
+    r, ok, reasons = _judge(ops, writes, expect="failover", events=events, min_ok=4, **extra)
+    return r, ok, reasons
+
+
+def test_failover_verdict_passes_a_clean_history_and_splits_it_by_replica_acks() -> None:
+    ops, writes = _failover_history()
+    r, ok, reasons = _judge_failover(ops, writes, _failover_events())
+    assert ok, reasons
+    fo = r["failover"]
+    assert fo["failovers"] == 2 and fo["failovers_by_kind"] == {"failover": 1, "kill-master": 1}
+    assert fo["failovers_during_holds"] == 2 and fo["fresh_holders"] == 1
+    assert fo["master_moved_s"] == [1.0, 2.0]
+    assert set(fo["by_acks"]) == {"1", "0"}
+    for half in fo["by_acks"].values():
+        assert half["ops"] == 4 and half["ok"] == 4 and half["overlaps"] == 0
+        # Holds 0 (101.5-102.5) and 2 (105.5-106.5) of each half span the failover
+        # at 102 and the kill at 106, and ended ok.
+        assert half["held_across"] == 2 and half["ended_ok"] == 2 and half["told"] == 0
+    text = checker.format_schedule("failover", r)
+    assert "failovers 2 (failover 1, kill-master 1), 2 begun during a hold" in text
+    assert "REPLICA_ACKS=1: ops 4, ok 4" in text and "REPLICA_ACKS=0: ops 4, ok 4" in text
+    assert text.endswith("PASS")
+
+
+@pytest.mark.parametrize("half", [0, 1])
+def test_failover_verdict_fails_an_untold_second_holder_in_either_half(half: int) -> None:
+    """A failover that gives a lock to a second client while the first, never
+    told, still holds it fails the verdict, whatever REPLICA_ACKS was."""
+    ops, writes = _failover_history()
+    first, second = ops[4 * half], ops[4 * half + 1]
+    second.start, second.acquired = 102.1, 102.2  # inside the first hold (101.5-102.5)
+    r, ok, reasons = _judge_failover(ops, writes, _failover_events())
+    acks = "1" if half == 0 else "0"
+    assert r["failover"]["by_acks"][acks]["overlaps_untold"] == 1
+    assert not ok and any("never told" in x for x in reasons), reasons
+    # The same lock lost, but the first holder told (LockLost at its release): allowed.
+    first.outcome = "lost"
+    r, ok, reasons = _judge_failover(ops, writes, _failover_events())
+    assert ok, reasons
+    assert r["failover"]["by_acks"][acks]["overlaps"] == 1
+    assert r["failover"]["by_acks"][acks]["told"] == 1  # hold 0 spans the failover
+
+
+def test_failover_verdict_fails_a_lost_update_and_a_stale_write() -> None:
+    ops, writes = _failover_history()
+    # The REPLICA_ACKS=0 half's last holder read a value two writes old.
+    ops[-1].read = 2
+    writes["db:2"][-1] = Write("db:2", 3, 13, 13, 2, 3)
+    r, ok, reasons = _judge_failover(ops, writes, _failover_events(),
+                                     finals={"db:1": 4, "db:2": 3})
+    assert r["lost_updates"] == 1
+    assert not ok and any("lost update" in x for x in reasons)
+    ops, writes = _failover_history()
+    writes["db:1"].append(Write("db:1", 4, 12, 13, 4, 5))  # a stale fence applied
+    r, ok, reasons = _judge_failover(ops, writes, _failover_events())
+    assert r["stale_writes_landed"] == 1
+    assert not ok and any("stale write" in x for x in reasons)
+
+
+@pytest.mark.parametrize("defect, words", [
+    ({"kinds": ("failover",)}, "no kill-master took place"),
+    ({"kinds": ("kill-master",)}, "no failover took place"),
+    ({"holders": ()}, "no failover began while a lock was held"),
+    ({"acks": (1, 1, 1, 1)}, "no worker ran with REPLICA_ACKS=0"),
+    ({"acks": (0, 0, 0, 0)}, "no worker ran with REPLICA_ACKS=1"),
+    ({"kinds": ()}, "no failover"),
+])
+def test_failover_verdict_fails_a_run_that_proved_nothing(defect: dict[str, Any],
+                                                          words: str) -> None:
+    ops, writes = _failover_history()
+    _, ok, reasons = _judge_failover(ops, writes, _failover_events(**defect))
+    assert not ok and any(words in x for x in reasons), reasons
+
+
+def test_failover_verdict_needs_successes_in_each_half() -> None:
+    ops, writes = _failover_history()
+    for o in ops[4:]:  # the REPLICA_ACKS=0 half: every call refused
+        o.acquired = o.released = None
+        o.write, o.outcome = None, "quorum-unavailable"
+    writes["db:2"] = []
+    _, ok, reasons = _judge_failover(ops, writes, _failover_events(), finals={"db:1": 4, "db:2": 0})
+    assert not ok and any("REPLICA_ACKS=0: only 0 successful" in x for x in reasons), reasons
+
+
+def test_failover_plan_alternates_sentinel_faults_and_is_replayable() -> None:
+    from tests.chaos import runner
+
+    assert "failover" in runner.ALL and runner.EXPECT["failover"] == "failover"
+    assert runner.n_nodes_of("failover") == 1
+    assert runner.failover_acks(4) == [1, 1, 0, 0] and runner.failover_acks(1) == [1]
+    plan = nemesis.plan_failover(random.Random("7:failover"), duration=12.0,
+                                 ttl=runner.FAILOVER_TTL)
+    kinds = [f.kind for f in plan]
+    assert kinds[:2] == ["failover", "kill-master"] and len(plan) >= 2
+    assert all(a != b for a, b in zip(kinds, kinds[1:]))  # one kind, then the other
+    for f, g in zip(plan, plan[1:]):
+        assert g.at >= f.at + max(f.duration, nemesis.FAILOVER_COST[f.kind]) + 1.0
+    assert all(f.at + max(f.duration, nemesis.FAILOVER_COST[f.kind]) <= 11.0 for f in plan)
+    assert all(0.2 <= f.params["lag"] <= 0.35 for f in plan if f.kind == "kill-master")
+    # The frozen replicas are back before the sentinels could call them down.
+    assert (0.35 + nemesis.FRESH_WAIT) * 1000 < runner.FAILOVER_DOWN_AFTER_MS
+    again = runner._plans("failover", random.Random("7:failover"), 12.0, runner.Options(seed=7),
+                          None, [])
+    assert again == (plan, [], [])

@@ -28,7 +28,12 @@ from django.core.management.base import CommandError
 from django_redlock import LockManager
 from django_redlock.core.keys import fence_key, waiters_key
 from django_redlock.core.owner import new_token, owner_json, parse_value
-from django_redlock.engine.inspection import PatternError, merge, validate_pattern
+from django_redlock.engine.inspection import (
+    PatternError,
+    group_semaphores,
+    merge,
+    validate_pattern,
+)
 from django_redlock.management.commands.locks import CLEAR
 from django_redlock.testing import RedisNodes
 from tests.polling import wait_until
@@ -111,8 +116,10 @@ def manage(tmp_path: Path) -> Callable[..., subprocess.CompletedProcess[str]]:
     """``python -m django locks ...`` with settings pointing at the given nodes."""
 
     def invoke(urls: list[str], *args: str) -> subprocess.CompletedProcess[str]:
-        (tmp_path / "locks_settings.py").write_text(
-            f"from tests.settings import *  # noqa\nREDLOCK_NODES = {urls!r}\n")
+        settings = tmp_path / "locks_settings.py"
+        text = f"from tests.settings import *  # noqa\nREDLOCK_NODES = {urls!r}\n"
+        if not settings.exists() or settings.read_text() != text:
+            settings.write_text(text)  # (not rewritten: concurrent calls may read it)
         env = {**os.environ, "DJANGO_SETTINGS_MODULE": "locks_settings",
                "PYTHONPATH": os.pathsep.join([str(tmp_path), str(ROOT)])}
         return subprocess.run([sys.executable, "-m", "django", "locks", *args], cwd=ROOT,
@@ -625,8 +632,10 @@ def test_control_characters_are_escaped(nodes: RedisNodes) -> None:
 
 def test_django_common_options_in_every_position(nodes: RedisNodes, manage: Any,
                                                  tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
     put_minority_lock(nodes, "opts")
-    for args in (
+    reading = [
         ["list", "--settings=locks_settings", "-v", "2", "--traceback"],
         ["--settings=locks_settings", "list", "-v2"],
         ["list", "--json", "--verbosity=3", "--no-color", f"--pythonpath={tmp_path}"],
@@ -634,22 +643,30 @@ def test_django_common_options_in_every_position(nodes: RedisNodes, manage: Any,
         ["show", "--traceback", "opts", "-v", "0"],
         ["health", "--force-color", "-v", "1", "--settings=locks_settings"],
         ["watch", "--count", "1", "--interval", "0.1", "--traceback"],
-        ["release", "opts", "--force", "--settings=locks_settings", "-v", "2"],
-    ):
-        result = manage(nodes.urls, *args)
+        # --traceback after the subcommand is honoured, not just accepted.
+        ["show", "nothere", "--traceback"],
+        ["show", "nothere"],
+        # A --settings after the subcommand is the one used.
+        ["list", "--settings=no_such_settings_module"],
+        # The subcommand's help shows them too.
+        ["list", "--help"],
+    ]
+    manage(nodes.urls, "list")  # writes the settings module the others read
+    # Each call is a process of its own that only reads: run side by side.
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda args: manage(nodes.urls, *args), reading))
+    for args, result in zip(reading[:7], results):
         assert result.returncode == 0, (args, result.stderr)
         assert "unrecognized arguments" not in result.stderr
-    # --traceback after the subcommand is honoured, not just accepted.
-    result = manage(nodes.urls, "show", "nothere", "--traceback")
-    assert result.returncode == 1 and "Traceback (most recent call last)" in result.stderr
-    result = manage(nodes.urls, "show", "nothere")
-    assert result.returncode == 1 and "Traceback" not in result.stderr
-    # A --settings after the subcommand is the one used.
-    result = manage(nodes.urls, "list", "--settings=no_such_settings_module")
-    assert result.returncode != 0 and "no_such_settings_module" in result.stderr
-    # The subcommand's help shows them too.
-    result = manage(nodes.urls, "list", "--help")
-    assert "--settings" in result.stdout and "--traceback" in result.stdout
+    traced, plain, elsewhere, helped = results[7:]
+    assert traced.returncode == 1 and "Traceback (most recent call last)" in traced.stderr
+    assert plain.returncode == 1 and "Traceback" not in plain.stderr
+    assert elsewhere.returncode != 0 and "no_such_settings_module" in elsewhere.stderr
+    assert "--settings" in helped.stdout and "--traceback" in helped.stdout
+    result = manage(nodes.urls, "release", "opts", "--force", "--settings=locks_settings",
+                    "-v", "2")  # last: the calls above read the lock
+    assert result.returncode == 0, result.stderr
+    assert "unrecognized arguments" not in result.stderr
 
 
 # --------------------------------------------- a port that is not Redis
@@ -731,3 +748,121 @@ def test_a_service_that_hangs_up_is_a_node_down(nodes: RedisNodes, hang_up_port:
     health = json.loads(run("health", "--json")[0])
     assert [h["status"] for h in health] == ["ok", "ok", "down"]
     assert "closes connections without a Redis reply: not a Redis server?" in health[2]["error"]
+
+
+def test_a_semaphore_is_listed_as_one_entry(nodes: RedisNodes, manage: Any) -> None:
+    """Its permit count, who holds which permit, and how many wait in its line:
+    one entry, not its permit and line locks one by one. A lock that is only
+    named like a permit (no count recorded for its base name) stays a lock."""
+    holder = LockManager(nodes.urls, node_timeout=0.5)
+    waiters = [LockManager(nodes.urls, node_timeout=0.5) for _ in range(2)]
+    held = [holder.semaphore("jobs", 3, ttl=30, auto_renew=False, label=f"job-{i}")
+            for i in range(3)]
+    lookalike = holder.lock("other#0", ttl=30, auto_renew=False)
+    served: list[int] = []
+
+    def wait(i: int, mgr: LockManager) -> None:
+        mine = mgr.semaphore("jobs", 3, ttl=5, auto_renew=False, label=f"waiter-{i}")
+        if mine.acquire(timeout=15):
+            served.append(i)
+            mine.release()
+
+    def listed() -> dict[str, Any]:
+        (item,) = [d for d in json.loads(run("list", "--json")[0]) if d["name"] == "jobs"]
+        return item
+
+    threads = [threading.Thread(target=wait, args=(i, mgr), daemon=True)
+               for i, mgr in enumerate(waiters)]
+    try:
+        assert lookalike.acquire(timeout=0)
+        assert held[0].acquire(timeout=5) and held[1].acquire(timeout=5)
+        item = listed()
+        assert (item["state"], item["permits"], item["held"], item["waiters"]) \
+            == ("semaphore", 3, 2, 0)
+        assert item["recorded"] == {"3": 3} and item["line"] is None
+        assert [h["index"] for h in item["holders"]] == sorted(s.index for s in held[:2])
+        by_index = {h["index"]: h for h in item["holders"]}
+        for sem in held[:2]:
+            permit = by_index[sem.index]
+            assert permit["name"] == f"jobs#{sem.index}" and permit["quorum"]
+            assert permit["owner"]["label"] == sem.lock.label
+            assert permit["fence"] >= sem.fence  # the highest any node stored
+        names = [d["name"] for d in json.loads(run("list", "--json")[0])]
+        assert names == ["other#0", "jobs"]  # the locks, then the semaphores
+
+        assert held[2].acquire(timeout=5)  # all three held: the next ones wait
+        for n, thread in enumerate(threads, 1):
+            thread.start()
+            assert wait_for(lambda n=n: listed()["waiters"] == n), f"waiter {n} not counted"
+        item = listed()
+        assert (item["held"], item["waiters"]) == (3, 2)
+        assert item["line"]["owner"]["label"] in ("waiter-0", "waiter-1")  # the first in line
+        assert item["line"]["waiters"] == 1  # and one queued behind it
+
+        out = run("list")[0]
+        lines = out.splitlines()
+        assert lines[0].split()[0] == "NAME"
+        assert [line.split()[0] for line in lines[1:2]] == ["other#0"]
+        assert not any(line.startswith("jobs#") for line in lines)
+        head = next(line for line in lines if line.startswith("Semaphore 'jobs'"))
+        assert "3 of 3 permits held, 2 waiting" in head and "1 queued behind" in head
+        rows = {line.split()[0]: line for line in lines if line.startswith("  #")}
+        assert sorted(rows) == ["#0", "#1", "#2"]
+        for sem in held:
+            assert f'"{sem.lock.label}"' in rows[f"#{sem.index}"]
+            assert "3/3" in rows[f"#{sem.index}"] and "quorum" in rows[f"#{sem.index}"]
+        assert "1 lock and 1 semaphore under prefix 'redlock'" in out
+
+        text = run("show", "jobs")[0]  # the semaphore's name: the same entry
+        assert text.splitlines()[0] == head
+        assert json.loads(run("show", "jobs", "--json")[0])["held"] == 3
+        result = manage(nodes.urls, "list", "--json")  # and in a subprocess
+        assert result.returncode == 0, result.stderr
+        assert [d["name"] for d in json.loads(result.stdout)] == ["other#0", "jobs"]
+
+        held[0].release()  # the first in line takes it; the other becomes first
+        assert wait_for(lambda: listed()["waiters"] <= 1)
+        for sem in held[1:]:
+            sem.release()
+        for thread in threads:
+            thread.join(15)
+        assert sorted(served) == [0, 1]
+        assert wait_for(lambda: [d["name"] for d in json.loads(run("list", "--json")[0])]
+                        == ["other#0"])
+        with pytest.raises(CommandError, match="no lock 'jobs' is held"):
+            run("show", "jobs")
+    finally:
+        for thread in threads:
+            if thread.ident is not None:
+                thread.join(15)
+        for mgr in [holder, *waiters]:
+            mgr.close()
+
+
+def test_semaphore_grouping_needs_a_count_record_and_names_a_disagreement() -> None:
+    def info(name: str, nodes: int = 3) -> Any:
+        views = [(f"t{name}|5|{{}}", parse_value(f"t{name}-token|5|{{}}"), 9000)] * nodes \
+            + [None] * (3 - nodes)
+        return merge(name, f"redlock:{name}", views, ["a", "b", "c"], 2, now=0.0)
+
+    locks = [info(n) for n in ("a#0", "a#1", "a#line", "a#01", "b#0", "c#7", "plain")]
+    keys = {"a": "redlock:a", "c": "redlock:c"}
+    plain, sems = group_semaphores(locks, {"a": [2, 2, 2], "c": [4, 5]}, keys, 3, 2)
+    # "a#01" is no permit name (a permit index has no leading zero); "b" has no record.
+    assert [lock.name for lock in plain] == ["a#01", "b#0", "plain"]
+    a, c = sems
+    assert (a.name, a.permits, a.held, a.waiters) == ("a", 2, 2, 1)
+    assert [i for i, _ in a.holders] == [0, 1] and a.line is not None
+    assert (c.name, c.permits, c.recorded) == ("c", None, {4: 1, 5: 1})  # a tie: unknown
+    out = render_semaphore(c)
+    assert "of ? permits held" in out and "4 on 1 node(s), 5 on 1 node(s)" in out
+
+
+def render_semaphore(sem: Any) -> str:
+    from django.core.management.color import no_style
+
+    from django_redlock.management.commands.locks import Command
+
+    command = Command()
+    command.style = no_style()
+    return "\n".join(command.render_semaphore(sem))

@@ -194,6 +194,11 @@ class _Node:
         return False
 
 
+class _BackingOff(_Node):
+    def backing_off(self, now: float) -> bool:
+        return True
+
+
 class _Ctx3:
     """Three healthy nodes on a clock the test sets."""
 
@@ -205,6 +210,12 @@ class _Ctx3:
 
     def clock(self) -> float:
         return self.now
+
+
+class _Ctx3GateDown(_Ctx3):
+    """Three nodes that all back off (so no gate): every node asked at once."""
+
+    nodes = [_BackingOff() for _ in range(3)]
 
 
 def test_a_woken_waiter_keeps_the_front_of_the_line_at_the_gate_only() -> None:
@@ -228,10 +239,32 @@ def test_a_woken_waiter_keeps_the_front_of_the_line_at_the_gate_only() -> None:
         assert modes(first) == [at_gate if i == gate else None for i in range(3)]
         rest = steps.send([[1, 5] if i == gate else None for i in range(3)])  # gate granted
         assert modes(rest) == [None if i == gate else elsewhere for i in range(3)]
-    # Asking every node at once (no gate), a woken waiter keeps the front everywhere.
-    steps = acquire_steps(Ctx(), key, b"f", b"w", "tok", 1000, "{}", True, 1.0,
-                          lock_name="line", waiter=b"inbox|tok", woken=True, ask_all=True)
+    # Asking every node at once (no gate: it backs off), a woken waiter keeps
+    # the front everywhere.
+    steps = acquire_steps(_Ctx3GateDown(), key, b"f", b"w", "tok", 1000, "{}", True, 1.0,
+                          lock_name="line", waiter=b"inbox|tok", woken=True)
     assert modes(next(steps)) == [b"2", b"2", b"2"]
+    # A retry past the gate (ask_all) still asks the gate first; its plain
+    # "busy" does not end the round (a copy a release may never have reached),
+    # its "someone goes first" does.
+    from django_redlock.engine.rounds import BEHIND_IN_LINE, HANDED_FIRST
+
+    steps = acquire_steps(Ctx(), key, b"f", b"w", "tok", 1000, "{}", True, 1.0,
+                          lock_name="line", waiter=b"inbox|tok", ask_all=True)
+    assert modes(next(steps)) == [b"1" if i == gate else None for i in range(3)]
+    rest = steps.send([[0, 900, 1] if i == gate else None for i in range(3)])  # plain busy
+    assert modes(rest) == [None if i == gate else b"1" for i in range(3)]
+    for flag in (HANDED_FIRST, BEHIND_IN_LINE):
+        steps = acquire_steps(Ctx(), key, b"f", b"w", "tok", 1000, "{}", True, 1.0,
+                              lock_name="line", waiter=b"inbox|tok", ask_all=True)
+        next(steps)
+        try:
+            steps.send([[0, 900, 1, flag] if i == gate else None for i in range(3)])
+        except StopIteration as done:
+            assert done.value.acquired is False and done.value.at_gate
+            assert done.value.obstacle == ""  # not "something other than a lock"
+        else:
+            raise AssertionError(f"flag {flag} at the gate did not end the round")
 
 
 def test_only_the_hand_over_node_gets_the_hand_over_form_of_an_entry() -> None:
@@ -242,10 +275,9 @@ def test_only_the_hand_over_node_gets_the_hand_over_form_of_an_entry() -> None:
     assert waiter_entries(key, 3, b"plain", b"handover") == \
         [b"handover" if i == h else b"plain" for i in range(3)]
     assert waiter_entries(key, 1, b"plain", b"handover") == [b"handover"]
-    # Every node asked at once (no gate): each gets its own form.
-    steps = acquire_steps(_Ctx3(), key, b"f", b"w", "tok", 1000, "{}", True, 1.0,
-                          lock_name="forms", waiter=b"plain", hand_over=b"handover",
-                          ask_all=True)
+    # Every node asked at once (no gate: it backs off): each gets its own form.
+    steps = acquire_steps(_Ctx3GateDown(), key, b"f", b"w", "tok", 1000, "{}", True, 1.0,
+                          lock_name="forms", waiter=b"plain", hand_over=b"handover")
     ask = next(steps)
     assert [call.args[7] for call in ask.requests] == waiter_entries(key, 3, b"plain", b"handover")
 
@@ -370,12 +402,16 @@ def test_a_handover_is_used_only_when_it_is_provably_fresh_and_long_enough() -> 
     assert take(b'10000|1|{"host":"web-3","since":1795301668.316}') is None
 
 
-def test_a_hand_over_entry_carries_lease_fencing_and_owner() -> None:
-    from django_redlock.engine.rounds import hand_over_entry
+def test_a_hand_over_entry_carries_lease_fencing_first_time_and_owner() -> None:
+    from django_redlock.engine.rounds import first_ms, hand_over_entry
 
     owner = owner_json("with|bar")
-    assert hand_over_entry(1500, True, owner) == b"1500|1|" + owner.encode()
-    assert hand_over_entry(1500, False, owner).startswith(b"1500|0|")
+    assert hand_over_entry(1500, True, owner) == b"1500|1|0|" + owner.encode()
+    assert hand_over_entry(1500, False, owner).startswith(b"1500|0|0|")
+    assert hand_over_entry(1500, True, owner, 200) == b"1500|1|200|" + owner.encode()
+    # Two node timeouts, at least one retry delay, at least 1 ms.
+    assert first_ms(0.1, 0.2) == 200 and first_ms(0.5, 0.2) == 1000
+    assert first_ms(0.0001, 0.0) == 1
 
 
 # -- the waiting rules of an acquire, without I/O (LockBase._acquire_plan) ----------------
@@ -406,19 +442,20 @@ def test_the_acquire_plan_subscribes_before_its_final_attempt_then_waits(
     mgr, clock = plan_manager
     lock = mgr.lock("plan", timeout=1.0)
     plan = lock._acquire_plan(deadline=101.0, in_line=False)
-    assert next(plan) == Attempt(woken=False, ask_all=False)  # a first attempt, not queued
+    # Each attempt is numbered (written into the lock value: rounds.attempt_owner).
+    assert next(plan) == Attempt(woken=False, ask_all=False, number=1)  # not queued
     busy = AcquireResult(False, holder_ttl=5.0)
     # Refused: subscribe (confirm within the node timeout), then try again, queued.
     assert plan.send(busy) == Subscribe(0.5)
-    assert plan.send(None) == Attempt(woken=False, ask_all=False)
+    assert plan.send(None) == Attempt(woken=False, ask_all=False, number=2)
     step = plan.send(busy)
     assert isinstance(step, Wait) and 0.1 <= step.seconds <= 0.2  # the jittered retry delay
     # Woken by a notice: the next attempt says so.
-    assert plan.send(True) == Attempt(woken=True, ask_all=False)
+    assert plan.send(True) == Attempt(woken=True, ask_all=False, number=3)
     # Refused at the gate with no notice since: the next attempt asks every node.
     step = plan.send(AcquireResult(False, holder_ttl=5.0, at_gate=True))
     assert isinstance(step, Wait)
-    assert plan.send(False) == Attempt(woken=False, ask_all=True)
+    assert plan.send(False) == Attempt(woken=False, ask_all=True, number=4)
     # The deadline passes: the plan gives up and says when to come back.
     clock.now = 101.5
     with pytest.raises(StopIteration) as done:
@@ -435,7 +472,7 @@ def test_the_acquire_plan_goes_straight_into_line_and_returns_the_win(
     mgr, _ = plan_manager
     plan = mgr.lock("plan")._acquire_plan(deadline=None, in_line=True)
     assert next(plan) == Subscribe(0.5)  # handed over just now: no attempt outside the line
-    assert plan.send(None) == Attempt(woken=False, ask_all=False)
+    assert plan.send(None) == Attempt(woken=False, ask_all=False, number=1)
     won = AcquireResult(True, fence=7, valid_until=110.0)
     with pytest.raises(StopIteration) as done:
         plan.send(won)
@@ -449,7 +486,7 @@ def test_a_plan_that_may_not_wait_tries_once(plan_manager: tuple[Any, _PlanClock
     mgr, _ = plan_manager
     lock = mgr.lock("plan")
     plan = lock._acquire_plan(deadline=100.0, in_line=False)  # timeout=0
-    assert next(plan) == Attempt(woken=False, ask_all=False)
+    assert next(plan) == Attempt(woken=False, ask_all=False, number=1)
     with pytest.raises(StopIteration) as done:
         plan.send(AcquireResult(False, holder_ttl=None))
     assert done.value.value is None

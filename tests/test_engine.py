@@ -298,6 +298,42 @@ def test_signals_carry_name_fence_and_durations(nodes3: RedisNodes,
     assert seen[1][1]["name"] == "sig" and seen[1][1]["held"] >= 0
 
 
+def test_lock_extended_is_sent_for_extend_and_renewal_in_both_flavours(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """Built only when a receiver is connected (the renewal path skips it
+    otherwise): with one, every extension says so, by hand or renewed."""
+    import asyncio
+
+    from .polling import wait_until
+
+    mgr = make_manager(nodes3)
+    seen: list[tuple[str, float]] = []
+
+    def extended(sender: Any, **kw: Any) -> None:
+        seen.append((kw["name"], kw["ttl"]))
+
+    signals.lock_extended.connect(extended)
+    try:
+        with mgr.lock("ext", ttl=5, auto_renew=False) as held:
+            held.extend(7)
+        assert seen == [("ext", 7.0)]
+
+        async def by_hand() -> None:
+            async with mgr.alock("aext", ttl=5, auto_renew=False) as aheld:
+                await aheld.extend(6)
+
+        asyncio.run(by_hand())
+        assert seen[-1] == ("aext", 6.0)
+        with mgr.lock("renewed", ttl=0.3):  # renewed every 0.1 s
+            assert wait_until(lambda: ("renewed", 0.3) in seen, timeout=5.0)
+    finally:
+        signals.lock_extended.disconnect(extended)
+    count = len(seen)
+    with mgr.lock("quiet", ttl=5, auto_renew=False) as held:
+        held.extend(7)
+    assert len(seen) == count  # disconnected: nothing more
+
+
 def test_scripts_reload_after_script_flush(nodes3: RedisNodes, make_manager: MakeManager) -> None:
     mgr = make_manager(nodes3)
     with mgr.lock("warm"):

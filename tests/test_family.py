@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from django_redlock import LockLost, LockNotAcquired, QuorumUnavailable
 from django_redlock.decorators import with_lock
 from django_redlock.testing import RedisNodes
+from tests.family_exclusion import assert_no_lost_update, run_workers
 from tests.polling import run_in_threads
 
 MakeManager = Callable[..., Any]
@@ -235,6 +237,48 @@ def test_segments_never_give_one_segment_to_two(nodes3: RedisNodes,
 
     run_in_threads(work, 4, timeout=60)
     assert not twice
+
+
+# -- exclusion across processes, counted in Redis and in a database ---------------
+
+@pytest.mark.timeout(180)
+@pytest.mark.parametrize("count", [1, 3])
+@pytest.mark.parametrize("kind, resources, threads", [
+    ("multi", ["acct:a", "acct:b"], 1),          # both names, in a random order each time
+    ("segments", ["segment:0", "segment:1"], 1),  # whichever of two segments is free
+    ("reentrant", ["re"], 2),                     # nested holds; two threads per process
+])
+def test_family_exclusion_across_processes(
+        kind: str, resources: list[str], threads: int, count: int,
+        redis_nodes_factory: Callable[..., RedisNodes], tmp_path: Path) -> None:
+    """Four processes hold each resource one at a time: a Redis counter never sees
+    two inside, and no update is lost of a plain database row (read-modify-write
+    with a pause) nor of a fenced one (claimed with the hold's fence for that
+    resource, then ``fenced_update``)."""
+    nodes = redis_nodes_factory(count)
+    meter = redis_nodes_factory(1)
+    outcome = run_workers(kind, nodes, meter, tmp_path, procs=4, rounds=6, threads=threads)
+    holds = [outcome.holds(resource) for resource in resources]
+    if kind == "segments":
+        assert sum(holds) == 4 * 6 * threads
+    else:
+        assert holds == [4 * 6 * threads] * len(resources)
+    assert_no_lost_update(outcome, resources)
+    assert all(outcome.fences[resource] > 0 for resource in resources if outcome.holds(resource))
+
+
+def test_exclusion_control_without_a_lock_the_counters_see_it(
+        redis_nodes_factory: Callable[..., RedisNodes], tmp_path: Path) -> None:
+    """The same workers with no lock at all: the Redis counter sees holders
+    overlap and the plain database row loses updates. So the checks above can
+    fail; they pass because of the locks."""
+    nodes = redis_nodes_factory(1)
+    meter = redis_nodes_factory(1)
+    outcome = run_workers("none", nodes, meter, tmp_path, procs=4, rounds=15)
+    assert outcome.holds("bare") == 4 * 15
+    assert outcome.report.get("redis_overlaps", 0) > 0
+    assert outcome.meter["most:bare"] > 1
+    assert outcome.counters["bare"] < 4 * 15  # lost updates
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])

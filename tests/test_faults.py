@@ -86,6 +86,80 @@ def test_majority_down_is_a_clear_error_within_the_timeouts(
 
 
 @pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_node_down_for_long_stays_a_node_down(
+        three: RedisNodes, make_manager: MakeManager, flavour: str,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A node down for a long time, tried about once a second, had failed 1,025
+    times in a row after some 17 minutes: its back-off, doubled per failure,
+    overflowed a float, and every call that asked it raised a bare
+    ``OverflowError`` (the waiters' listener too, at each reconnect). The
+    long outage is stood in for by its failure count; everything else is
+    real: the other two nodes still make the quorum, and the node counts
+    again once it is back."""
+    import asyncio
+
+    from tests.polling import wait_until
+
+    # slow retries: only the release notice serves the waiter below in time
+    mgr = make_manager(three, node_timeout=NODE_TIMEOUT, retry_delay=5.0)
+    with mgr.lock("warm"):
+        pass
+    down = three.servers[2]
+    down.kill()
+    node = mgr.nodes[2]
+    node._failures = 5_000  # about 83 minutes of one failed try a second
+    node.down_until = 0.0  # its back-off is over: the next round asks it
+    listener = mgr.notifier  # a waiter's listener, with the same long outage
+    listener._links[2].failures = 5_000
+
+    def once() -> None:
+        if flavour == "sync":
+            with mgr.lock("long-outage", timeout=1) as held:
+                assert held.owned()
+        else:
+            async def scenario() -> None:
+                async with mgr.alock("long-outage", timeout=1) as held:
+                    assert held.owned()
+            asyncio.run(scenario())
+
+    once()  # asks the dead node: a failure more, counted, no OverflowError
+    assert node._failures > 5_000 and node.down_until - time.monotonic() <= 1.0
+    # A waiter listens for the release; the listener's link to the dead node
+    # is due to reconnect at once, and fails again.
+    import threading
+
+    held = mgr.lock("waited", auto_renew=False)
+    assert held.acquire()
+    link = listener._links[2]
+    link.next_connect = 0.0
+    served: list[float] = []
+
+    def wait() -> None:
+        waiter = mgr.lock("waited", timeout=5, auto_renew=False)
+        if waiter.acquire():
+            served.append(time.monotonic())
+            waiter.release()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    assert wait_until(lambda: link.failures > 5_000, timeout=3.0)  # tried, and counted
+    released = time.monotonic()
+    held.release()
+    thread.join(timeout=6.0)
+    assert served and served[0] - released < 1.0  # woken by the notice
+    # ... and the listener's own thread, which (re)connects the links, lives on
+    assert "release listener stopped" not in caplog.text
+    assert link.next_connect > time.monotonic() - 2.0  # its next try is scheduled
+    down.restart()
+
+    def counts_again() -> bool:
+        once()
+        return node._failures == 0
+
+    assert wait_until(counts_again, timeout=5.0)
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
 def test_one_slow_reply_with_a_minority_down_is_not_an_outage(
         three: RedisNodes, make_manager: MakeManager,
         fault_proxy_factory: Callable[..., FaultProxy], flavour: str) -> None:
@@ -272,8 +346,11 @@ def test_holder_paused_past_its_lease(three: RedisNodes, make_manager: MakeManag
     assert newer.owned() and newer.locked()
     fences = []
     for server in three:
-        stored = parse_value(server.client().get(newer.key))
-        if stored is not None:  # a node whose old lease had not run out yet said busy
+        raw = server.client().get(newer.key)
+        # None: a node whose old lease had not run out yet said busy (its key
+        # has expired since, so the node holds nothing now).
+        stored = parse_value(raw) if raw is not None else None
+        if stored is not None:
             assert stored.owner["pid"] == os.getpid()
             fences.append(stored.fence)
     assert len(fences) >= mgr.quorum
@@ -337,3 +414,83 @@ def test_a_majority_answering_errors_is_quorum_unavailable_at_once(
     with pytest.raises(QuorumUnavailable, match="read only replica"):
         mgr.lock("readonly", timeout=10).acquire()
     assert time.monotonic() - started < 2.0
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_a_node_slower_than_the_others_costs_a_round_nothing(
+        flavour: str, three: RedisNodes, make_manager: MakeManager,
+        fault_proxy_factory: Callable[..., FaultProxy]) -> None:
+    """One node answers 0.6 s late, within its (long) node timeout: an acquire
+    and a release are decided by the two others and return without it, in
+    both flavours (issue 23: the asyncio round used to read every node in
+    order, so it waited for the slow one). Its requests still run on it, in
+    the order sent: after the release, no key is left there."""
+    import asyncio
+
+    proxy = fault_proxy_factory(three[0])
+    mgr = make_manager([proxy.url, three[1].url, three[2].url], node_timeout=2.0)
+    slow_node = three[0].client()
+
+    async def hold_async(name: str) -> tuple[float, float]:
+        async with mgr.alock("warm"):
+            pass
+        proxy.set_latency(0.6)
+        lock = mgr.alock(name, ttl=10)
+        started = time.monotonic()
+        assert await lock.acquire(timeout=5)
+        acquired = time.monotonic() - started
+        started = time.monotonic()
+        await lock.release()
+        return acquired, time.monotonic() - started
+
+    def hold_sync(name: str) -> tuple[float, float]:
+        with mgr.lock("warm"):
+            pass
+        proxy.set_latency(0.6)
+        lock = mgr.lock(name, ttl=10)
+        acquired = timed(lambda: lock.acquire(timeout=5))[1]
+        assert lock.owned()
+        return acquired, timed(lock.release)[1]
+
+    name = f"slow-{flavour}"
+    acquired, released = asyncio.run(hold_async(name)) if flavour == "asyncio" \
+        else hold_sync(name)
+    assert acquired < 0.3, f"the acquire waited for the slow node ({acquired:.3f} s)"
+    assert released < 0.3, f"the release waited for the slow node ({released:.3f} s)"
+    key = mgr.lock(name).key
+    # The slow node ran the acquire, then the release (in that order): no key left.
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline and slow_node.exists(key):
+        time.sleep(0.05)
+    assert not slow_node.exists(key), "the slow node kept a key nobody holds"
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+@pytest.mark.parametrize("state", ["out-of-memory", "replicas"])
+def test_an_error_reply_says_what_the_node_said_and_what_it_means(
+        redis_nodes_factory: Any, make_manager: Any, state: str, flavour: str) -> None:
+    """A node that answers with an error is not a node that did not answer:
+    the message carries its reply, error code included, and what the code
+    means for a lock. redis-py parses ``OOM ...`` and ``READONLY ...`` into
+    their own exception classes and drops the code from the text, so the
+    meaning was never given for them (only for codes redis-py leaves alone)."""
+    import asyncio
+
+    nodes = redis_nodes_factory(3)
+    if state == "out-of-memory":
+        for server in nodes.servers:
+            server.client().config_set("maxmemory-policy", "noeviction")
+            server.client().config_set("maxmemory", "1")
+        said, means = "OOM command not allowed", "it is out of memory"
+    else:
+        for server in nodes.servers[1:]:
+            server.client().replicaof("127.0.0.1", nodes.servers[0].port)
+        said, means = "READONLY You can't write", "it is a read-only replica"
+    mgr = make_manager(nodes, node_timeout=0.2)
+    with pytest.raises(QuorumUnavailable) as info:
+        if flavour == "sync":
+            mgr.lock("error-reply", timeout=1).acquire()
+        else:
+            asyncio.run(mgr.alock("error-reply", timeout=1).acquire())
+    message = str(info.value)
+    assert said in message and means in message, message

@@ -85,6 +85,31 @@ def test_a_key_no_lock_wrote_is_busy_at_the_normal_pace_and_named(
     assert info.value.retry_after > 0
 
 
+def test_a_foreign_value_at_the_waiter_queue_is_named(nodes3: RedisNodes,
+                                                     make_manager: Any) -> None:
+    """A string some other code wrote where a lock keeps its waiter queue:
+    every node answers ``WRONGTYPE``. The error says what the node said and
+    which keys of the lock may hold the foreign value (a lock key's own
+    foreign value is busy, as above, so the error can only come from the
+    queue or the fencing counter)."""
+    from django_redlock import QuorumUnavailable
+    from django_redlock.core.keys import fence_key, waiters_key
+
+    holder = make_manager(nodes3, node_timeout=NODE_TIMEOUT)
+    held = holder.lock("foreign-line", ttl=5, auto_renew=False)
+    assert held.acquire(timeout=0)
+    queue = waiters_key(held.key)
+    for server in nodes3:
+        server.client().set(queue, "someone else's")
+    mgr = make_manager(nodes3, node_timeout=NODE_TIMEOUT)
+    with pytest.raises(QuorumUnavailable) as info:
+        mgr.lock("foreign-line", timeout=1.0).acquire()
+    message = str(info.value)
+    assert "WRONGTYPE" in message, message
+    assert repr(queue) in message and repr(fence_key(held.key)) in message, message
+    assert "another type" in message, message
+
+
 def test_a_lease_that_ran_out_is_acquired_again(nodes3: RedisNodes, make_manager: Any) -> None:
     mgr = make_manager(nodes3, node_timeout=NODE_TIMEOUT)
     lock = mgr.lock("lapse", ttl=0.1, auto_renew=False)
@@ -123,6 +148,53 @@ def test_release_signal_only_for_a_release_a_node_confirmed(
         assert len(seen) == 1
     finally:
         signals.lock_released.disconnect(receiver)
+
+
+def test_a_release_confirmed_by_fewer_than_a_quorum_is_a_warning(
+        redis_nodes_factory: Any, make_manager: Any, caplog: Any) -> None:
+    """Two of three nodes stopped after the grant: the release reaches one.
+    The key stays on the other two until its lease ends, and a quorum is not
+    known free, so others may be kept out that long: said at WARNING (a
+    release that reached every node it could is not worth a warning)."""
+    import logging
+
+    nodes = redis_nodes_factory(3)
+    mgr = make_manager(nodes, node_timeout=0.2, auto_renew=False)
+    lock = mgr.lock("partial-release", ttl=5)
+    assert lock.acquire(timeout=0)
+    caplog.set_level(logging.INFO, logger="django_redlock")
+    lock.release()  # every node confirms: nothing to warn of
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING]
+    assert lock.acquire(timeout=0)
+    for server in nodes.servers[1:]:
+        server.kill()
+    lock.release()
+    warnings = [r.getMessage() for r in caplog.records if r.levelno >= logging.WARNING]
+    assert any("1 of 3 nodes" in m and "partial-release" in m for m in warnings), warnings
+
+
+def test_a_release_answered_with_an_error_says_what_the_node_said(
+        nodes3: RedisNodes, make_manager: Any, caplog: Any) -> None:
+    """A foreign value at the waiter queue: release.lua deletes the lock key,
+    then fails on the queue (``WRONGTYPE``). The nodes answered: the log must
+    say what they said and which keys, not that the release reached no node."""
+    import logging
+
+    from django_redlock.core.keys import fence_key, waiters_key
+
+    mgr = make_manager(nodes3, node_timeout=NODE_TIMEOUT, auto_renew=False)
+    lock = mgr.lock("foreign-release", ttl=5)
+    assert lock.acquire(timeout=0)
+    queue = waiters_key(lock.key)
+    for server in nodes3:
+        server.client().set(queue, "someone else's")
+    caplog.set_level(logging.INFO, logger="django_redlock")
+    lock.release()
+    warnings = "\n".join(r.getMessage() for r in caplog.records
+                         if r.levelno >= logging.WARNING)
+    assert "WRONGTYPE" in warnings, warnings
+    assert repr(queue) in warnings and repr(fence_key(lock.key)) in warnings, warnings
+    assert "reached no node" not in warnings, warnings
 
 
 def test_note_release_is_safe_from_many_threads(nodes3: RedisNodes, make_manager: Any) -> None:

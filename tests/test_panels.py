@@ -70,6 +70,31 @@ def test_a_lock_the_request_took() -> None:
 
 
 @pytest.mark.django_db
+def test_a_semaphore_line_handed_on_is_not_still_held(make_manager: Any,
+                                                      session_nodes: Any) -> None:
+    """The request waited in a semaphore's line, then took the permit and handed
+    the line on without waiting for that release's reply: the line is shown
+    released (not confirmed), not "still held"."""
+    import threading
+
+    other = make_manager(session_nodes, auto_renew=False)
+    holder = other.semaphore("panel-sem", 1, timeout=5)
+    assert holder.acquire()
+    timer = threading.Timer(0.3, holder.release)
+    timer.start()
+    try:
+        page, html = panel(Client(), "/semaphore/")
+    finally:
+        timer.join(5)
+    assert "True" in page
+    rows = {row[0]: row for row in cells(html) if row[1] == "acquired"}
+    line = rows["panel-sem#line"]
+    assert "still held" not in line[3] and line[6] == "released, not confirmed", line
+    permit = rows["panel-sem#0"]
+    assert re.fullmatch(r"[23] of 3 nodes", permit[6]), permit  # a waited release
+
+
+@pytest.mark.django_db
 def test_busy_and_nothing(make_manager: Any, session_nodes: Any) -> None:
     other = make_manager(session_nodes, auto_renew=False)
     with other.lock("report:daily"):

@@ -62,3 +62,26 @@ def test_module_paths_users_import() -> None:
     from django_redlock.models import FenceField, LockableModel, LockingQuerySet  # noqa: F401
     from django_redlock.signals import lock_acquired, lock_lost, lock_released  # noqa: F401
     from django_redlock.testing import FaultProxy, RedisNodes, RedisServer  # noqa: F401
+
+
+# ``from django_redlock[.x] import a, b`` in the README and the docs' examples.
+EXAMPLE_IMPORT = re.compile(r"from (django_redlock[\w.]*) import \(?([\w, \n]+?)\)?\s*(?:#|$)", re.M)
+
+
+def _example_imports() -> list[tuple[str, str, str]]:
+    found = []
+    for page in sorted([*(ROOT / "docs").rglob("*.rst"), ROOT / "README.md"]):
+        for module, names in EXAMPLE_IMPORT.findall(page.read_text()):
+            for name in (n.strip() for n in names.replace("\n", " ").split(",")):
+                if name:
+                    found.append((page.relative_to(ROOT).as_posix(), module, name))
+    return found
+
+
+def test_the_examples_import_enough() -> None:
+    assert len(_example_imports()) > 20
+
+
+@pytest.mark.parametrize("page, module, name", _example_imports())
+def test_every_import_in_the_examples_works(page: str, module: str, name: str) -> None:
+    assert _resolve(f"{module}.{name}") is not None, f"{page}: from {module} import {name}"

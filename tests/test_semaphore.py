@@ -1,8 +1,8 @@
 """The counting semaphore: at most ``permits`` holders, on real nodes (1 and 3).
 
-Holders run in several OS processes and count themselves in a separate Redis
-(the *meter*) inside the critical section; the highest count seen must never
-exceed ``permits``. Every wait is bounded.
+Holders run in several OS processes and count themselves inside the critical
+section in a separate Redis (the *meter*) and in a database shared by the
+processes; the highest count seen must never exceed ``permits``. Every wait is bounded.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from django_redlock.core.keys import lock_key, permits_key, waiters_key
 from django_redlock.decorators import with_semaphore
 from django_redlock.engine import semaphore as semaphore_module
 from django_redlock.testing import RedisNodes
+from tests.family_exclusion import assert_no_lost_update, run_workers
 from tests.polling import run_in_threads, wait_until
 
 MakeManager = Callable[..., Any]
@@ -66,27 +67,6 @@ class Meter:
         return int(self.client.get("done") or 0)
 
 
-WORKER = textwrap.dedent("""
-    import sys, time
-    import redis
-    from django.conf import settings
-    settings.configure()
-    from django_redlock import LockManager
-    urls, meter_url, permits, rounds = sys.argv[1].split(","), sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-    meter = redis.Redis.from_url(meter_url)
-    enter = meter.register_script(sys.argv[5])
-    mgr = LockManager(urls, node_timeout=0.2)
-    for _ in range(rounds):
-        with mgr.semaphore("procs", permits, timeout=30):
-            enter(keys=["inside", "most"])
-            time.sleep(0.02)
-            meter.incr("done")
-            meter.decr("inside")
-    mgr.close()
-    print("OK", flush=True)
-""")
-
-
 def _holders(nodes: RedisNodes, key: str) -> int:
     return sum(bool(server.client().exists(key)) for server in nodes)
 
@@ -95,23 +75,22 @@ def _holders(nodes: RedisNodes, key: str) -> int:
 
 @pytest.mark.parametrize("count", [1, 3])
 def test_never_more_than_permits_holders_across_processes(
-        count: int, redis_nodes_factory: NodesFactory) -> None:
+        count: int, redis_nodes_factory: NodesFactory, tmp_path: Path) -> None:
+    """Four processes, two permits: counted inside the hold in Redis and in the
+    database (a holder count, and each permit's rows read-modify-written, the
+    fenced one with the permit's fence)."""
     nodes = redis_nodes_factory(count)
-    meter = Meter(redis_nodes_factory(1))
+    meter = redis_nodes_factory(1)
     procs, rounds, permits = 4, 6, 2
-    workers = [subprocess.Popen([sys.executable, "-c", WORKER, ",".join(nodes.urls), meter.url,
-                                 str(permits), str(rounds), ENTER], stdout=subprocess.PIPE, text=True,
-                                cwd=ROOT) for _ in range(procs)]
-    try:
-        outs = [w.communicate(timeout=90)[0] for w in workers]
-    finally:
-        for w in workers:
-            if w.poll() is None:
-                w.kill()
-    assert all("OK" in out for out in outs), outs
-    assert meter.done == procs * rounds
+    outcome = run_workers("semaphore", nodes, meter, tmp_path, procs=procs, rounds=rounds,
+                          permits=permits)
+    slots = [f"permit:{i}" for i in range(permits)]
+    assert sum(outcome.holds(slot) for slot in slots) == procs * rounds
     # Never more than permits; and more than one at a time (a semaphore, not a mutex).
-    assert meter.most == permits
+    assert outcome.meter["most:procs"] == permits
+    assert 1 <= outcome.counters["most"] <= permits and outcome.counters["inside"] == 0
+    # One holder per permit at a time: no update of a permit's rows was lost.
+    assert_no_lost_update(outcome, slots)
 
 
 def test_async_semaphore_never_more_than_permits(
@@ -230,6 +209,84 @@ def test_a_try_does_not_queue_behind_the_line(nodes3: RedisNodes,
     line.release()
     first.release()
     second.release()
+
+
+def _script_calls(server: Any) -> int:
+    stats = server.client().info("commandstats")
+    return sum(v["calls"] for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
+
+
+@pytest.mark.parametrize("count", [1, 3])
+def test_an_uncontended_acquire_and_release_cost_one_script_call_each(
+        count: int, redis_nodes_factory: NodesFactory, make_manager: MakeManager) -> None:
+    """The count check and the look at the line go with the permit's acquire
+    script, and the free notice with its release script: one round trip each,
+    as for lock(). (Before: a count check, the line taken and given back around
+    the permit, and a PUBLISH after the release.)"""
+    nodes = redis_nodes_factory(count)
+    mgr = make_manager(nodes)
+    with mgr.semaphore("cheap", 3, timeout=1):  # connections and scripts loaded
+        pass
+    listener = nodes[0].client().pubsub()
+    listener.subscribe(lock_key(mgr.key_prefix, "cheap#free"))
+    assert listener.get_message(timeout=1)["type"] == "subscribe"
+    before = [_script_calls(server) for server in nodes]
+    held = mgr.semaphore("cheap", 3, timeout=1)
+    assert held.acquire()
+    assert [_script_calls(server) - b for server, b in zip(nodes, before)] == [1] * count
+    held_index = held.index
+    assert held_index is not None
+    held.release()
+    assert wait_until(lambda: [_script_calls(server) - b for server, b in zip(nodes, before)]
+                      == [2] * count, timeout=2)
+    notice = listener.get_message(timeout=2)
+    # The release script's notice names the permit released (tried first by the head).
+    assert notice is not None and notice["data"] == held._locks[held_index]._key_b
+    listener.close()
+
+
+def test_a_first_try_steps_aside_when_any_node_has_someone_in_line(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """One node with a waiter queued on the line is enough: the permit the other
+    two granted is given back, and the acquire goes through the line."""
+    mgr = make_manager(nodes3)
+    sem = mgr.semaphore("aside", 1, timeout=1)
+    line_queue = waiters_key(lock_key(mgr.key_prefix, "aside#line"))
+    nodes3[0].client().rpush(line_queue, b"nobody|listens")
+    permit = sem._locks[0]
+    permit._guard = sem._guard(True)
+    try:
+        assert permit.acquire(timeout=0) is False
+    finally:
+        permit._guard = None
+    assert [code for code, _ in permit._guard_refusal.values()] == [6]
+    assert wait_until(lambda: _holders(nodes3, permit.key) == 0, timeout=2)
+    # A try does not step aside; a blocking acquire gets its permit through the line.
+    assert mgr.semaphore("aside", 1, timeout=0).acquire()
+    mgr.force_release("aside#0")
+    assert sem.acquire() and sem.index == 0
+    sem.release()
+
+
+def test_a_caller_with_another_count_takes_no_permit_anywhere(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+    with mgr.semaphore("nocount", 2, timeout=1):
+        pass
+    # The release returned once a quorum deleted; the last node's may still run.
+    assert wait_until(lambda: not any(
+        server.client().exists(lock_key(mgr.key_prefix, f"nocount#{i}"))
+        for server in nodes3 for i in range(2)), timeout=2)
+    before = [_script_calls(server) for server in nodes3]
+    with pytest.raises(semaphore_module.PermitsMismatch):
+        mgr.semaphore("nocount", 3, timeout=1).acquire()
+    # One script call per node: refused before any permit was set. (A node
+    # whose refusal came after the round was decided also gets the clean-up
+    # of a reply not waited for: one call more there, which finds nothing.)
+    calls = [_script_calls(server) - b for server, b in zip(nodes3, before)]
+    assert all(1 <= c <= 2 for c in calls) and sum(calls) <= 4, calls
+    assert not any(server.client().exists(lock_key(mgr.key_prefix, f"nocount#{i}"))
+                   for server in nodes3 for i in range(3))
 
 
 # -- leases: a crashed holder, a paused one ------------------------------------------
@@ -604,3 +661,211 @@ def test_the_docs_examples_run(session_nodes: RedisNodes) -> None:
     for block in blocks:
         code = "\n".join(line[3:] for line in block.splitlines())
         exec(compile(code, "lock-family.rst", "exec"), {})  # noqa: S102 - our own docs
+
+
+def test_the_head_of_the_line_tries_the_permit_the_notice_named_first(
+        nodes3: RedisNodes, make_manager: Callable[..., Any]) -> None:
+    """A released permit's notice names it, and the waiter at the head of the
+    line asks for that permit first: one round trip for the handoff instead of
+    one per busy permit it would try before it (the handoff goal, issue 20)."""
+    mgr = make_manager(nodes3.urls[:1])
+    holders = [mgr.semaphore("named", 4, timeout=1) for _ in range(4)]
+    for holder in holders:
+        assert holder.acquire()
+    waiter = mgr.semaphore("named", 4, timeout=10)
+    asked: list[int] = []
+    for index, lock in enumerate(waiter._locks[:4]):
+        original = lock.acquire
+
+        def counting(*args: Any, _index: int = index, _original: Any = original,
+                     **kwargs: Any) -> Any:
+            asked.append(_index)
+            return _original(*args, **kwargs)
+
+        lock.acquire = counting  # type: ignore[method-assign]
+    got: list[bool] = []
+    thread = threading.Thread(target=lambda: got.append(waiter.acquire()))
+    thread.start()
+    try:
+        # The waiter holds the line, read every permit busy and listens (its
+        # first try asked one permit; the reads of the head ask none).
+        assert wait_until(lambda: len(asked) >= 1 and mgr.notifier._subs, timeout=5)
+        time.sleep(0.2)
+        swept = len(asked)
+        # No attempt on a busy permit: one read told the head they all were.
+        assert swept == 1, asked
+        freed = holders[2]
+        assert freed.index is not None
+        freed_index = freed.index
+        freed.release()
+        thread.join(timeout=5)
+        assert got == [True] and waiter.index == freed_index
+        # After the notice: exactly one try, of the permit it named.
+        assert asked[swept:] == [freed_index], asked
+    finally:
+        thread.join(timeout=5)
+        if waiter.index is not None:
+            waiter.release()
+        for holder in holders:
+            if holder.index is not None:
+                holder.release()
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_a_new_head_drops_the_notices_heard_while_in_line(
+        flavour: str, nodes3: RedisNodes, make_manager: Callable[..., Any]) -> None:
+    """Waiters listen while in line, so the one behind the head hears the free
+    notice the head is served by. Once it is the head itself, its read of the
+    permits covers that notice: it must not wake on it and ask for a permit the
+    head before took (one lost round trip and one more read per handoff)."""
+    mgr = make_manager(nodes3.urls[:1])
+    holder = mgr.semaphore("stale", 1, timeout=1)
+    assert holder.acquire()
+    first = mgr.semaphore("stale", 1, timeout=10)
+    asked: list[int] = []
+    line_key = lock_key(mgr.key_prefix, "stale#line")
+    queue = waiters_key(line_key)
+    server = nodes3[0].client()
+    got: list[bool] = []
+    threads = [threading.Thread(target=lambda: got.append(first.acquire()), daemon=True)]
+    threads[0].start()
+    assert wait_until(lambda: server.exists(line_key) == 1, timeout=5)  # the head
+
+    if flavour == "sync":
+        second = mgr.semaphore("stale", 1, timeout=10)
+        original = second._locks[0].acquire
+
+        def counting(*args: Any, **kwargs: Any) -> Any:
+            asked.append(0)
+            return original(*args, **kwargs)
+
+        second._locks[0].acquire = counting  # type: ignore[method-assign]
+
+        def acquire_second() -> None:
+            got.append(second.acquire())
+            second.release()
+    else:
+        def acquire_second() -> None:
+            async def run() -> None:
+                second = mgr.asemaphore("stale", 1, timeout=10)
+                original = second._locks[0].acquire
+
+                async def counting(*args: Any, **kwargs: Any) -> Any:
+                    asked.append(0)
+                    return await original(*args, **kwargs)
+
+                second._locks[0].acquire = counting
+                got.append(await second.acquire())
+                await second.release()
+
+            asyncio.run(run())
+
+    threads.append(threading.Thread(target=acquire_second, daemon=True))
+    threads[1].start()
+    try:
+        # Queued behind the head (its first try asked the permit once).
+        assert wait_until(lambda: server.llen(queue) == 1 and len(asked) == 1, timeout=5)
+        holder.release()  # the head takes the permit; the second becomes the head
+        assert wait_until(lambda: got == [True], timeout=5)
+        assert wait_until(lambda: server.exists(line_key) == 1, timeout=5)
+        time.sleep(0.3)
+        assert asked == [0], "the new head asked for the permit the head before took"
+        first.release()
+        threads[1].join(timeout=5)
+        assert got == [True, True]
+        assert asked == [0, 0]  # woken by this release: one try, granted
+    finally:
+        for thread in threads:
+            thread.join(timeout=5)
+        for sem in (holder, first):
+            if sem.index is not None:
+                sem.release()
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_the_head_hands_the_line_on_without_waiting_for_the_reply(
+        flavour: str, nodes3: RedisNodes, make_manager: Callable[..., Any]) -> None:
+    """Once the head holds its permit, it releases the line and returns without
+    waiting for that release's replies: its acquire() costs one round trip
+    less, and the next in line is woken by the release script all the same.
+    The permit was granted before that release left, so the grants keep the
+    order of the line."""
+    from django_redlock.engine.rounds import NO_WAIT
+
+    mgr = make_manager(nodes3)
+    holder = mgr.semaphore("handon", 1, timeout=1)
+    assert holder.acquire()
+    line_key = lock_key(mgr.key_prefix, "handon#line").encode()
+    releases: list[Any] = []  # the settle of each release round of the line
+
+    def note(requests: Any, settle: Any) -> None:
+        calls = [r for r in requests if r is not None]
+        # A release of the line (token, fence, grace, b"1"): not the clean-up
+        # of a lost attempt to take it (b"0", or numbered), which never waits.
+        if calls and getattr(calls[0], "script", None) is not None \
+                and calls[0].script.name == "release" and calls[0].keys[0] == line_key \
+                and len(calls[0].args) == 4 and calls[0].args[3] == b"1":
+            releases.append(settle)
+
+    got: list[bool] = []
+    second_got: list[bool] = []
+    second = mgr.semaphore("handon", 1, timeout=10)
+
+    if flavour == "sync":
+        original = mgr.transport.round
+
+        def recording(requests: Any, **kwargs: Any) -> Any:
+            note(requests, kwargs.get("settle"))
+            return original(requests, **kwargs)
+
+        mgr.transport.round = recording
+        first = mgr.semaphore("handon", 1, timeout=10)
+
+        def acquire_first() -> None:
+            got.append(first.acquire())
+            first.release()
+    else:
+        def acquire_first() -> None:
+            async def run() -> None:
+                first = mgr.asemaphore("handon", 1, timeout=10)
+                transport = first._locks[0].transport
+                original = transport.round
+
+                async def recording(requests: Any, **kwargs: Any) -> Any:
+                    note(requests, kwargs.get("settle"))
+                    return await original(requests, **kwargs)
+
+                transport.round = recording
+                try:
+                    got.append(await first.acquire())
+                    await first.release()
+                finally:
+                    del transport.round
+
+            asyncio.run(run())
+
+    threads = [threading.Thread(target=acquire_first, daemon=True)]
+    threads[0].start()
+    server = nodes3[0].client()
+    try:
+        assert wait_until(lambda: server.exists(line_key) == 1, timeout=5)  # the head
+        threads.append(threading.Thread(
+            target=lambda: second_got.append(second.acquire()) or second.release(),
+            daemon=True))
+        threads[1].start()
+        queue = waiters_key(line_key.decode())
+        assert wait_until(lambda: max(s.client().llen(queue) for s in nodes3) >= 1, timeout=5)
+        holder.release()  # the head takes the permit and hands the line on
+        for thread in threads:
+            thread.join(timeout=10)
+        assert got == [True] and second_got == [True]  # the next in line was woken
+        assert releases, "the head released no line"
+        assert releases[0] is NO_WAIT, "the head waited for the line's release replies"
+        assert wait_until(lambda: _holders(nodes3, line_key.decode()) == 0, timeout=5)
+    finally:
+        if flavour == "sync":
+            del mgr.transport.round
+        for thread in threads:
+            thread.join(timeout=5)
+        if holder.index is not None:
+            holder.release()

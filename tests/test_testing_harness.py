@@ -169,7 +169,7 @@ def test_stop_after_pause_in_finally() -> None:
             raise AssertionError("the test body failed")
         finally:
             server.stop()
-    assert time.monotonic() - started < 5.0  # SIGTERM worked (resumed first)
+    assert time.monotonic() - started < 5.0  # stopped at once, paused or not
     assert not server.is_running() and _gone(pid)
     assert server.tmpdir is None
     server.stop()  # idempotent

@@ -197,6 +197,40 @@ def test_an_entry_whose_inbox_nobody_listens_to_is_skipped(
     assert _queued(nodes3, holder, "ghost-line") == 0
 
 
+def test_a_lock_named_like_a_process_inbox_does_not_take_its_notices(
+        nodes3: RedisNodes, make_manager: MakeManager, monkeypatch: Any) -> None:
+    """A lock's release channel is its key, ``<prefix>:<name>``; a process's
+    inbox must be a channel no lock key can be. It was ``redlock:inbox:<token>``,
+    the channel of lock ``inbox:<token>`` under the default prefix: waiting on
+    that lock (a name from a query string, say) and giving up made the process
+    unsubscribe its own inbox once the channel had lingered, and from then on
+    every release skipped its waiters' entries (nobody listening) and they
+    waited for their retry timer."""
+    from django_redlock.transport import notify
+
+    monkeypatch.setattr(notify, "LINGER", 0.2)
+    holder = make_manager(nodes3)
+    waiter = make_manager(nodes3, retry_delay=SLOW_RETRY)
+    # The name whose key was the inbox: 'inbox:<the inbox's token>'.
+    name = "inbox:" + waiter.notifier.inbox.decode().rsplit(":", 1)[1]
+    busy = holder.lock(name)
+    assert busy.acquire()
+    assert waiter.lock(name, timeout=0.2).acquire() is False
+    # Its channel lingers, then is dropped: that must not be the inbox.
+    assert wait_until(lambda: waiter.key(name).encode() not in waiter.notifier._requested,
+                      timeout=3.0)
+    time.sleep(0.3)  # the UNSUBSCRIBE went out
+    busy.release()
+    lock = holder.lock("after-the-inbox-name")
+    assert lock.acquire()
+    waiting = WaitingThread(waiter, "after-the-inbox-name", timeout=10)
+    assert wait_until(lambda: _queued(nodes3, holder, "after-the-inbox-name") == 1), "not queued"
+    released = time.monotonic()
+    lock.release()
+    # By name, not by its 5 s timer.
+    assert waiting.seconds_after(released, join=SLOW_RETRY + 2) < 1.0
+
+
 def test_the_waiter_queue_expires(nodes3: RedisNodes, make_manager: MakeManager) -> None:
     holder, waiter = make_manager(nodes3, ttl=2.0), make_manager(nodes3, retry_delay=SLOW_RETRY)
     lock = holder.lock("tidy")

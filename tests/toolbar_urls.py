@@ -31,6 +31,16 @@ def busy_page(request: HttpRequest) -> HttpResponse:
     return HttpResponse(PAGE.format(got))
 
 
+def semaphore_page(request: HttpRequest) -> HttpResponse:
+    """Waits in the line of semaphore "panel-sem" (1 permit) until the test's
+    holder lets go, then holds the permit."""
+    sem: Any = django_redlock.semaphore("panel-sem", 1, timeout=10)
+    got = sem.acquire()
+    if got:
+        sem.release()
+    return HttpResponse(PAGE.format(got))
+
+
 def plain_page(request: HttpRequest) -> HttpResponse:
     return HttpResponse(PAGE.format("nothing"))
 
@@ -39,6 +49,7 @@ urlpatterns = [
     path("page/<int:pk>/", locked_page),
     path("busy/", busy_page),
     path("plain/", plain_page),
+    path("semaphore/", semaphore_page),
     # debug_toolbar_urls() adds nothing unless DEBUG: the same, unconditionally.
     path("__debug__/", include("debug_toolbar.urls")),
 ]

@@ -8,8 +8,10 @@ others reach, split groups, slow and lossy links per worker and per node),
 ``dataloss`` (FLUSHALL on one node and on a majority, eviction under maxmemory,
 restarts empty before and after the TTL), ``nofence`` (the contrast: resources
 that do not check fences), ``single`` (one node), ``clock`` (clock jumps beyond
-the model), ``family`` (read_lock / write_lock and semaphore holders under the
-safe faults, partial partitions and pauses past the lease). See ``tests/chaos/checker.py`` (:func:`verdict`) for what each must
+the model), ``family`` (read_lock / write_lock, semaphore, multi_lock and
+segments holders under the safe faults, partial partitions and pauses past the
+lease), ``failover`` (the node is a Sentinel group: forced failovers and a killed
+master during holds, half the workers with ``REPLICA_ACKS`` 1, half with 0). See ``tests/chaos/checker.py`` (:func:`verdict`) for what each must
 show.
 
 Exit status: 0 when every schedule that ran passed its verdict, 1 when one did
@@ -30,6 +32,7 @@ import tempfile
 import time
 from typing import Any
 
+from . import runner
 from .checker import format_schedule, verdict
 from .runner import ALL, SCHEDULES, Options, durations_for, run_schedule, setup_database
 
@@ -77,7 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"chaos run: seed {seed}, schedules {', '.join(names)}, "
           f"{', '.join(f'{n} {d:.0f} s' for n, d in durations.items())}; "
           f"TTL {opts.ttl} s, timeout {opts.timeout} s, node timeout {opts.node_timeout} s, "
-          f"{opts.workers} workers, 5 nodes (single: 1), each worker on its own links", flush=True)
+          f"{opts.workers} workers, 5 nodes (single: 1; failover: a Sentinel group, TTL "
+          f"{runner.FAILOVER_TTL:g} s), each worker on its own links", flush=True)
 
     workdir = tempfile.mkdtemp(prefix="redlock-chaos-")
     reports = {}

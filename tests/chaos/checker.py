@@ -28,8 +28,14 @@ What is checked, and from which side:
   those inside each resource, read atomically as each holder entered, and whether
   each holder's lease covered its whole section (``owned()`` after leaving it):
   a reader that met a writer, two writers that met, more semaphore holders
-  inside at once than permits, a reader whose two reads differ; and how many
-  sections of each kind were checked (:func:`family_sections`).
+  inside at once than permits, a reader whose two reads differ, two multi-lock
+  holders of one name, two holders of one segment; and how many sections of
+  each kind were checked (:func:`family_sections`).
+* **Failovers** (``failover`` schedule) -- per ``REPLICA_ACKS`` setting (each
+  worker's, from the run's ``info`` event; the two halves use lock names of
+  their own): the operations and their outcomes, the overlaps and whether the
+  earlier holder was told, and the holds a failover began inside, ended ok or told
+  (:func:`failover_figures`).
 * **Liveness** -- the longest stretch with a quorum of nodes healthy (not killed,
   paused, cut or slower than half the node timeout) and no acquisition anywhere.
 * **Majority outages** -- inside windows where 3 of 5 nodes are down: no
@@ -278,6 +284,10 @@ def overlapping_holds(ops: Sequence[Op], paused: dict[int, list[tuple[float, flo
     return out
 
 
+#: The lock family's kinds of hold (``Op.mode``); each must have run (family_reasons).
+FAMILY_KINDS = ("read", "write", "permit", "multi", "segment")
+
+
 def family_sections(ops: Sequence[Op], permits: int) -> dict[str, Any]:
     """The lock family's verdict figures, from the critical sections as the resource
     server ordered them (``Op.present``: who was inside when this one entered,
@@ -300,11 +310,19 @@ def family_sections(ops: Sequence[Op], permits: int) -> dict[str, Any]:
     ``read_changed``                a valid reader whose two reads differ (a write
                                     landed inside its section)
     ``writer_fence_regressions``    :func:`fence_regressions` among the writers
+    ``multi_overlapped``            a valid multi-lock section met another whose
+                                    names it shares (two holders of one name)
+    ``segment_shared``              two valid sections of one segment met
 
     and, so that no rule passes because its kind never ran, the sections checked
-    per kind (``sections_read``, ``sections_write``, ``sections_permit``: valid
-    ones), how many reads were shared with another valid reader, and how many
-    permit sections met another (the semaphore admitted more than one).
+    per kind (``sections_read``, ``sections_write``, ``sections_permit``,
+    ``sections_multi``, ``sections_segment``: valid ones), how many reads were
+    shared with another valid reader, how many permit sections met another (the
+    semaphore admitted more than one), how many multi-lock sections had to wait
+    (``multi_contended``: a holder of a shared name was inside when its
+    acquisition began, so the exclusion was put to the test) and how many segment
+    sections met a holder of the other segment (``segments_parallel``: the
+    segments served two at once).
     Sections whose neighbour's record is missing are counted (``unknown``).
     """
     by_id = {f"w{o.worker}.{o.seq}": o for o in ops if o.enter is not None}
@@ -313,6 +331,8 @@ def family_sections(ops: Sequence[Op], permits: int) -> dict[str, Any]:
                            "read_changed": 0, "sections_read": 0, "sections_write": 0,
                            "sections_permit": 0, "sections_invalid": 0,
                            "reads_shared": 0, "permits_shared": 0, "sections_unknown": 0,
+                           "sections_multi": 0, "sections_segment": 0, "multi_overlapped": 0,
+                           "segment_shared": 0, "multi_contended": 0, "segments_parallel": 0,
                            "family_examples": []}
     ops_by_mode: Counter[str] = Counter()
     ok_by_mode: Counter[str] = Counter()
@@ -337,7 +357,9 @@ def family_sections(ops: Sequence[Op], permits: int) -> dict[str, Any]:
             o = by_id.get(ident)
             if o is None:
                 out["sections_unknown"] += 1
-            elif o.valid and o.resource == x.resource:
+            elif o.valid and (o.resource == x.resource or x.mode in ("multi", "segment")):
+                # (multi and segment sections share one set per resource: who is
+                # inside which name or segment is sorted out below)
                 met.append(o)
         readers = [o for o in met if o.mode == "read"]
         writers = [o for o in met if o.mode == "write"]
@@ -364,9 +386,25 @@ def family_sections(ops: Sequence[Op], permits: int) -> dict[str, Any]:
             if inside > permits:
                 out["semaphore_above_permits"] += 1
                 example(f"{inside} holders, {permits} permits", x, holders)
+        elif x.mode == "multi":
+            mine = set(x.names)
+            clash = [o for o in met if o.mode == "multi" and mine & set(o.names)]
+            if clash:
+                out["multi_overlapped"] += len(clash)
+                example("multi-lock holders met on a name", x, clash)
+            waited = [by_id[i] for i in x.before if i in by_id]
+            out["multi_contended"] += any(o.mode == "multi" and mine & set(o.names)
+                                          for o in waited)
+        elif x.mode == "segment":
+            same = [o for o in met if o.mode == "segment" and o.resource == x.resource]
+            if same:
+                out["segment_shared"] += len(same)
+                example("two holders of one segment", x, same)
+            out["segments_parallel"] += any(o.mode == "segment" and o.resource != x.resource
+                                            for o in met)
     out["writer_fence_regressions"], _ = fence_regressions([o for o in ops if o.mode == "write"])
-    out["family_ops"] = {m: ops_by_mode.get(m, 0) for m in ("read", "write", "permit")}
-    out["family_ok"] = {m: ok_by_mode.get(m, 0) for m in ("read", "write", "permit")}
+    out["family_ops"] = {m: ops_by_mode.get(m, 0) for m in FAMILY_KINDS}
+    out["family_ok"] = {m: ok_by_mode.get(m, 0) for m in FAMILY_KINDS}
     out["permits"] = permits
     return out
 
@@ -402,6 +440,114 @@ def fence_regressions(ops: Sequence[Op]) -> tuple[int, list[dict[str, Any]]]:
                                      "later": [b.worker, b.seq, b.fence],
                                      "behind_by": best.fence - b.fence})
     return count, examples
+
+
+# -- failovers (the failover schedule) ---------------------------------------------------
+#: The Sentinel faults (nemesis.SENTINEL_KINDS).
+FAILOVER_KINDS = ("failover", "kill-master")
+
+
+def failover_figures(ops: Sequence[Op], events: Sequence[Event]) -> dict[str, Any]:
+    """The ``failover`` schedule's figures.
+
+    ``failovers`` the Sentinel faults begun (a forced failover or a killed
+    master), ``failovers_during_holds`` those begun while a worker held a lock
+    (the nemesis waits for one), ``master_moved_s`` how long each took until the
+    sentinels agreed on the new master (``end`` of a failover, ``elected`` after
+    a kill). Then per ``REPLICA_ACKS`` setting (``by_acks["1"]``, ``["0"]``):
+    ``ops``, ``ok``, ``lost`` (told: ``LockLost`` or ``owned()`` false),
+    ``refused`` (a fenced write refused), ``overlaps`` and ``overlaps_untold``
+    (:func:`overlapping_holds` over that half alone), ``held_across`` (holds a
+    failover began inside) and of those ``ended_ok`` (outcome ``ok``: the
+    holder was told of no loss; its lock survived the failover, or was lost
+    without anyone else taking it before the hold ended, e.g. released while
+    the node had no master) and ``told`` (``lost`` or refused).
+    """
+    acks: list[int] = []
+    for e in events:
+        if e.kind == "run" and e.action == "info" and "replica_acks" in e.params:
+            acks = [int(a) for a in e.params["replica_acks"]]
+    starts = [e for e in events if e.kind in FAILOVER_KINDS and e.action == "start"]
+    out: dict[str, Any] = {
+        "failovers": len(starts),
+        "failovers_by_kind": dict(Counter(e.kind for e in starts)),
+        "failovers_during_holds": sum(1 for e in starts if e.params.get("holders")),
+        # Workers that took a lock while the replicas lagged, right before a kill.
+        "fresh_holders": sum(len(e.params.get("fresh", ())) for e in events
+                             if e.kind == "kill-master" and e.action == "killed"),
+        "master_moved_s": [],
+        "by_acks": {},
+    }
+    for e in starts:
+        done = next((x for x in events if x.kind == e.kind and x.target == e.target
+                     and x.t >= e.t and x.action == ("end" if e.kind == "failover" else "elected")),
+                    None)
+        if done is not None:
+            out["master_moved_s"].append(round(done.t - e.t, 3))
+    paused = pause_windows(events)
+    for a in sorted(set(acks), reverse=True):
+        mine = [o for o in ops if o.worker < len(acks) and acks[o.worker] == a]
+        over = overlapping_holds(mine, paused)
+        across = [o for o in mine if o.acquired is not None and any(
+            o.acquired < e.t < (o.released if o.released is not None else o.end)
+            for e in starts)]
+        out["by_acks"][str(a)] = {
+            "ops": len(mine),
+            "ok": sum(1 for o in mine if o.outcome == "ok"),
+            "lost": sum(1 for o in mine if o.outcome == "lost"),
+            "refused": sum(1 for o in mine if o.write is False),
+            "overlaps": over["overlaps"],
+            "overlaps_untold": over["overlaps_untold"],
+            "held_across": len(across),
+            "ended_ok": sum(1 for o in across if o.outcome == "ok"),
+            "told": sum(1 for o in across if o.outcome in ("lost", "refused-by-fence")),
+        }
+    return out
+
+
+def failover_reasons(r: dict[str, Any]) -> list[str]:
+    """Why a ``failover`` report fails besides the ``safe`` rules (which hold for
+    both halves: no lost update, no stale write landed, no overlap whose earlier
+    holder was never told): no Sentinel fault of each kind, none begun while a
+    lock was held, a ``REPLICA_ACKS`` half missing or with fewer successful
+    operations than a quarter of ``r['min_ok']`` (it proved nothing)."""
+    fo = r.get("failover")
+    if not fo:
+        return ["no failover was recorded"]
+    reasons = []
+    by_kind = fo.get("failovers_by_kind", {})
+    for kind in FAILOVER_KINDS:
+        if not by_kind.get(kind):
+            reasons.append(f"no {kind} took place")
+    if fo.get("failovers") and not fo.get("failovers_during_holds"):
+        reasons.append("no failover began while a lock was held")
+    need = max(1, int(r.get("min_ok", 0)) // 4)
+    for a in ("1", "0"):
+        half = fo.get("by_acks", {}).get(a)
+        if half is None:
+            reasons.append(f"no worker ran with REPLICA_ACKS={a}")
+        elif half["ok"] < need:
+            reasons.append(f"REPLICA_ACKS={a}: only {half['ok']} successful operation(s), "
+                           f"fewer than {need}")
+    return reasons
+
+
+def failover_lines(r: dict[str, Any]) -> list[str]:
+    """The failover figures for :func:`format_schedule`."""
+    fo = r.get("failover") or {}
+    moved = fo.get("master_moved_s", [])
+    lines = [f"failovers {fo.get('failovers', 0)} ("
+             + ", ".join(f"{k} {v}" for k, v in sorted(fo.get("failovers_by_kind", {}).items()))
+             + f"), {fo.get('failovers_during_holds', 0)} begun during a hold, "
+             + f"{fo.get('fresh_holders', 0)} lock(s) taken while the replicas lagged; "
+             + "new master after "
+             + ", ".join(f"{m:g}" for m in moved) + " s"]
+    for a, half in sorted(fo.get("by_acks", {}).items(), reverse=True):
+        lines.append(f"REPLICA_ACKS={a}: ops {half['ops']}, ok {half['ok']}, lost (told) "
+                     f"{half['lost']}, refused {half['refused']}; overlaps {half['overlaps']} "
+                     f"(never told {half['overlaps_untold']}); holds across a failover "
+                     f"{half['held_across']}: ended ok {half['ended_ok']}, told {half['told']}")
+    return lines
 
 
 # -- the whole report --------------------------------------------------------------------
@@ -460,6 +606,8 @@ def check(*, schedule: str, fenced: bool, ops: Sequence[Op], events: Sequence[Ev
     report["overlaps_silent_examples"] = report["overlaps_untold_examples"]
     if any(o.mode for o in ops):
         report["family"] = family_sections(ops, permits)
+    if any(e.kind in FAILOVER_KINDS for e in events) or schedule == "failover":
+        report["failover"] = failover_figures(ops, events)
 
     # Provoked worker pauses: the paused worker had not begun its write when it was
     # stopped (so the write leaves after the pause), and another holder of the same
@@ -663,7 +811,9 @@ def verdict(r: dict[str, Any]) -> tuple[bool, list[str]]:
     heal); ``dataloss`` overlaps allowed, but no lost update and no stale write
     landed (fencing refused them all); ``nofence`` must show stale writes landing
     and updates lost (else the contrast detected nothing); ``clock`` is ``safe``
-    without the overlap rule; ``family`` is ``safe`` plus :func:`family_reasons`.
+    without the overlap rule; ``family`` is ``safe`` plus :func:`family_reasons`;
+    ``failover`` is ``safe`` (for the workers of both ``REPLICA_ACKS`` settings)
+    plus :func:`failover_reasons`.
     """
     expect = r.get("expect", "safe")
     reasons: list[str] = []
@@ -687,14 +837,14 @@ def verdict(r: dict[str, Any]) -> tuple[bool, list[str]]:
               ("acknowledged_missing", "acknowledged write(s) missing at the resource"),
               ("value_gaps", "value gap(s) the write log does not explain")]
     reasons += [f"{r[key]} {label}" for key, label in checks if r.get(key)]
-    if expect in ("safe", "majority", "dataloss", "clock", "family"):
+    if expect in ("safe", "majority", "dataloss", "clock", "family", "failover"):
         if r.get("lost_updates"):
             by_kind = r.get("lost_updates_by_kind", {})
             reasons.append(f"{r['lost_updates']} lost update(s) ("
                            + ", ".join(f"{k} {v}" for k, v in by_kind.items() if v) + ")")
         if r.get("stale_writes_landed"):
             reasons.append(f"{r['stale_writes_landed']} stale write(s) landed")
-    if expect in ("safe", "majority", "family") and r.get("overlaps_untold"):
+    if expect in ("safe", "majority", "family", "failover") and r.get("overlaps_untold"):
         reasons.append(f"{r['overlaps_untold']} overlapping hold(s) whose earlier holder "
                        f"was never told")
     if expect == "majority":
@@ -709,6 +859,8 @@ def verdict(r: dict[str, Any]) -> tuple[bool, list[str]]:
             reasons.append("no majority outage took place")
     if expect == "family":
         reasons += family_reasons(r)
+    if expect == "failover":
+        reasons += failover_reasons(r)
     if expect == "nofence" and not (r.get("stale_writes_landed") and r.get("lost_updates")):
         reasons.append(f"the contrast detected nothing ({r.get('stale_writes_landed', 0)} "
                        f"stale writes landed, {r.get('lost_updates', 0)} updates lost)")
@@ -725,6 +877,8 @@ FAMILY_VIOLATIONS: list[tuple[str, str]] = [
     ("semaphore_above_permits", "semaphore holders above permits"),
     ("read_changed", "reader saw a write inside its section"),
     ("writer_fence_regressions", "writer fence regressions"),
+    ("multi_overlapped", "multi-lock holders met on a name"),
+    ("segment_shared", "two holders of one segment"),
 ]
 
 
@@ -739,7 +893,7 @@ def family_reasons(r: dict[str, Any]) -> list[str]:
         return ["no lock-family operation was recorded"]
     reasons = [f"{fam[key]} {label}" for key, label in FAMILY_VIOLATIONS if fam.get(key)]
     need = max(1, int(r.get("family_min_sections", 1)))
-    for kind in ("read", "write", "permit"):
+    for kind in FAMILY_KINDS:
         n = fam.get(f"sections_{kind}", 0)
         if n < need:
             reasons.append(f"only {n} checked {kind} section(s), fewer than {need} "
@@ -750,6 +904,12 @@ def family_reasons(r: dict[str, Any]) -> list[str]:
         reasons.append("no read section met another reader (sharing never checked)")
     if not fam.get("permits_shared"):
         reasons.append("no permit section met another holder (the count never checked)")
+    if not fam.get("multi_contended"):
+        reasons.append("no multi-lock waited for another holder of its names (the "
+                       "exclusion never tested)")
+    if not fam.get("segments_parallel"):
+        reasons.append("no segment section met a holder of another segment (the segments "
+                       "never served two at once)")
     return reasons
 
 
@@ -762,11 +922,14 @@ def family_lines(r: dict[str, Any]) -> list[str]:
                  f"of {fam.get('permits', 0)} permits")
     lines.append(f"sections checked: read {fam.get('sections_read', 0)} (shared "
                  f"{fam.get('reads_shared', 0)}), write {fam.get('sections_write', 0)}, permit "
-                 f"{fam.get('sections_permit', 0)} (shared {fam.get('permits_shared', 0)}); "
+                 f"{fam.get('sections_permit', 0)} (shared {fam.get('permits_shared', 0)}), "
+                 f"multi {fam.get('sections_multi', 0)} (waited "
+                 f"{fam.get('multi_contended', 0)}), segment {fam.get('sections_segment', 0)} "
+                 f"(beside the other {fam.get('segments_parallel', 0)}); "
                  f"lease over in the section {fam.get('sections_invalid', 0)}; at least "
                  f"{r.get('family_min_sections', 0)} of each")
     lines.append("operations (ok): " + ", ".join(
-        f"{kind} {ops.get(kind, 0)} ({ok.get(kind, 0)})" for kind in ("read", "write", "permit")))
+        f"{kind} {ops.get(kind, 0)} ({ok.get(kind, 0)})" for kind in FAMILY_KINDS))
     return lines
 
 
@@ -823,6 +986,8 @@ def format_schedule(name: str, r: dict[str, Any]) -> str:
                      f"{r.get('crashes_recovered_late_in_a_global_stall', 0)})")
     if r.get("expect") == "family" or r.get("family"):
         extra += family_lines(r)
+    if r.get("expect") == "failover" or r.get("failover"):
+        extra += failover_lines(r)
     applied = r.get("faults_applied", {})
     if applied:
         extra.append("faults: " + ", ".join(f"{k} {v}" for k, v in sorted(applied.items())))

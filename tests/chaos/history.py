@@ -71,7 +71,10 @@ class Op:
     gen: int = 0  # the worker's generation: 1 after its first crash and restart, ...
     #: The lock family (``family`` schedule): ``""`` a plain lock, ``"read"`` /
     #: ``"write"`` a read_lock / write_lock of ``rw:<n>``, ``"permit"`` a permit of
-    #: the semaphore ``sem:<n>`` (``lock`` is then the permit's plain lock).
+    #: the semaphore ``sem:<n>`` (``lock`` is then the permit's plain lock),
+    #: ``"multi"`` a multi_lock over two of the counters ``mx:a``, ``mx:b``,
+    #: ``mx:c``, ``"segment"`` a segment of ``segments("chaos-seg:<n>")`` (its
+    #: counter ``seg:<n>#<i>``, ``lock`` the segment's plain lock).
     mode: str = ""
     #: The critical section as the resource server saw it: the holder adds its id
     #: (``w<worker>.<seq>``) to the resource's set of those inside, reading who was
@@ -83,6 +86,12 @@ class Op:
     present: list[str] = dataclasses.field(default_factory=list)
     valid: bool | None = None
     read_again: int | None = None  # a reader's second read, at the end of its section
+    #: ``multi``: the counters of every name the multi-lock holds (``resource`` is
+    #: the first of them, ``lock`` / ``fence`` its lock and fence).
+    names: list[str] = dataclasses.field(default_factory=list)
+    #: ``multi`` / ``segment``: the sections inside the resource's set when the
+    #: acquisition *began* (read before acquiring): holders it may have had to wait for.
+    before: list[str] = dataclasses.field(default_factory=list)
     outcome: str = "error"
     error: str = ""  # exception type name
     detail: str = ""  # short message (no secrets: URLs are not part of our messages)

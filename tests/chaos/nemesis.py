@@ -36,6 +36,27 @@ Node faults (all links of node ``i``, or the server itself):
                    is in the middle of an acquisition
 =================  ==================================================================
 
+Sentinel faults (the ``failover`` schedule: node ``i`` is a
+:class:`~django_redlock.testing.SentinelGroup`, master + replicas + sentinels),
+each begun while a worker holds a lock (between its acquire and its write, up
+to :data:`HOLD_WAIT`); the holders are logged with the fault:
+
+=================  ==================================================================
+``failover``       ``SENTINEL FAILOVER``, graceful: the old master's writes paused
+                   (``CLIENT PAUSE WRITE``), a replica promoted, the old master made
+                   its replica once the sentinels agree (``end``), then unpaused
+``kill-master``    the replicas SIGSTOPped and their links closed
+                   (``CLIENT KILL TYPE replica``) for 0.2-0.35 s (``lag``: what the
+                   master grants meanwhile reaches no replica) and until a worker took a
+                   lock meanwhile (up to :data:`FRESH_WAIT` more; ``killed`` names
+                   them, ``fresh``), then ``kill -9`` the master and SIGCONT the
+                   replicas; the fresh holders SIGSTOPped until the new master is
+                   elected and 0.4 s more (3 s at most, inside their lease: logged
+                   as worker pauses), so that another may be granted their lock; the sentinels see it down (0.6 s) and
+                   elect a replica (``elected``); the old master is restarted empty
+                   after the planned downtime (the sentinels make it a replica)
+=================  ==================================================================
+
 Link faults (one worker's links):
 
 =================  ==================================================================
@@ -77,11 +98,29 @@ NODE_KINDS = ("kill", "pause", "latency", "cut", "clock", "lossy")
 DATALOSS_KINDS = ("flush", "evict", "restart-early", "kill")
 LINK_KINDS = ("wcut", "split", "wslow", "wlossy")
 WORKER_KINDS = ("worker-pause", "crash-before", "crash-after")
+SENTINEL_KINDS = ("failover", "kill-master")
 MAX_PLAN = 5000  # faults per plan, whatever the duration
 WORKER_WAIT = 4.0  # how long to wait for a worker to reach the moment a fault needs
 INFLIGHT_WAIT = 1.0  # how long a majority outage waits for an acquisition in flight
 #: The margin worker pauses are planned with before the end of a run.
 WORKER_CRITICAL_WAIT = 2.0
+#: How long a Sentinel fault waits for a worker holding a lock (then it goes ahead:
+#: a failover with nobody holding is still one, and is logged with no holders).
+HOLD_WAIT = 1.5
+#: How long a ``kill-master`` waits, after its lag, for a worker to take a lock:
+#: the replicas stay frozen meanwhile, and must be back before the sentinels
+#: call them down (their down-after is 0.6 s in the failover schedule).
+FRESH_WAIT = 0.2
+#: How long those fresh holders stay stopped after the new master is elected (so
+#: that the others may take the lock there first), and at most in all (well
+#: inside the failover schedule's 4 s lease).
+FRESH_AFTER = 0.4
+FRESH_PAUSE_MAX = 3.0
+#: Bound on the sentinels agreeing on a new master (a forced failover takes about
+#: 1 s here, a killed master about 2 s: 0.6 s to be called down, then the election).
+ELECT_WAIT = 15.0
+#: Seconds a plan reserves for each Sentinel fault before the next may begin.
+FAILOVER_COST = {"failover": 1.5, "kill-master": 3.0}
 
 
 @dataclasses.dataclass
@@ -216,6 +255,25 @@ def plan_dataloss(rng: random.Random, *, duration: float, n_nodes: int, ttl: flo
     return plan
 
 
+def plan_failover(rng: random.Random, *, duration: float, ttl: float) -> list[Fault]:
+    """Sentinel faults on node 0, one at a time: a forced ``failover`` first, then a
+    ``kill-master`` (replicas lagging for 0.2-0.35 s before it, the old master
+    restarted empty 1-3 s after the kill, once a new one is elected),
+    alternating, each given :data:`FAILOVER_COST` and a quiet stretch of 1-2 s
+    after it."""
+    plan: list[Fault] = []
+    t = rng.uniform(1.0, 2.0)
+    for n in range(MAX_PLAN):
+        kind = SENTINEL_KINDS[n % 2]
+        d = rng.uniform(1.0, 3.0) if kind == "kill-master" else 0.0
+        params = {"lag": round(rng.uniform(0.2, 0.35), 3)} if kind == "kill-master" else {}
+        if t + max(d, FAILOVER_COST[kind]) > duration - 1.0:
+            break
+        plan.append(Fault(round(t, 3), kind, (0,), round(d, 3), params))
+        t += max(d, FAILOVER_COST[kind]) + rng.uniform(1.0, 2.0)
+    return plan
+
+
 def plan_links(rng: random.Random, *, duration: float, n_nodes: int, n_workers: int
                ) -> list[Fault]:
     """Link faults on single workers (``targets`` are nodes; ``params['worker']``)."""
@@ -299,8 +357,12 @@ class Nemesis:
                  worker_pids: Callable[[], list[int]], phase: Any, phases: dict[str, int],
                  clock_file: str | None, log: JsonlWriter, t0: float,
                  respawn: Callable[[int], None] | None = None,
-                 current: Any = None, resources: Sequence[str] = ()) -> None:
+                 current: Any = None, resources: Sequence[str] = (),
+                 groups: Sequence[Any] = ()) -> None:
         self.nodes = nodes
+        #: Sentinel groups (the ``failover`` schedule): node ``i`` is ``groups[i]``.
+        self.groups = list(groups)
+        self._killed: dict[int, Any] = {}
         self.links = [list(row) for row in links]
         self.worker_pids = worker_pids
         self.phase = phase
@@ -400,8 +462,122 @@ class Nemesis:
         return 0
 
     # -- node faults ---------------------------------------------------------------
+    def _holders(self) -> list[int]:
+        """Wait up to :data:`HOLD_WAIT` for a worker between its acquire and its write;
+        return every worker holding a lock now (in its critical section or just
+        after its write)."""
+        n = len(self.phase)
+        self._wait_phase(self.phases["critical"], list(range(n)), HOLD_WAIT)
+        held = (self.phases["critical"], self.phases["written"])
+        return [w for w in range(n) if self.phase[w] in held]
+
+    def _fresh_holders(self, lag: float) -> list[int]:
+        """Wait ``lag`` seconds, then up to :data:`FRESH_WAIT` more for a worker seen
+        without a lock since the wait began to be in its critical section;
+        return those (a lock taken during the wait)."""
+        held = (self.phases["critical"], self.phases["written"])
+        n = len(self.phase)
+        free: set[int] = set()
+        begin = time.monotonic()
+        for _ in range(int((lag + FRESH_WAIT) / 0.001) + 1):
+            free.update(w for w in range(n) if self.phase[w] not in held)
+            now = time.monotonic() - begin
+            fresh = [w for w in sorted(free) if self.phase[w] == self.phases["critical"]]
+            if (now >= lag and fresh) or now >= lag + FRESH_WAIT or self._stop.is_set():
+                return fresh
+            time.sleep(0.001)
+        return []
+
+    def _sentinel_start(self, kind: str, i: int, params: dict[str, Any]) -> None:
+        group = self.groups[i]
+        holders = self._holders()
+        old = group.master
+        self.event(kind, "start", f"n{i}", holders=holders, old=old.port, **params)
+        if kind == "failover":
+            # A graceful forced failover, the way an operator runs one (and Redis'
+            # own FAILOVER command): the old master's writes paused first, so that
+            # it grants nothing the promoted replica will not have; demoted once
+            # the sentinels agree, then let go. Without the pause it would be a
+            # split brain, which one Sentinel node does not promise to survive
+            # (docs/safety.rst, "Sentinel and Cluster nodes").
+            old.execute("CLIENT", "PAUSE", int(ELECT_WAIT * 1000), "WRITE")
+            try:
+                new = group.failover(timeout=ELECT_WAIT, demote=False)
+                old.execute("REPLICAOF", new.host, new.port)
+            finally:
+                old.execute("CLIENT", "UNPAUSE")
+            self.event(kind, "end", f"n{i}", new=new.port)
+            return
+        # The replicas frozen and cut off for a moment first: what the master
+        # grants then is on no replica when it dies (the window REPLICA_ACKS
+        # closes).
+        # The kill waits (up to FRESH_WAIT more) for a worker that took a lock
+        # during the lag: with REPLICA_ACKS = 0 that grant dies with the master.
+        replicas = [r for r in group.servers if r is not old and r.is_running()]
+        for r in replicas:
+            r.pause()
+        try:
+            # Their links closed too: a frozen replica would still find in its
+            # socket what the master sent meanwhile, and replay it.
+            old.execute("CLIENT", "KILL", "TYPE", "replica")
+            fresh = self._fresh_holders(float(params.get("lag", 0.0)))
+            old.kill()
+        finally:
+            for r in replicas:
+                r.resume()
+        self.event(kind, "killed", f"n{i}", fresh=fresh)
+        self._killed[i] = old
+        # Those fresh holders are stopped until the new master is elected, and
+        # FRESH_AFTER more (at most FRESH_PAUSE_MAX in all, well inside their
+        # lease): their grant is on no replica, so the new master may give the
+        # lock to another worker meanwhile. A holder whose lease is still valid
+        # must then be told (its renewal finds the key gone, its release too),
+        # and its fenced write refused if the other claimed first.
+        stopped = self._stop_workers(fresh, reason="held a lock its master took down")
+        begin = time.monotonic()
+        try:
+            new = group.wait_master(other_than=old, timeout=FRESH_PAUSE_MAX if stopped
+                                    else ELECT_WAIT)
+            if stopped:
+                self._stop.wait(max(0.0, min(FRESH_AFTER,
+                                             begin + FRESH_PAUSE_MAX - time.monotonic())))
+        except RuntimeError:
+            if not stopped:
+                raise
+            new = None
+        finally:
+            for w, pid in stopped:
+                self._cont(pid)
+                self.event("worker-pause", "end", f"w{w}")
+        if new is None:
+            new = group.wait_master(other_than=old, timeout=ELECT_WAIT)
+        self.event(kind, "elected", f"n{i}", new=new.port)
+
+    def _stop_workers(self, workers: Sequence[int], reason: str) -> list[tuple[int, int]]:
+        """SIGSTOP ``workers`` (logged as worker pauses); returns (worker, pid) of each."""
+        stopped = []
+        for w in workers:
+            pid = self.worker_pids()[w]
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                continue
+            self._stopped_workers.add(pid)
+            self.event("worker-pause", "start", f"w{w}", reason=reason)
+            stopped.append((w, pid))
+        return stopped
+
+    def _sentinel_end(self, kind: str, i: int) -> None:
+        old = self._killed.pop(i, None)
+        if kind == "kill-master" and old is not None:
+            old.restart(empty=True)
+            self.event(kind, "end", f"n{i}", restarted=old.port)
+
     def _fault_start(self, kind: str, i: int, params: dict[str, Any], *, log: bool = True
                      ) -> None:
+        if kind in SENTINEL_KINDS:
+            self._sentinel_start(kind, i, params)
+            return
         if kind in ("kill", "restart-early"):
             self.nodes[i].kill()
         elif kind == "pause":
@@ -438,6 +614,9 @@ class Nemesis:
 
     def _fault_end(self, kind: str, i: int, params: dict[str, Any] | None = None) -> None:
         extra: dict[str, Any] = {}
+        if kind in SENTINEL_KINDS:
+            self._sentinel_end(kind, i)
+            return
         if kind in ("kill", "restart-early"):
             self.nodes[i].restart(empty=True)
         elif kind == "pause":
@@ -539,7 +718,7 @@ class Nemesis:
         actions: list[tuple[float, int, str, Fault]] = []
         for n, f in enumerate(plan):
             actions.append((f.at, n, "start", f))
-            if f.duration > 0 or f.kind in ("kill", "restart-early"):
+            if f.duration > 0 or f.kind in ("kill", "restart-early", "kill-master"):
                 actions.append((f.at + f.duration, n, "end", f))
         actions.sort(key=lambda a: (a[0], 0 if a[2] == "end" else 1, a[1]))
         for at, _, what, f in actions:
@@ -685,6 +864,16 @@ class Nemesis:
                     self._evicting.discard(i)
             except (OSError, RuntimeError) as e:
                 self.errors.append(f"heal node {i}: {e}")
+        for i, group in enumerate(self.groups):
+            for server in group.servers:  # a killed master: back, empty (a replica then)
+                try:
+                    if not server.is_running():
+                        server.restart(empty=True)
+                        self.event("kill-master", "end", f"n{i}", restarted=server.port,
+                                   cleanup=True)
+                except (OSError, RuntimeError) as e:
+                    self.errors.append(f"heal group {i}: {e}")
+            self._killed.pop(i, None)
         if self.clock_file is not None and self.clock_offset:
             self.clock_offset = 0.0
             write_clock_offset(self.clock_file, 0.0)

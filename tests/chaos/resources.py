@@ -44,7 +44,14 @@ accepted.
     writer paused past its lease then finds a newer fence and is refused), read
     it at the start and at the end of their section, and write nothing.
 
-Critical sections (``rw:<n>`` and ``sem:<n>``)
+``mx:<n><x>`` and ``seg:<n>.<i>`` (the ``family`` schedule)
+    More ``ctr`` counters, claimed, read and written as above: a ``multi_lock``
+    holder writes each of the two counters it locked (``mx:<n>a``, ``mx:<n>b``,
+    ``mx:<n>c``; lock ``chaos-mx:<n><x>``) with that name's fence, a
+    ``segments("chaos-seg:<n>", 2)`` holder buys from its segment's counter
+    ``seg:<n>.<i>`` with the segment's fence.
+
+Critical sections (``rw:<n>``, ``sem:<n>``, ``mx:<n>``, ``seg:<n>``)
     Every holder of the family joins a set of those inside the resource
     (:data:`ENTER_LUA`, which answers who was already inside, atomically) and
     leaves it (:data:`EXIT_LUA`), on the same never-faulted Redis server. The
@@ -118,8 +125,39 @@ return redis.call('SREM', KEYS[1], ARGV[1])
 """
 
 
+#: ``family``: the names a multi-lock takes two of (``multi_counter``).
+MULTI_NAMES = ("a", "b", "c")
+#: ``family``: the segments of ``segments("chaos-seg:<n>", SEGMENTS)``.
+SEGMENTS = 2
+
+
+def multi_counter(ident: str, name: str) -> str:
+    """The counter (and, prefixed with ``chaos-``, the lock) of multi-lock name ``name``."""
+    return f"mx:{ident}{name}"
+
+
+def segment_counter(ident: str, index: int) -> str:
+    """The counter of segment ``index`` of ``seg:<ident>``."""
+    return f"seg:{ident}.{index}"
+
+
+def family_counters(items: list[str]) -> list[str]:
+    """Every counter the family's work ``items`` may write (the ones to audit)."""
+    out: set[str] = set()
+    for item in items:
+        kind, ident = item.split(":", 1)
+        if kind == "rw-write" or kind == "rw-read":
+            out.add(f"rw:{ident}")
+        elif kind == "multi":
+            out.update(multi_counter(ident, n) for n in MULTI_NAMES)
+        elif kind == "seg":
+            out.update(segment_counter(ident, i) for i in range(SEGMENTS))
+    return sorted(out)
+
+
 def inside_key(resource: str) -> str:
-    """The set of critical sections inside ``resource`` (``rw:<n>``, ``sem:<n>``)."""
+    """The set of critical sections inside ``resource`` (``rw:<n>``, ``sem:<n>``,
+    ``mx:<n>``, ``seg:<n>``)."""
     return f"chaos:{resource}:inside"
 
 

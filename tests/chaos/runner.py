@@ -12,6 +12,12 @@ Layout of one schedule::
             |                            (node 4 under libfaketime), SIGSTOP / SIGKILL
             |                            workers (a killed worker is restarted)
             +--> resources: SQLite file (Product rows), a separate Redis server (counters)
+
+The ``failover`` schedule's one node is a Sentinel group instead (master, two
+replicas, three sentinels; the workers reach it through the sentinels, no
+proxies), and its nemesis forces failovers and kills the master during holds;
+half the workers run with ``REPLICA_ACKS = 1``, half with 0, each half on
+resources (and so lock names) of its own.
 """
 
 from __future__ import annotations
@@ -29,7 +35,13 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
-from django_redlock.testing import FaultProxy, RedisNodes, RedisServer, find_valkey_binary
+from django_redlock.testing import (
+    FaultProxy,
+    RedisNodes,
+    RedisServer,
+    SentinelGroup,
+    find_valkey_binary,
+)
 
 from . import checker, nemesis, resources
 from .history import Event, JsonlWriter, read_events, read_ops
@@ -46,36 +58,69 @@ from .workers import (
 N_NODES = 5
 CLOCK_NODE = 4
 SCHEDULES = ("safe", "partition", "crash", "majority", "dataloss", "nofence", "single",
-             "family", "clock")
+             "family", "failover", "clock")
 #: What ``--schedule all`` runs. ``clock`` breaks the safety model's clock rule on
 #: purpose and is run on its own (docs/reliability.rst, "Known issues").
-ALL = ("safe", "partition", "crash", "majority", "dataloss", "nofence", "single", "family")
+ALL = ("safe", "partition", "crash", "majority", "dataloss", "nofence", "single", "family",
+       "failover")
 #: Share of ``--duration`` each schedule gets when several run (normalised over
-#: the schedules chosen).
+#: the schedules chosen). The ones before ``failover`` add up to 1; ``failover``
+#: came later with a share of its own, so ``make chaos`` gives it 12 s on top of
+#: the 120 the others had (``--duration 132``), taking none of theirs.
 SHARES = {"safe": 0.18, "partition": 0.11, "crash": 0.11, "majority": 0.12, "dataloss": 0.18,
-          "nofence": 0.10, "single": 0.10, "family": 0.10, "clock": 0.18}
+          "nofence": 0.10, "single": 0.10, "family": 0.10, "failover": 0.10, "clock": 0.18}
 #: What each schedule is judged by (checker.verdict): ``safe`` (no lost update, no
 #: overlap whose earlier holder was not told in time), ``dataloss`` (overlaps
 #: expected, no stale write may land), ``majority`` (safe, plus typed errors in
 #: time and no acquisition without a quorum), ``nofence`` (the contrast: must show
 #: stale writes landing), ``clock`` (outside the model: safe minus the overlaps),
-#: ``family`` (safe, plus the lock family's rules: checker.family_sections).
+#: ``family`` (safe, plus the lock family's rules: checker.family_sections),
+#: ``failover`` (safe for the workers of each REPLICA_ACKS setting, plus the
+#: failovers' own rules: checker.failover_reasons).
 EXPECT = {"safe": "safe", "partition": "safe", "crash": "safe", "single": "safe",
           "majority": "majority", "dataloss": "dataloss", "nofence": "nofence",
-          "family": "family", "clock": "clock"}
+          "family": "family", "failover": "failover", "clock": "clock"}
 #: The least number of successful operations per second of workload a schedule must
 #: make, or it proved nothing (a run whose workers mostly failed fails).
 MIN_OK_PER_S = {"safe": 5.0, "partition": 2.0, "crash": 3.0, "majority": 2.0,
-                "dataloss": 3.0, "nofence": 5.0, "single": 1.0, "family": 3.0, "clock": 2.0}
+                "dataloss": 3.0, "nofence": 5.0, "single": 1.0, "family": 3.0, "failover": 0.75,
+                "clock": 2.0}
 #: ``family``: the least number of checked critical sections (lease held from
-#: before the section to after it) of *each* kind -- read, write, permit -- per
-#: second of workload, so that no kind's verdict can pass because it never ran.
+#: before the section to after it) of *each* kind -- read, write, permit, multi,
+#: segment -- per second of workload, so that no kind's verdict can pass because it never ran.
 FAMILY_MIN_PER_S = 0.5
 #: ``family``: the permits of the semaphore ``sem:0`` (4 workers contend for them).
 FAMILY_PERMITS = 2
 #: ``family``: the work items (workers.Worker.family_op); a reader is drawn twice
-#: as often, so that readers meet each other (the share the lock allows).
-FAMILY_WORK = ("rw-read:0", "rw-read:0", "rw-write:0", "sem:0")
+#: as often, so that readers meet each other (the share the lock allows). A
+#: multi-lock takes two of three names, a segment one of two segments.
+FAMILY_WORK = ("rw-read:0", "rw-read:0", "rw-write:0", "sem:0", "multi:0", "seg:0")
+#: ``failover``: the Sentinel group's replicas (two: after a master is killed, the
+#: new one still has a replica to confirm REPLICA_ACKS = 1 grants at once).
+FAILOVER_REPLICAS = 2
+#: ``failover``: how long the sentinels wait before they call a silent master down.
+FAILOVER_DOWN_AFTER_MS = 600
+#: ``failover``: a lease long enough to outlive an election (a killed master is
+#: replaced in about 2.5 s here), and holds long enough to span one: a lock held
+#: across a failover is kept (REPLICA_ACKS = 1) or may be lost (0), and then its
+#: holder must be told.
+FAILOVER_TTL = 4.0
+FAILOVER_THINK = (0.05, 2.0)
+
+
+def failover_acks(workers: int) -> list[int]:
+    """``failover``: each worker's ``REPLICA_ACKS`` (the first half 1, the rest 0)."""
+    return [1 if w < max(1, workers // 2) else 0 for w in range(workers)]
+
+
+def failover_resources(db_pks: Sequence[int], acks: int, opts: Options) -> list[str]:
+    """``failover``: the resources of the workers running with ``REPLICA_ACKS = acks``
+    (rows and counters of their own, so that no lock name is shared by workers
+    of both settings: each half is judged on its own)."""
+    return ([f"db:{pk}" for pk in db_pks] + [f"ctr:acks{acks}-{i}" for i in range(opts.counters)]
+            + [f"cas:acks{acks}-{i}" for i in range(opts.cas_counters)])
+
+
 #: Schedules whose nodes include the libfaketime one (clock steps).
 CLOCK_SCHEDULES = ("safe", "nofence", "clock")
 SAFE_WEIGHTS = {"kill": 2, "pause": 2, "latency": 2, "cut": 2, "clock": 1, "lossy": 1}
@@ -124,7 +169,7 @@ def min_ok(schedule: str, duration: float) -> int:
 
 
 def n_nodes_of(schedule: str) -> int:
-    return 1 if schedule == "single" else N_NODES
+    return 1 if schedule in ("single", "failover") else N_NODES
 
 
 @dataclasses.dataclass
@@ -197,6 +242,8 @@ def _plans(schedule: str, rng: random.Random, duration: float, opts: Options,
     links: list[nemesis.Fault] = []
     if schedule == "majority":
         return nemesis.plan_majority(rng, duration=duration, n_nodes=N_NODES, ttl=ttl), [], []
+    if schedule == "failover":
+        return nemesis.plan_failover(rng, duration=duration, ttl=ttl), [], []
     if schedule == "clock":
         if clock_node is None:
             raise RuntimeError(f"the clock schedule needs clock faults: {'; '.join(skipped)}")
@@ -264,9 +311,15 @@ def run_schedule(schedule: str, duration: float, opts: Options, db_path: str,
     events_log = JsonlWriter(os.path.join(out_dir, "events.jsonl"))
     rng = random.Random(f"{opts.seed}:{schedule}")
     fenced = schedule != "nofence"
+    if schedule == "failover":
+        opts = dataclasses.replace(opts, ttl=FAILOVER_TTL, think=FAILOVER_THINK)
 
     n_nodes = n_nodes_of(schedule)
-    nodes = RedisNodes(n_nodes)
+    # failover: the one node is a Sentinel group, reached through its sentinels.
+    group = (SentinelGroup(replicas=FAILOVER_REPLICAS, down_after_ms=FAILOVER_DOWN_AFTER_MS,
+                           extra_args=("--repl-diskless-sync-delay", "0"))
+             if schedule == "failover" else None)
+    nodes: Any = RedisNodes(n_nodes) if group is None else []
     # No clock faults on one node: a jump there is a restart for its locks.
     clock_env, clock_file, clock_bin_or_why = (
         _clock_env(workdir) if schedule in CLOCK_SCHEDULES else (None, None, ""))
@@ -287,7 +340,8 @@ def run_schedule(schedule: str, duration: float, opts: Options, db_path: str,
     nem: nemesis.Nemesis | None = None
     try:
         try:
-            nodes.start()
+            if group is None:
+                nodes.start()
         except RuntimeError as e:
             if clock_node is None:
                 raise
@@ -296,14 +350,24 @@ def run_schedule(schedule: str, duration: float, opts: Options, db_path: str,
             nodes.stop()
             nodes = RedisNodes(n_nodes).start()
             clock_node = None
+        if group is not None:
+            group.start()
         for _ in range(opts.workers):
             links.append([FaultProxy.for_server(server).start() for server in nodes])
         resource_server.start()
+        acks = failover_acks(opts.workers) if group is not None else [0] * opts.workers
+        worker_resources: list[list[str]] | None = None
         if schedule == "family":
             # Work items (what a worker draws) and the resources whose logs are read.
             res_names = list(FAMILY_WORK)
-            audited = sorted({f"rw:{item.split(':')[1]}" for item in res_names
-                              if item.startswith("rw-")})
+            audited = resources.family_counters(res_names)
+        elif group is not None:
+            by_acks = {a: failover_resources(resources.db_create_rows(
+                db_path, [f"failover-acks{a}-{i}" for i in range(opts.db_rows)]), a, opts)
+                for a in sorted(set(acks), reverse=True)}
+            res_names = [r for a in sorted(by_acks, reverse=True) for r in by_acks[a]]
+            worker_resources = [by_acks[a] for a in acks]
+            audited = list(res_names)
         else:
             names = [f"{schedule}-{i}" for i in range(opts.db_rows)]
             pks = resources.db_create_rows(db_path, names)
@@ -313,7 +377,9 @@ def run_schedule(schedule: str, duration: float, opts: Options, db_path: str,
 
         cfg = {
             "schedule": schedule, "seed": opts.seed, "fenced": fenced, "duration": duration,
-            "node_urls": [[p.url for p in row] for row in links],
+            "node_urls": ([[group.node_setting()] for _ in links] if group is not None
+                          else [[p.url for p in row] for row in links]),
+            "replica_acks": acks, "worker_resources": worker_resources,
             "resource_url": resource_server.url,
             "db_path": db_path, "resources": res_names, "ttl": opts.ttl,
             "timeout": opts.timeout, "node_timeout": opts.node_timeout,
@@ -356,12 +422,13 @@ def run_schedule(schedule: str, duration: float, opts: Options, db_path: str,
             phases={"critical": PHASE_CRITICAL, "written": PHASE_WRITTEN,
                     "acquiring": PHASE_ACQUIRING, "dead": PHASE_DEAD},
             clock_file=clock_file, log=events_log, t0=t0, respawn=spawn, current=current,
-            resources=res_names)
+            resources=res_names, groups=[group] if group is not None else [])
         for reason in skipped:
             nem.event("clock", "skip", "", reason=reason)
         nem.event("run", "info", "", schedule=schedule, seed=opts.seed, duration=duration,
                   ttl=opts.ttl, timeout=opts.timeout, node_timeout=opts.node_timeout,
-                  workers=opts.workers, resources=res_names, clock_node=clock_node)
+                  workers=opts.workers, resources=res_names, clock_node=clock_node,
+                  replica_acks=acks, sentinel_group=group is not None)
         go.set()
         nem.start(node_plan, worker_plan, link_plan, duration)
         planned = sum(_planned_counts(node_plan, link_plan, worker_plan).values())
@@ -432,7 +499,10 @@ def run_schedule(schedule: str, duration: float, opts: Options, db_path: str,
         for row in links:
             for proxy in row:
                 proxy.stop()
-        nodes._stop_all(suppress=True)
+        if group is not None:
+            group._stop_all(suppress=True)
+        else:
+            nodes._stop_all(suppress=True)
         resource_server.stop()
         try:
             events_log.close()

@@ -23,8 +23,12 @@ and appends one :class:`~tests.chaos.history.Op` per attempt to its JSONL file
 The ``family`` schedule's work items are the lock family instead
 (:meth:`Worker.family_op`): ``rw-write:<n>`` (``write_lock``, the same fenced
 read-modify-write of counter ``rw:<n>``), ``rw-read:<n>`` (``read_lock``, a
-claim that raises the stored fence and two reads, which must agree) and
-``sem:<n>`` (a permit of ``semaphore("chaos-sem:<n>", permits)``). Each holder
+claim that raises the stored fence and two reads, which must agree),
+``sem:<n>`` (a permit of ``semaphore("chaos-sem:<n>", permits)``),
+``multi:<n>`` (``multi_lock`` over two of the counters ``mx:<n>a/b/c``, asked
+in a random order, each written with its own name's fence) and ``seg:<n>`` (a
+segment of ``segments("chaos-seg:<n>", 2)``, a purchase: the segment's counter
+``seg:<n>.<i>`` written with the segment's fence). Each holder
 checks ``owned()``, joins the resource's set of those inside (learning who was
 already in), stays for the think time (``CRITICAL``: where the nemesis pauses
 it), leaves the set, and asks ``owned()`` again: the checker counts who met whom
@@ -42,6 +46,7 @@ import time
 from typing import Any
 
 from .history import JsonlWriter, Op
+from .resources import counter_keys as counter_keys_of
 
 PHASE_STARTING, PHASE_READY, PHASE_IDLE, PHASE_CRITICAL, PHASE_DONE = 0, 1, 2, 3, 4
 PHASE_ACQUIRING, PHASE_WRITTEN, PHASE_DEAD = 5, 6, 7
@@ -66,6 +71,8 @@ def _setup_django(cfg: dict[str, Any]) -> None:
         "NODE_TIMEOUT": cfg["node_timeout"],
         "RETRY_DELAY": cfg["retry_delay"],
         "AUTO_RENEW": True,
+        # failover: this worker's setting (runner.failover_acks); 0 elsewhere.
+        "REPLICA_ACKS": int((cfg.get("replica_acks") or [0] * (cfg["index"] + 1))[cfg["index"]]),
     }
     import django
 
@@ -109,6 +116,8 @@ class Worker:
         self.permits: int = int(cfg.get("permits", 2))
         self.family = {"read": django_redlock.read_lock, "write": django_redlock.write_lock}
         self.semaphore_fn = django_redlock.semaphore
+        self.multi_fn = django_redlock.multi_lock
+        self.segments_fn = django_redlock.segments
         self.lost: set[tuple[str, int]] = set()
         signals.lock_lost.connect(self._on_lost, weak=False)
 
@@ -214,9 +223,10 @@ class Worker:
 
     # -- one operation of the lock family ------------------------------------------------
     def family_op(self, seq: int, item: str, phase: Any) -> Op:
-        """One hold of a read lock, a write lock or a semaphore permit (``item`` is
-        ``rw-read:<n>``, ``rw-write:<n>`` or ``sem:<n>``), with its critical section
-        logged on the resource server (see the module docstring)."""
+        """One hold of a read lock, a write lock, a semaphore permit, a multi-lock
+        or a segment (``item`` is ``rw-read:<n>``, ``rw-write:<n>``, ``sem:<n>``,
+        ``multi:<n>`` or ``seg:<n>``), with its critical section logged on the
+        resource server (see the module docstring)."""
         from django.db import OperationalError
         from redis.exceptions import RedisError
 
@@ -227,21 +237,45 @@ class Worker:
             QuorumUnavailable,
             RedlockError,
         )
-        from tests.chaos.resources import counter_keys, inside_key
+        from tests.chaos.resources import (
+            MULTI_NAMES,
+            SEGMENTS,
+            counter_keys,
+            inside_key,
+            multi_counter,
+            segment_counter,
+        )
 
         kind, ident = item.split(":", 1)
-        mode = {"rw-read": "read", "rw-write": "write", "sem": "permit"}[kind]
-        resource = f"sem:{ident}" if mode == "permit" else f"rw:{ident}"
+        mode = {"rw-read": "read", "rw-write": "write", "sem": "permit", "multi": "multi",
+                "seg": "segment"}[kind]
+        # The resource whose set of those inside the section joins.
+        place = {"read": "rw", "write": "rw", "permit": "sem", "multi": "mx",
+                 "segment": "seg"}[mode] + f":{ident}"
+        resource = place
+        names: list[str] = []
+        if mode == "multi":
+            # Two of three counters, in a random order: every two multi-locks share
+            # a name (so no two may be inside at once), and callers ask in opposite
+            # orders (which must not deadlock).
+            names = [multi_counter(ident, n) for n in self.rng.sample(MULTI_NAMES, 2)]
+            resource = min(names)
         base = f"chaos-{resource}"
         op = Op(worker=self.index, seq=seq, resource=resource, lock=base,
-                start=time.monotonic(), start_wall=time.time(), gen=self.gen, mode=mode)
+                start=time.monotonic(), start_wall=time.time(), gen=self.gen, mode=mode,
+                names=sorted(names))
         section = f"w{self.index}.{seq}"
-        value_key, fence_key, _ = counter_keys(resource)
         phase[self.index] = PHASE_ACQUIRING
         try:
             options = {"ttl": self.ttl, "timeout": self.timeout, "label": f"chaos-w{self.index}"}
+            if mode in ("multi", "segment"):
+                op.before = [m.decode() for m in self.resource_client.smembers(inside_key(place))]
             if mode == "permit":
                 ctx: Any = self.semaphore_fn(base, self.permits, **options)
+            elif mode == "multi":
+                ctx = self.multi_fn([f"chaos-{n}" for n in names], **options)
+            elif mode == "segment":
+                ctx = self.segments_fn(f"chaos-{place}", SEGMENTS, **options)
             else:
                 ctx = self.family[mode](base, **options)
             with ctx as held:
@@ -249,41 +283,61 @@ class Worker:
                 op.lease_start = op.acquired + held.validity - self.ttl
                 phase[self.index] = PHASE_IDLE
                 op.fence = held.fence
+                # The counters this hold writes, each with its own fence.
+                writes: list[tuple[str, int]] = []
                 if mode == "permit":
                     op.lock = f"{base}#{held.index}"  # the permit's own plain lock
+                elif mode == "multi":
+                    writes = [(n, held.fences[f"chaos-{n}"]) for n in op.names]
+                    op.fence = writes[0][1]
+                elif mode == "segment":
+                    op.lock = f"chaos-{place}[{held.index}]"  # the segment's plain lock
+                    op.resource = resource = segment_counter(ident, held.index)
+                    writes = [(resource, held.fence)]
                 elif mode == "write":
-                    claimed, value = self.claim_script(keys=[value_key, fence_key],
-                                                       args=[held.fence])
+                    writes = [(resource, held.fence)]
+                else:
+                    value_key, fence_key, _ = counter_keys(resource)
+                    op.read = int(self.read_claim_script(keys=[value_key, fence_key],
+                                                         args=[held.fence]))
+                reads: list[int] = []
+                for counter, fence in writes:
+                    value_key, fence_key, _ = counter_keys(counter)
+                    claimed, value = self.claim_script(keys=[value_key, fence_key], args=[fence])
                     if not claimed:  # a newer holder (reader or writer) claimed it
                         op.stored_fence = int(value)
                         raise FencedWriteRejected(
-                            f"counter {resource} claimed by fence {int(value)}")
-                    op.read = int(value)
-                else:
-                    op.read = int(self.read_claim_script(keys=[value_key, fence_key],
-                                                         args=[held.fence]))
+                            f"counter {counter} claimed by fence {int(value)}")
+                    reads.append(int(value))
+                if reads:
+                    op.read = reads[0]
                 op.owned_before_write = held.owned()
                 if op.owned_before_write:
                     op.enter = time.monotonic()
                     op.present = [m.decode() for m in self.enter_script(
-                        keys=[inside_key(resource)], args=[section])]
+                        keys=[inside_key(place)], args=[section])]
                     try:
                         phase[self.index] = PHASE_CRITICAL
                         time.sleep(self.rng.uniform(*self.think))
-                        if mode == "write":
-                            assert op.read is not None
+                        if writes:
                             op.write_start = time.monotonic()
-                            op.write, op.stored_fence = self._write_counter(
-                                resource, op, held, "3", str(held.fence))
+                            applied = []
+                            for (counter, fence), read in zip(writes, reads, strict=True):
+                                ok, stored = self._write_fenced(counter, op, fence, read)
+                                applied.append(ok)
+                                if counter == op.resource:
+                                    op.stored_fence = stored
+                            op.write = all(applied)
                             op.write_end = time.monotonic()
                             if op.write:
                                 phase[self.index] = PHASE_WRITTEN
                                 time.sleep(self.rng.uniform(*self.think))
                         elif mode == "read":
+                            value_key, _, _ = counter_keys(resource)
                             op.read_again = int(self.resource_client.get(value_key) or 0)
                     finally:
                         phase[self.index] = PHASE_IDLE
-                        self.exit_script(keys=[inside_key(resource)], args=[section])
+                        self.exit_script(keys=[inside_key(place)], args=[section])
                         op.exit = time.monotonic()
                         op.valid = held.owned()  # after leaving: the lease covered it all
                 op.released = time.monotonic()
@@ -313,6 +367,15 @@ class Worker:
         op.end_wall = time.time()
         op.lost_signal = (op.lock, op.fence) in self.lost if op.fence else False
         return op
+
+    def _write_fenced(self, counter: str, op: Op, fence: int, read: int
+                      ) -> tuple[bool, int]:
+        """Write ``read + 1`` to ``counter`` while it still carries our claim (``fence``)."""
+        value_key, fence_key, log_key = counter_keys_of(counter)
+        applied, stored = self.write_script(
+            keys=[value_key, fence_key, log_key],
+            args=[read + 1, fence, "3", f"w{self.index}.{op.seq}", str(fence)])
+        return applied == 1, int(stored)
 
     def _write_db(self, row: Any, lock: Any, new: int, rejected: type[Exception]
                   ) -> tuple[bool, int | None]:
@@ -354,15 +417,18 @@ def worker_main(cfg: dict[str, Any], index: int, phase: Any, go: Any, start_at: 
         if not go.wait(START_WAIT):
             return
         deadline = start_at.value + cfg["duration"]
-        resources: list[str] = list(cfg["resources"])
+        everything: list[str] = list(cfg["resources"])
+        # failover: each worker draws from its own REPLICA_ACKS half of the resources.
+        own = (cfg.get("worker_resources") or [None] * (index + 1))[index]
+        resources: list[str] = list(own) if own else everything
         pause = tuple(cfg["between"])
         for seq in range(gen * 1_000_000, gen * 1_000_000 + int(cfg["max_ops"])):
             if time.monotonic() >= deadline:
                 break
             resource = worker.rng.choice(resources)
             if current is not None:
-                current[index] = resources.index(resource)
-            family = resource.startswith(("rw-", "sem:"))
+                current[index] = everything.index(resource)
+            family = resource.startswith(("rw-", "sem:", "multi:", "seg:"))
             out.write(worker.family_op(seq, resource, phase) if family
                       else worker.op(seq, resource, phase))
             if ops_done is not None:

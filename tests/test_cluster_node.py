@@ -1,0 +1,406 @@
+"""A Redis Cluster as one Redlock node (issue 21), on a real 3-master Cluster
+(``RedisClusterGroup``): each lock goes to its slot's master, the wake-up
+crosses the Cluster, renewals are batched per slot, and a hold survives its
+slot's migration (finished, or half-way: ASK). Every wait is bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from django_redlock import QuorumUnavailable
+from django_redlock.testing import RedisClusterGroup, RedisServer
+from django_redlock.testing.base import RedisReplyError, _raw_commands
+from django_redlock.transport.nodekinds import ClusterNode
+
+from .polling import wait_until
+
+pytestmark = pytest.mark.slow
+
+MakeManager = Callable[..., Any]
+SLOW_RETRY = 5.0  # longer than any wake-up below may take
+
+
+@pytest.fixture(scope="module")
+def shared() -> Iterator[RedisClusterGroup]:
+    with RedisClusterGroup(3) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+def cluster(shared: RedisClusterGroup) -> RedisClusterGroup:
+    shared.flushall()
+    return shared
+
+
+def owner(cluster: RedisClusterGroup, key: str) -> RedisServer:
+    return cluster.master_for_slot(cluster.key_slot(key))
+
+
+def names_on_each_master(cluster: RedisClusterGroup, mgr: Any, count: int = 1) -> list[str]:
+    """Lock names whose keys live on each master in turn (``count`` per master)."""
+    found: dict[int, list[str]] = {m.port: [] for m in cluster}
+    for i in range(1000):
+        name = f"n{i}"
+        port = owner(cluster, mgr.key(name)).port
+        if len(found[port]) < count:
+            found[port].append(name)
+        if all(len(v) == count for v in found.values()):
+            break
+    return [n for names in found.values() for n in names]
+
+
+def node_of(mgr: Any) -> ClusterNode:
+    (node,) = mgr.nodes
+    assert isinstance(node, ClusterNode)
+    return node
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_each_lock_lives_on_its_slots_master(cluster: RedisClusterGroup,
+                                             make_manager: MakeManager, flavour: str) -> None:
+    mgr = make_manager([cluster.node_setting()])
+    for name in names_on_each_master(cluster, mgr):
+        master = owner(cluster, mgr.key(name))
+        if flavour == "sync":
+            with mgr.lock(name, ttl=5, auto_renew=False) as lock:
+                assert master.execute("EXISTS", lock.key) == 1
+                assert master.execute("EXISTS", f"{{{lock.key}}}:fence") == 1  # same slot
+                lock.extend(20)
+                assert 5_000 < master.execute("PTTL", lock.key) <= 20_000
+        else:
+            async def scenario(name: str = name, master: RedisServer = master) -> None:
+                async with mgr.alock(name, ttl=5, auto_renew=False) as lock:
+                    assert master.execute("EXISTS", lock.key) == 1
+                    await lock.extend(20)
+                    assert 5_000 < master.execute("PTTL", lock.key) <= 20_000
+
+            asyncio.run(scenario())
+        assert master.execute("EXISTS", mgr.key(name)) == 0
+    assert len(node_of(mgr).shards) == 3
+
+
+def test_a_second_holder_is_refused_and_fences_grow(cluster: RedisClusterGroup,
+                                                    make_manager: MakeManager) -> None:
+    first = make_manager([cluster.node_setting()])
+    second = make_manager([cluster.node_setting()])
+    with first.lock("busy", auto_renew=False) as held:
+        assert not second.lock("busy", timeout=0).acquire()
+    with second.lock("busy", auto_renew=False) as later:
+        assert later.fence > held.fence
+
+
+def test_a_release_wakes_a_waiter_across_the_cluster(cluster: RedisClusterGroup,
+                                                     make_manager: MakeManager) -> None:
+    """The notice is published on the lock's master; the waiter listens on
+    another master (a Cluster passes PUBLISH to every node)."""
+    holder = make_manager([cluster.node_setting()])
+    waiter = make_manager([cluster.node_setting()], retry_delay=SLOW_RETRY)
+    listens_on = node_of(waiter).owner(0)
+    name = next(n for n in names_on_each_master(cluster, holder)
+                if owner(cluster, holder.key(n)).port != listens_on[1])
+    lock = holder.lock(name, auto_renew=False)
+    assert lock.acquire()
+    served: list[float] = []
+
+    def wait() -> None:
+        mine = waiter.lock(name, timeout=10, auto_renew=False)
+        if mine.acquire():
+            at = time.monotonic()
+            # Really held: the key is the waiter's (a lock "handed over" by a
+            # notice whose PUBLISH counted nobody on the lock's master was
+            # taken back by the release: its release raised LockLost).
+            if master.execute("GET", mine.key).startswith(mine._token.encode()):
+                served.append(at)
+            mine.release()
+
+    master = owner(cluster, lock.key)
+    thread = threading.Thread(target=wait)
+    thread.start()
+    assert wait_until(lambda: master.execute("LLEN", f"{{{lock.key}}}:waiters") == 1,
+                      timeout=5.0), "not queued"
+    released = time.monotonic()
+    lock.release()
+    thread.join(timeout=SLOW_RETRY)
+    assert served and served[0] - released < 1.0
+
+
+def test_an_async_waiter_is_woken(cluster: RedisClusterGroup, make_manager: MakeManager) -> None:
+    holder = make_manager([cluster.node_setting()])
+    waiter = make_manager([cluster.node_setting()], retry_delay=SLOW_RETRY)
+
+    async def scenario() -> float:
+        lock = holder.lock("awake", auto_renew=False)
+        assert lock.acquire()
+        started = time.monotonic()
+        asyncio.get_running_loop().call_later(0.3, lock.release)
+        async with waiter.alock("awake", timeout=10, auto_renew=False):
+            return time.monotonic() - started
+
+    assert asyncio.run(scenario()) < 1.3  # 0.3 s held, then woken (retries are 5 s apart)
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_renewals_of_locks_on_several_slots_are_batched_per_slot(
+        cluster: RedisClusterGroup, make_manager: MakeManager, flavour: str) -> None:
+    """The renewal batch (one script call per node) is split by slot: a call
+    with keys of several slots would be refused (CROSSSLOT)."""
+    mgr = make_manager([cluster.node_setting()])
+    names = names_on_each_master(cluster, mgr, count=2)
+    if flavour == "sync":
+        locks = [mgr.lock(name, ttl=1.2) for name in names]
+        for lock in locks:
+            assert lock.acquire()
+        time.sleep(2.6)  # two leases: only the renewals keep them
+        assert all(lock.owned() for lock in locks)
+        for lock in locks:
+            lock.release()
+    else:
+        async def scenario() -> None:
+            locks = [mgr.alock(name, ttl=1.2) for name in names]
+            for lock in locks:
+                assert await lock.acquire()
+            await asyncio.sleep(2.6)
+            assert all(lock.owned() for lock in locks)
+            for lock in locks:
+                await lock.release()
+
+        asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_hold_survives_the_migration_of_its_slot(cluster: RedisClusterGroup,
+                                                   make_manager: MakeManager, flavour: str) -> None:
+    holder = make_manager([cluster.node_setting()])
+    other = make_manager([cluster.node_setting()])
+    slot = cluster.key_slot(holder.key("moving"))
+    source = cluster.master_for_slot(slot)
+    target = next(m for m in cluster if m is not source)
+
+    def migrate_and_check(key: str) -> None:
+        cluster.migrate_slot(slot, to=target)  # MIGRATING/IMPORTING, MIGRATE, SETSLOT NODE
+        assert target.execute("EXISTS", key) == 1
+        # Both clients' maps still name the source: MOVED, then the target.
+        assert not other.lock("moving", timeout=0).acquire()
+
+    if flavour == "sync":
+        lock = holder.lock("moving", ttl=20, auto_renew=False)
+        assert lock.acquire()
+        migrate_and_check(lock.key)
+        lock.extend(20)
+        assert 15_000 < target.execute("PTTL", lock.key) <= 20_000
+        lock.release()
+        fence = lock.fence
+    else:
+        async def scenario() -> int:
+            alock = holder.alock("moving", ttl=20, auto_renew=False)
+            assert await alock.acquire()
+            migrate_and_check(alock.key)
+            await alock.extend(20)
+            assert 15_000 < target.execute("PTTL", alock.key) <= 20_000
+            await alock.release()
+            return int(alock.fence)
+
+        fence = asyncio.run(scenario())
+    assert target.execute("EXISTS", holder.key("moving")) == 0
+    with other.lock("moving", auto_renew=False) as later:
+        assert later.fence > fence
+    cluster.migrate_slot(slot, to=source)  # back, for the other tests
+
+
+def test_a_hold_survives_a_slot_half_migrated(cluster: RedisClusterGroup,
+                                              make_manager: MakeManager) -> None:
+    """The keys moved, the slot not yet handed over: the source answers ASK,
+    and the holder's extension goes to the target behind ASKING. A contender
+    (whose script also names the waiter queue, which exists nowhere) is
+    answered TRYAGAIN until the slot is handed over: refused, never granted."""
+    holder = make_manager([cluster.node_setting()])
+    other = make_manager([cluster.node_setting()])
+    lock = holder.lock("half", ttl=20, auto_renew=False)
+    assert lock.acquire()
+    slot = cluster.key_slot(lock.key)
+    source = cluster.master_for_slot(slot)
+    target = next(m for m in cluster if m is not source)
+    cluster.migrate_slot(slot, to=target, finish=False)
+    try:
+        assert cluster.move_keys(slot, source, target) == 2  # the lock and its fence counter
+        try:
+            assert not other.lock("half", timeout=0).acquire()
+        except QuorumUnavailable as e:
+            assert "TRYAGAIN" in str(e) or "Multiple keys" in str(e)
+        lock.extend(20)
+        # (the target answers for the slot only behind ASKING until it is handed over)
+        _, pttl = _raw_commands(target.host, target.port, None,
+                                [("ASKING",), ("PTTL", lock.key)], 2.0)
+        assert 15_000 < pttl <= 20_000
+        with pytest.raises(RedisReplyError, match="^ASK"):  # not on the source any more
+            source.execute("EXISTS", lock.key)
+    finally:
+        cluster.finish_migration()
+    lock.release()
+    assert target.execute("EXISTS", lock.key) == 0
+    with other.lock("half", auto_renew=False) as later:
+        assert later.fence > lock.fence
+    cluster.migrate_slot(slot, to=source)
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_replica_acks_are_asked_of_the_importing_master_behind_asking(
+        make_manager: MakeManager, flavour: str) -> None:
+    """REPLICA_ACKS=1 while the lock's slot is half-migrated (keys moved, slot
+    not handed over): the source answers ASK, and the extension goes to the
+    importing master behind ASKING with its WAIT, on the same connection, so
+    that WAIT confirms the write of the master that made it. Proof: with the
+    importing master's replica frozen the extension is not confirmed (the
+    source's replica is fine, and a WAIT on the source, which wrote nothing,
+    would have confirmed at once); with it running, the extension counts."""
+    with RedisClusterGroup(3, replicas=1, node_timeout_ms=5000) as c:
+        holder = make_manager([c.node_setting()], replica_acks=1)
+        name = "acked-half"
+        slot = c.key_slot(holder.key(name))
+        source = c.master_for_slot(slot)
+        target = next(m for m in c if m is not source)
+        target_replica = c.replicas[c.masters.index(target)][0]
+
+        def pttl() -> int:
+            _, ms = _raw_commands(target.host, target.port, None,
+                                  [("ASKING",), ("PTTL", holder.key(name))], 2.0)
+            return int(ms)
+
+        def half_migrate() -> None:
+            c.migrate_slot(slot, to=target, finish=False)
+            assert c.move_keys(slot, source, target) == 2  # the lock and its fence counter
+            target_replica.pause()
+
+        def replica_back() -> None:
+            target_replica.resume()
+            assert pttl() > 15_000  # the importing master ran it; its replica had not said so
+            assert wait_until(lambda: b"master_link_status:up"
+                              in target_replica.execute("INFO", "replication"), timeout=10.0)
+
+        unconfirmed = pytest.raises(QuorumUnavailable, match="not confirmed by its replicas")
+        try:
+            if flavour == "sync":
+                lock = holder.lock(name, ttl=10, auto_renew=False)
+                assert lock.acquire()
+                half_migrate()
+                with unconfirmed:
+                    lock.extend(20)
+                replica_back()
+                lock.extend(20)  # now confirmed by the importing master's replica
+                assert pttl() > 15_000
+                target.execute("SCRIPT", "FLUSH")  # NOSCRIPT: all three again, as EVAL
+                lock.extend(20)
+                assert pttl() > 15_000
+                c.finish_migration()
+                lock.release()
+            else:
+                async def scenario() -> None:
+                    alock = holder.alock(name, ttl=10, auto_renew=False)
+                    assert await alock.acquire()
+                    half_migrate()
+                    with unconfirmed:
+                        await alock.extend(20)
+                    replica_back()
+                    await alock.extend(20)
+                    assert pttl() > 15_000
+                    target.execute("SCRIPT", "FLUSH")
+                    await alock.extend(20)
+                    assert pttl() > 15_000
+                    c.finish_migration()
+                    await alock.release()
+
+                asyncio.run(scenario())
+        finally:
+            target_replica.resume()
+        assert target.execute("EXISTS", holder.key(name)) == 0
+
+
+def test_manage_py_locks_lists_and_shows_locks_on_every_master(
+        cluster: RedisClusterGroup, make_manager: MakeManager, settings: Any) -> None:
+    import io
+    import json
+
+    from django.core.management import call_command
+
+    settings.REDLOCK_NODES = [cluster.node_setting()]
+    mgr = make_manager([cluster.node_setting()])
+    names = names_on_each_master(cluster, mgr)
+    locks = [mgr.lock(name, ttl=30, auto_renew=False) for name in names]
+    for lock in locks:
+        assert lock.acquire()
+    out = io.StringIO()
+    call_command("locks", "list", "--json", stdout=out)
+    listed = {item["name"]: item for item in json.loads(out.getvalue())}
+    assert set(names) <= set(listed)  # one lock on each master, all found
+    for lock in locks:
+        shown = io.StringIO()
+        call_command("locks", "show", lock.name, "--json", stdout=shown)
+        (view,) = json.loads(shown.getvalue())["per_node"]
+        assert view["state"] == "held"
+        lock.release()
+
+
+def retry_while_unavailable(call: Callable[[], Any], tries: int = 50) -> Any:
+    """``call()`` until it does not raise QuorumUnavailable (bounded: ``tries``
+    times, 0.2 s apart): the first calls after a master's death meet it."""
+    for _ in range(tries - 1):
+        try:
+            return call()
+        except QuorumUnavailable:
+            time.sleep(0.2)
+    return call()
+
+
+def test_a_hold_confirmed_by_a_replica_survives_its_masters_failover(
+        make_manager: MakeManager) -> None:
+    """A Cluster master dies; its replica (which confirmed the grant:
+    REPLICA_ACKS=1) takes over the slot. The node follows the new map: the
+    lock is still held, and the holder extends it once the new master has a
+    replica again (the old one, back as its replica)."""
+    with RedisClusterGroup(3, replicas=1, node_timeout_ms=1000) as c:
+        holder = make_manager([c.node_setting()], replica_acks=1)
+        other = make_manager([c.node_setting()], replica_acks=1)
+        lock = holder.lock("fo", ttl=30, auto_renew=False)
+        assert lock.acquire()
+        owner_ = c.master_for_slot(c.key_slot(lock.key))
+        replica = c.replicas[c.masters.index(owner_)][0]
+        owner_.kill()
+        assert wait_until(lambda: replica.execute("ROLE")[0] == b"master", timeout=15.0)
+        assert replica.execute("EXISTS", lock.key) == 1
+        assert retry_while_unavailable(lambda: other.lock("fo", timeout=0).acquire()) is False
+        owner_.restart()  # back with its cluster config: a replica of the new master
+        assert wait_until(lambda: b"master_link_status:up"
+                          in owner_.execute("INFO", "replication"), timeout=15.0)
+        retry_while_unavailable(lambda: lock.extend(30))
+        assert replica.execute("PTTL", lock.key) > 25_000
+        lock.release()
+
+
+def test_a_redirection_parsed_as_a_bare_response_error_is_followed() -> None:
+    """redis-py 5's plain connections parse MOVED/ASK/TRYAGAIN as a bare
+    ``ResponseError`` (only its cluster client's parser knows them): the
+    Cluster node reads them from the text, and leaves other errors alone.
+    (The suite's Cluster tests follow real redirections this way when run
+    with redis-py 5.)"""
+    from redis.exceptions import AskError, MovedError, ResponseError, TryAgainError
+
+    from django_redlock.transport.nodekinds import _cluster_error
+
+    moved = _cluster_error(ResponseError("MOVED 7052 127.0.0.1:7001"))
+    assert isinstance(moved, MovedError)
+    assert (moved.slot_id, moved.host, moved.port) == (7052, "127.0.0.1", 7001)
+    ask = _cluster_error(ResponseError("ASK 12 10.0.0.2:7002"))
+    assert isinstance(ask, AskError) and (ask.slot_id, ask.port) == (12, 7002)
+    assert isinstance(_cluster_error(ResponseError("TRYAGAIN Multiple keys request")),
+                      TryAgainError)
+    other = ResponseError("ERR unknown command")
+    assert _cluster_error(other) is other
+    garbled = ResponseError("MOVED soon")
+    assert _cluster_error(garbled) is garbled
+    already = MovedError("1 h:2")
+    assert _cluster_error(already) is already

@@ -1,0 +1,158 @@
+"""A release (or a lost attempt's clean-up) that failed on a node is sent again
+until the node answers or the lease has ended (engine/leftovers.py), on real
+servers: the lock is free once the node is back, not a whole lease later; a
+node that stays down costs one try per pause; and a release sent late never
+deletes a later holder's key. (The Sentinel failover case, where the promoted
+replica has the key, is in test_sentinel_node.py.) Every wait is bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from django_redlock.engine import leftovers
+from django_redlock.engine.leftovers import failed_requests
+from django_redlock.testing import RedisServer
+from django_redlock.transport.sync import NOT_AWAITED, NodeError
+
+from .polling import wait_until
+
+MakeManager = Callable[..., Any]
+LEASE = 30.0  # far longer than any wait below: a key that expires does not pass
+
+
+@pytest.fixture
+def server() -> Iterator[RedisServer]:
+    with RedisServer() as node:
+        yield node
+
+
+def counted(mgr: Any) -> list[int]:
+    """Count the late sender's rounds (the real transport round, wrapped)."""
+    calls = [0]
+    real = mgr.transport.round
+
+    def send(*args: Any, **kwargs: Any) -> Any:
+        calls[0] += 1
+        return real(*args, **kwargs)
+
+    mgr._send_later([None], [None], 1.0)  # nothing failed: nothing made
+    assert mgr._leftovers is None
+    mgr._leftovers = leftovers.Leftovers(send, len(mgr.nodes), mgr.clock)
+    return calls
+
+
+def test_only_failed_requests_are_sent_again() -> None:
+    a, b, c, d = object(), object(), object(), object()
+    replies = [1, NodeError("n2", "no answer"), NOT_AWAITED, RuntimeError("READONLY")]
+    assert failed_requests([a, b, c, d], replies) == [None, b, None, d]
+    assert failed_requests([a, None], [1, NodeError("n", "skipped", sent=False)]) is None
+    assert failed_requests([a, b], [0, 1]) is None
+
+
+def test_a_lost_attempts_clean_up_is_sent_again_for_its_lease() -> None:
+    """The clean-up after a lost attempt asks the driver to send it again
+    where it fails (``Ask.redo``: the attempt's TTL); a release too."""
+    from django_redlock.engine.rounds import acquire_steps, release_steps
+
+    from .test_core import _Ctx3GateDown
+
+    steps = acquire_steps(_Ctx3GateDown(), b"redlock:c", b"f", b"w", "tok", 7000, "{}", True,
+                          7.0, lock_name="c", attempt=1)
+    ask = next(steps)
+    assert ask.redo == 0.0  # the attempt itself is not sent again
+    # one grant, one busy, one silent after its request left: lost
+    cleanup = steps.send([[1, 5], [0, 900], NodeError("n3", "no answer in time")])
+    assert cleanup.redo == 7.0
+    assert cleanup.requests[1] is None and cleanup.requests[0] is not None \
+        and cleanup.requests[2] is not None
+    release = next(release_steps(_Ctx3GateDown(), b"redlock:c", b"f", b"w", "tok", 5,
+                                 redo=12.5))
+    assert release.redo == 12.5
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_release_the_node_missed_is_sent_again_when_it_is_back(
+        server: RedisServer, make_manager: MakeManager, flavour: str) -> None:
+    """One node, restarted with its data (``SAVE``, then a crash):
+
+        A holds (30 s lease); the node saves and dies
+        A releases: no answer, A's key is in the node's dump
+        the node is back with A's key
+        before: everyone is refused (busy) until A's lease ends, 30 s
+        now: A's release is sent again and the lock is free at once"""
+    holder = make_manager([server.url])
+    other = make_manager([server.url])
+    if flavour == "sync":
+        lock = holder.lock("left", ttl=LEASE, auto_renew=False)
+        assert lock.acquire()
+    else:
+        lock = holder.alock("left", ttl=LEASE, auto_renew=False)
+        assert asyncio.run(lock.acquire())
+    server.execute("SAVE")
+    server.kill()
+    if flavour == "sync":
+        lock.release()  # confirmed by no node: logged, not raised
+    else:
+        asyncio.run(lock.release())
+    assert holder._leftovers.waiting() == 1
+    server.restart(empty=False)  # from its dump: A's key is back
+    assert server.execute("EXISTS", lock.key) == 1
+    back = time.monotonic()
+    assert wait_until(lambda: server.execute("EXISTS", lock.key) == 0, timeout=5.0), \
+        "the release was not sent again"
+    assert holder._leftovers.waiting() == 0
+    taken = other.lock("left", timeout=2, auto_renew=False)
+    assert taken.acquire()
+    assert time.monotonic() - back < 5.0  # not the 30 s lease
+    taken.release()
+
+
+def test_a_node_that_stays_down_costs_one_try_per_pause(
+        server: RedisServer, make_manager: MakeManager) -> None:
+    """200 releases wait for one dead node: they are tried one at a time at
+    growing pauses, not 200 at a time; once it answers, all go through."""
+    holder = make_manager([server.url])
+    calls = counted(holder)
+    locks = [holder.lock(f"many:{i}", ttl=LEASE, auto_renew=False) for i in range(200)]
+    for lock in locks:
+        assert lock.acquire()
+    server.execute("SAVE")
+    server.kill()
+    for lock in locks:
+        lock.release()
+    assert holder._leftovers.waiting() == 200
+    time.sleep(2.0)  # tries at about 0.1, 0.3, 0.7, 1.5 s
+    assert 2 <= calls[0] <= 6, calls[0]
+    server.restart(empty=False)
+    assert server.execute("DBSIZE") >= 200  # the keys (and fence counters) are back
+    assert wait_until(lambda: holder._leftovers.waiting() == 0, timeout=5.0)
+    assert all(server.execute("EXISTS", lock.key) == 0 for lock in locks)
+
+
+def test_a_release_sent_late_never_deletes_a_later_holders_key(
+        server: RedisServer, make_manager: MakeManager) -> None:
+    """The node comes back empty and B takes the lock before A's release is
+    sent again: that release finds B's key, not A's, and leaves it."""
+    a = make_manager([server.url])
+    b = make_manager([server.url])
+    lock = a.lock("late", ttl=LEASE, auto_renew=False)
+    assert lock.acquire()
+    server.kill()
+    lock.release()
+    assert a._leftovers.waiting() == 1
+    # The worst order, made sure of: the late sender waits for its lock
+    # (a Condition's RLock: this thread may take it again) while the node
+    # comes back empty and B takes the lock.
+    with a._leftovers._cond:
+        server.restart()  # empty
+        taken = b.lock("late", timeout=2, auto_renew=False)
+        assert taken.acquire()
+        assert a._leftovers.waiting() == 1  # A's release is still to be sent
+    assert wait_until(lambda: a._leftovers.waiting() == 0, timeout=5.0)
+    assert server.execute("EXISTS", taken.key) == 1
+    assert taken.owned()
+    taken.release()  # no LockLost: B held it to the end

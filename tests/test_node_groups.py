@@ -1,0 +1,107 @@
+"""The harness's Sentinel group and Redis Cluster (issue 21): real processes
+on loopback that start, agree, fail over and move slots. Every wait is bounded
+(the harness's own waits, and the ones here)."""
+
+from __future__ import annotations
+
+from typing import Iterator
+
+import pytest
+
+from django_redlock.testing import RedisClusterGroup, SentinelGroup
+
+from .polling import wait_until
+
+pytestmark = [pytest.mark.slow, pytest.mark.harness]
+
+
+@pytest.fixture
+def group() -> Iterator[SentinelGroup]:
+    with SentinelGroup(replicas=1, sentinels=3) as g:
+        yield g
+
+
+@pytest.fixture(scope="module")
+def cluster() -> Iterator[RedisClusterGroup]:
+    with RedisClusterGroup(3) as c:
+        yield c
+
+
+def role(server) -> bytes:
+    return server.execute("ROLE")[0]
+
+
+def test_a_sentinel_group_starts_with_its_master_known_to_every_sentinel(
+        group: SentinelGroup) -> None:
+    master = group.master
+    assert master is group.servers[0] and role(master) == b"master"
+    assert [role(r) for r in group.replicas] == [b"slave"]
+    for sentinel in group.sentinels:
+        assert sentinel.master_address() == (master.host, master.port)
+    entry = group.node_setting()
+    assert entry == {"SENTINELS": group.sentinel_urls, "SERVICE": "mymaster"}
+
+
+def test_a_forced_failover_promotes_the_replica_and_demotes_the_master(
+        group: SentinelGroup) -> None:
+    old = group.master
+    old.execute("SET", "k", "v")
+    new = group.failover()
+    assert new is not old and role(new) == b"master"
+    assert new.execute("GET", "k") == b"v"  # it was a synced replica
+    # Demoted at once (the sentinels would, about 10 s later).
+    assert role(old) == b"slave"
+    assert wait_until(lambda: old.execute("GET", "k") == b"v", timeout=5.0)
+
+
+def test_a_killed_master_is_replaced_by_the_sentinels(group: SentinelGroup) -> None:
+    old = group.kill_master()
+    new = group.wait_master(other_than=old, timeout=20.0)
+    assert new is group.servers[1] and role(new) == b"master"
+    old.restart()  # back empty: the sentinels make it a replica of the new master
+    # A sentinel converts it at its first INFO (every 10 s for a replica) that
+    # comes 8 s after it saw the old master claim "master" and 8 s after it
+    # last called it down: about 10 s, and 20 s when the first INFO comes a
+    # moment too early (CI saw that once, with a 20 s bound). 35 s allows two
+    # periods and a loaded machine; a sentinel that never converts still fails.
+    assert wait_until(lambda: old.ping() and role(old) == b"slave", timeout=35.0), \
+        [s.execute("SENTINEL", "REPLICAS", group.service) for s in group.sentinels]
+
+
+def test_a_cluster_starts_with_every_slot_served(cluster: RedisClusterGroup) -> None:
+    for server in cluster:
+        info = server.execute("CLUSTER", "INFO").decode()
+        assert "cluster_state:ok" in info and "cluster_slots_assigned:16384" in info
+        assert "cluster_known_nodes:3" in info
+    assert cluster.master_for_slot(0) is cluster[0]
+    assert cluster.master_for_slot(16383) is cluster[2]
+    assert cluster.node_setting() == {"CLUSTER": cluster.urls}
+
+
+def test_a_slot_migrates_with_its_keys(cluster: RedisClusterGroup) -> None:
+    slot = cluster.key_slot("{lock}")
+    source = cluster.master_for_slot(slot)
+    source.execute("SET", "{lock}", "v")
+    source.execute("SET", "{lock}:fence", "7")
+    target = next(m for m in cluster if m is not source)
+    assert cluster.migrate_slot(slot, to=target) is source
+    assert cluster.master_for_slot(slot) is target
+    assert target.execute("GET", "{lock}") == b"v"
+    assert target.execute("GET", "{lock}:fence") == b"7"
+    assert source.execute("CLUSTER", "COUNTKEYSINSLOT", slot) == 0
+    with pytest.raises(Exception, match="MOVED"):
+        source.execute("GET", "{lock}")
+    cluster.migrate_slot(slot, to=source)  # back, for the other tests
+
+
+def test_a_cluster_replica_takes_over_on_a_manual_failover() -> None:
+    with RedisClusterGroup(3, replicas=1) as c:
+        key_slot = c.key_slot("{a}")
+        owner = c.master_for_slot(key_slot)
+        owner.execute("SET", "{a}", "1")
+        owner.execute("WAIT", 1, 1000)
+        new = c.failover(c.masters.index(owner))
+        assert c.master_for_slot(key_slot) is new
+        assert new.execute("GET", "{a}") == b"1"
+        assert role(owner) == b"slave"
+

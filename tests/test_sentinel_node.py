@@ -1,0 +1,389 @@
+"""A Sentinel-managed master as one Redlock node (issue 21), on a real group:
+a master, a replica and three sentinels (``SentinelGroup``). Locks, wake-up
+and fencing through the node, in both flavours; a failover during a hold,
+with and without ``REPLICA_ACKS``. Every wait is bounded."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from django_redlock import LockLost, QuorumUnavailable
+from django_redlock.exceptions import FencedWriteRejected
+from django_redlock.testing import SentinelGroup
+from django_redlock.transport.nodekinds import SentinelNode
+from tests.testapp.models import Product
+
+from .polling import wait_until
+
+pytestmark = pytest.mark.slow
+
+MakeManager = Callable[..., Any]
+SLOW_RETRY = 5.0  # longer than any wake-up below may take
+
+
+@pytest.fixture(scope="module")
+def shared() -> Iterator[SentinelGroup]:
+    """One group for the tests that do not fail it over."""
+    with SentinelGroup(replicas=1, sentinels=3) as group:
+        yield group
+
+
+@pytest.fixture
+def group(shared: SentinelGroup) -> SentinelGroup:
+    shared.flushall()
+    return shared
+
+
+@pytest.fixture
+def own_group() -> Iterator[SentinelGroup]:
+    """A group of its own, for a test that fails it over."""
+    with SentinelGroup(replicas=1, sentinels=3) as group:
+        yield group
+
+
+def node_of(mgr: Any) -> SentinelNode:
+    (node,) = mgr.nodes
+    assert isinstance(node, SentinelNode)
+    return node
+
+
+def served_after(mgr: Any, name: str, holder_lock: Any, master: Any) -> float:
+    """A waiter (slow retries: only a notice wakes it early) stands in line for
+    ``name`` behind ``holder_lock``; the holder releases; seconds until served."""
+    served: list[float] = []
+
+    def wait() -> None:
+        lock = mgr.lock(name, timeout=10, auto_renew=False)
+        if lock.acquire():
+            served.append(time.monotonic())
+            lock.release()
+
+    thread = threading.Thread(target=wait)
+    thread.start()
+    wkey = f"{{{holder_lock.key}}}:waiters"
+    assert wait_until(lambda: master.execute("LLEN", wkey) == 1, timeout=5.0), "not queued"
+    # ... and listening there (a waiter whose pub/sub connection is being
+    # replaced, after a failover, falls back to its timed retry meanwhile)
+    inbox = mgr.notifier.inbox
+    assert wait_until(lambda: master.execute("PUBSUB", "NUMSUB", inbox)[1] >= 1,
+                      timeout=5.0), "not listening on the master"
+    released = time.monotonic()
+    holder_lock.release()
+    thread.join(timeout=SLOW_RETRY)
+    assert served, "the waiter was not served"
+    return served[0] - released
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_lock_is_taken_extended_and_released_on_the_resolved_master(
+        group: SentinelGroup, make_manager: MakeManager, flavour: str) -> None:
+    mgr = make_manager([group.node_setting()])
+    master = group.master
+    if flavour == "sync":
+        with mgr.lock("s", ttl=5, auto_renew=False) as lock:
+            assert master.execute("EXISTS", lock.key) == 1
+            lock.extend(20)
+            assert 5_000 < master.execute("PTTL", lock.key) <= 20_000
+        key = lock.key
+    else:
+        async def scenario() -> str:
+            async with mgr.alock("s", ttl=5, auto_renew=False) as lock:
+                assert master.execute("EXISTS", lock.key) == 1
+                await lock.extend(20)
+                assert 5_000 < master.execute("PTTL", lock.key) <= 20_000
+            return lock.key
+
+        key = asyncio.run(scenario())
+    assert master.execute("EXISTS", key) == 0
+    assert node_of(mgr).address == (master.host, master.port)
+
+
+def test_a_second_holder_is_refused_while_the_first_holds(
+        group: SentinelGroup, make_manager: MakeManager) -> None:
+    first, second = make_manager([group.node_setting()]), make_manager([group.node_setting()])
+    with first.lock("busy", auto_renew=False) as held:
+        assert not second.lock("busy", timeout=0).acquire()
+        fence = held.fence
+    with second.lock("busy", auto_renew=False) as later:
+        assert later.fence > fence  # fencing: every holder's token is larger
+
+
+def test_a_release_wakes_the_waiter(group: SentinelGroup, make_manager: MakeManager) -> None:
+    holder = make_manager([group.node_setting()])
+    waiter = make_manager([group.node_setting()], retry_delay=SLOW_RETRY)
+    lock = holder.lock("wake", auto_renew=False)
+    assert lock.acquire()
+    assert served_after(waiter, "wake", lock, group.master) < 1.0
+
+
+def test_an_async_waiter_is_woken(group: SentinelGroup, make_manager: MakeManager) -> None:
+    holder = make_manager([group.node_setting()])
+    waiter = make_manager([group.node_setting()], retry_delay=SLOW_RETRY)
+
+    async def scenario() -> float:
+        lock = holder.lock("awake", auto_renew=False)
+        assert lock.acquire()
+        started = time.monotonic()
+        loop = asyncio.get_running_loop()
+        loop.call_later(0.3, lock.release)
+        async with waiter.alock("awake", timeout=10, auto_renew=False):
+            return time.monotonic() - started
+
+    assert asyncio.run(scenario()) < 1.3  # 0.3 s held, then woken (retries are 5 s apart)
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_forced_failover_is_followed_by_the_next_calls(
+        own_group: SentinelGroup, make_manager: MakeManager, flavour: str) -> None:
+    mgr = make_manager([own_group.node_setting()])
+    with mgr.lock("before", auto_renew=False):
+        pass
+    old = own_group.master
+    new = own_group.failover()  # the old master now a replica: READONLY to writes
+    # The first request meets the demoted master (READONLY): the node asks the
+    # sentinels again and sends it to the new master, in the same call.
+    if flavour == "sync":
+        with mgr.lock("after", timeout=1, auto_renew=False) as lock:
+            got = lock.key, new.execute("EXISTS", lock.key)
+    else:
+        async def scenario() -> Any:
+            async with mgr.alock("after", timeout=1, auto_renew=False) as lock:
+                return lock.key, new.execute("EXISTS", lock.key)
+
+        got = asyncio.run(scenario())
+    assert got[1] == 1  # granted by the new master
+    assert node_of(mgr).address == (new.host, new.port) != (old.host, old.port)
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_forced_failover_with_two_replicas_is_followed_within_one_attempt(
+        make_manager: MakeManager, flavour: str) -> None:
+    """With two replicas the sentinels go on naming the old master in ``SENTINEL
+    MASTERS`` (what redis-py's ``discover_master`` reads) until the second replica
+    follows the new one, a second or more after the promotion; ``SENTINEL
+    GET-MASTER-ADDR-BY-NAME`` names the new master at once. The demoted master's
+    ``READONLY`` must send the request to the new master within the same call:
+    one attempt (``timeout=0``), granted."""
+    with SentinelGroup(replicas=2, sentinels=3) as group:
+        mgr = make_manager([group.node_setting()])
+        with mgr.lock("before", auto_renew=False):
+            pass
+        old = group.master
+        new = group.failover()  # the old master demoted at once: READONLY
+        if flavour == "sync":
+            with mgr.lock("after", timeout=0, auto_renew=False) as lock:
+                got = new.execute("EXISTS", lock.key)
+        else:
+            async def scenario() -> Any:
+                async with mgr.alock("after", timeout=0, auto_renew=False) as lock:
+                    return new.execute("EXISTS", lock.key)
+
+            got = asyncio.run(scenario())
+        assert got == 1  # granted by the new master, in the first attempt
+        assert node_of(mgr).address == (new.host, new.port) != (old.host, old.port)
+
+
+def test_each_sentinel_is_asked_with_its_own_urls_password(
+        make_manager: MakeManager, caplog: pytest.LogCaptureFixture) -> None:
+    """Sentinels that require a password: each URL's password is used for that
+    sentinel only. The first URL's is wrong (that sentinel refuses), the second's
+    right: the node resolves the master through the second. No password shows
+    in an error or a log line."""
+    import logging
+
+    caplog.set_level(logging.DEBUG)
+    right, wrong = "sentinel-pw-right", "sentinel-pw-wrong"
+    with SentinelGroup(replicas=1, sentinels=2, sentinel_password=right) as group:
+        first, second = group.sentinel_urls
+        assert f":{right}@" in first
+        setting = {**group.node_setting(), "SENTINELS": [first.replace(right, wrong), second]}
+        mgr = make_manager([setting])
+        with mgr.lock("pw", timeout=5, auto_renew=False) as lock:
+            assert group.master.execute("EXISTS", lock.key) == 1
+        assert node_of(mgr).address == (group.master.host, group.master.port)
+        # The sentinel that answered is asked first from now on.
+        assert node_of(mgr).sentinel().sentinels[0].connection_pool.connection_kwargs[
+            "port"] == group.sentinels[1].port
+        # Every sentinel refusing: the error says why, without a password.
+        refused = make_manager([{**setting, "SENTINELS": [first.replace(right, wrong),
+                                                          second.replace(right, wrong)]}])
+        with pytest.raises(QuorumUnavailable) as info:
+            refused.lock("pw", timeout=2, auto_renew=False).acquire()
+        assert "no master" in str(info.value)
+        for text in (str(info.value), repr(info.value), caplog.text):
+            assert right not in text and wrong not in text
+
+
+def test_the_wake_up_follows_the_master_after_a_failover(
+        own_group: SentinelGroup, make_manager: MakeManager) -> None:
+    holder = make_manager([own_group.node_setting()])
+    waiter = make_manager([own_group.node_setting()], retry_delay=SLOW_RETRY)
+    lock = holder.lock("wake", auto_renew=False)
+    assert lock.acquire()
+    assert served_after(waiter, "wake", lock, own_group.master) < 1.0  # subscribed: old master
+    new = own_group.failover()
+    relock = holder.lock("wake2", auto_renew=False)
+    assert relock.acquire()
+    assert served_after(waiter, "wake2", relock, new) < 1.0  # re-subscribed on the new master
+
+
+def test_a_hold_confirmed_by_a_replica_survives_a_failover(
+        own_group: SentinelGroup, make_manager: MakeManager) -> None:
+    holder = make_manager([own_group.node_setting()], replica_acks=1)
+    other = make_manager([own_group.node_setting()], replica_acks=1)
+    lock = holder.lock("kept", ttl=30, auto_renew=False)
+    assert lock.acquire()
+    old = own_group.kill_master()  # a crash: only what the replica had survives
+    new = own_group.wait_master(other_than=old)
+    assert new.execute("EXISTS", lock.key) == 1
+    assert not other.lock("kept", timeout=0.5).acquire()  # still held
+    # The holder goes on once the new master has a replica to confirm its
+    # extension: the old master, back empty, made a replica by the sentinels.
+    old.restart()
+    old.execute("REPLICAOF", new.host, new.port)  # what the sentinels do, ~10 s later
+    assert wait_until(lambda: b"role:slave" in old.execute("INFO", "replication")
+                      and b"master_link_status:up" in old.execute("INFO", "replication"),
+                      timeout=20.0)
+    for _ in range(50):  # bounded: its first calls may meet a replica still syncing
+        try:
+            lock.extend(30)
+            break
+        except QuorumUnavailable:
+            time.sleep(0.1)
+    assert new.execute("PTTL", lock.key) > 20_000
+    lock.release()
+    assert new.execute("EXISTS", lock.key) == 0
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_release_the_dead_master_missed_reaches_the_promoted_replica(
+        own_group: SentinelGroup, make_manager: MakeManager, flavour: str) -> None:
+    """The master dies during a hold; the replica it fed has the key:
+
+        A holds (30 s lease); the replica has A's key (REPLICA_ACKS=1)
+        the master dies; A releases: no node answers
+        the sentinels promote the replica: it has A's key
+        before: every acquire is refused (busy) until A's lease ends, 30 s
+        now: A's release is sent again, reaches the new master, and the lock
+        is back just after the failover (engine/leftovers.py)"""
+    holder = make_manager([own_group.node_setting()], replica_acks=1)
+    other = make_manager([own_group.node_setting()])
+    if flavour == "sync":
+        lock = holder.lock("missed", ttl=30, auto_renew=False)
+        assert lock.acquire()
+    else:
+        lock = holder.alock("missed", ttl=30, auto_renew=False)
+        assert asyncio.run(lock.acquire())
+    old = own_group.kill_master()
+    killed = time.monotonic()
+    if flavour == "sync":
+        lock.release()  # confirmed by no node: logged, not raised
+    else:
+        asyncio.run(lock.release())
+    new = own_group.wait_master(other_than=old)
+    failover = time.monotonic() - killed
+    taken = None
+    for _ in range(40):  # bounded: 40 x 0.5 s, and each acquire waits at most 0.5 s
+        taken = other.lock("missed", timeout=0.5, auto_renew=False)
+        if taken.acquire():
+            break
+        taken = None
+    back = time.monotonic() - killed
+    assert taken is not None, "the lock did not come back"
+    assert back < failover + 5.0 and back < 20.0, (back, failover)  # not A's 30 s lease
+    assert holder._leftovers.waiting() == 0
+    assert new.execute("EXISTS", lock.key) == 1  # the new holder's key
+    taken.release()
+
+
+@pytest.mark.django_db
+def test_a_hold_lost_in_a_failover_is_told_and_its_fenced_write_refused(
+        own_group: SentinelGroup, make_manager: MakeManager) -> None:
+    """REPLICA_ACKS=0: the master grants and dies before its replica has the
+    grant (paused here); the replica takes over without it and a second
+    client gets the lock. The first learns it at its next extension, and its
+    fenced write is refused: the second's fence is larger."""
+    holder = make_manager([own_group.node_setting()])
+    other = make_manager([own_group.node_setting()])
+    replica = own_group.replicas[0]
+    product = Product.objects.create(name="p", stock=10)
+    replica.pause()
+    # Its link closed by the master: nothing written from now on reaches it
+    # (a paused replica's open link would still buffer the grant).
+    own_group.master.execute("CLIENT", "KILL", "TYPE", "replica")
+    lock = holder.lock("lost", ttl=10, auto_renew=False)
+    assert lock.acquire()
+    old = own_group.kill_master()
+    replica.resume()
+    new = own_group.wait_master(other_than=old)
+    assert new.execute("EXISTS", lock.key) == 0  # the grant was never replicated
+    taken = None
+    for _ in range(50):
+        taken = other.lock("lost", timeout=0.5, auto_renew=False)
+        if taken.acquire():
+            break
+        taken = None
+    assert taken is not None and taken.fence > lock.fence
+    assert Product.objects.filter(pk=product.pk).claim(taken) == 1
+    Product.objects.filter(pk=product.pk).fenced_update(taken, stock=9)
+    with pytest.raises(LockLost):
+        lock.extend(10)
+    with pytest.raises(FencedWriteRejected):
+        Product.objects.filter(pk=product.pk).fenced_update(lock, stock=0)
+    assert Product.objects.get(pk=product.pk).stock == 9
+    taken.release()
+
+
+def sentinel_cache(settings: Any, group: SentinelGroup) -> str:
+    """A django-redis cache that is a Sentinel client of ``group``; its alias."""
+    alias = f"sentinel_{group.sentinels[0].port}"
+    settings.DJANGO_REDIS_CONNECTION_FACTORY = "django_redis.pool.SentinelConnectionFactory"
+    settings.CACHES = {**settings.CACHES, alias: {
+        "BACKEND": "django_redis.cache.RedisCache",
+        "LOCATION": f"redis://{group.service}/0",
+        "OPTIONS": {
+            "CLIENT_CLASS": "django_redis.client.SentinelClient",
+            "CONNECTION_POOL_CLASS": "redis.sentinel.SentinelConnectionPool",
+            "SENTINELS": [(s.host, s.port) for s in group.sentinels],
+        },
+    }}
+    return alias
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_cache_alias_that_is_a_sentinel_client_follows_the_master(
+        make_manager: MakeManager, settings: Any, flavour: str) -> None:
+    from django.core.cache import caches
+
+    # A service name of its own: django-redis keeps its pools per LOCATION for
+    # the whole process, and a pool of another test's group would be reused.
+    with SentinelGroup(service=f"cache{flavour}") as own_group:
+        cache_alias_follows(own_group, make_manager, settings, flavour, caches)
+
+
+def cache_alias_follows(own_group: SentinelGroup, make_manager: MakeManager, settings: Any,
+                        flavour: str, caches: Any) -> None:
+    alias = sentinel_cache(settings, own_group)
+    caches[alias].set("probe", 1)  # the cache itself works
+    mgr = make_manager([f"cache:{alias}"])
+
+    def lock_on(master: Any) -> None:
+        if flavour == "sync":
+            with mgr.lock("cached", ttl=5, timeout=1, auto_renew=False) as lock:
+                assert master.execute("EXISTS", lock.key) == 1
+        else:
+            async def scenario() -> None:
+                async with mgr.alock("cached", ttl=5, timeout=1, auto_renew=False) as lock:
+                    assert master.execute("EXISTS", lock.key) == 1
+
+            asyncio.run(scenario())
+        (node,) = mgr.nodes
+        assert node.moves and node.address == (master.host, master.port)
+
+    lock_on(own_group.master)
+    lock_on(own_group.failover())  # the demoted master refuses; the call goes on to the new
