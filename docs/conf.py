@@ -4,16 +4,14 @@ Built by ``make docs`` (``sphinx-build -W --keep-going``): every warning is an
 error, so the build stays honest. No network (intersphinx is off) and no theme
 dependency (the built-in ``alabaster``).
 
-The toctrees in ``index.rst`` use ``:glob:`` patterns (``howto/*``, ``commands*``)
-and ``toc.empty_glob`` is suppressed, so a pattern with no page yet is not an error.
+Every page the toctrees name must exist: a missing one is an error, not a
+silently shorter table of contents.
 """
 
 from __future__ import annotations
 
 import os
-import re
 import sys
-from typing import Any
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path.insert(0, os.path.dirname(HERE))
@@ -55,11 +53,6 @@ extensions = [
 exclude_patterns = ["_build", "Thumbs.db", ".DS_Store"]
 root_doc = "index"
 nitpicky = False
-suppress_warnings = [
-    # index.rst globs pages other engineers add (howto/*, commands, ...);
-    # a pattern that matches nothing yet is fine.
-    "toc.empty_glob",
-]
 pygments_style = "sphinx"
 
 autodoc_member_order = "bysource"
@@ -84,36 +77,3 @@ html_sidebars = {
     "**": ["about.html", "navigation.html", "relations.html", "searchbox.html"],
 }
 
-
-# -- Helpers for pages and modules that may not exist yet --------------------------
-def _glob_matches(srcdir: Any, pattern: str) -> bool:
-    import glob
-
-    root = str(srcdir)
-    for ext in (".rst", ".md"):
-        for path in glob.glob(os.path.join(root, pattern + ext)):
-            if "_build" not in os.path.relpath(path, root).split(os.sep):
-                return True
-    return False
-
-
-def setup(app: Any) -> None:
-    def drop_empty_globs(app: Any, docname: str, source: list[str]) -> None:
-        """Remove toctree glob entries that match no page yet.
-
-        Sphinx warns about an empty glob (and, in the versions we use, that
-        warning cannot be silenced through ``suppress_warnings``), which ``-W``
-        turns into an error. Pages such as ``howto/*`` or ``commands`` are added
-        by other people over time; until one exists its entry is simply dropped.
-        """
-        if docname != root_doc:
-            return
-        out = []
-        for line in source[0].splitlines(keepends=True):
-            match = re.match(r"^\s+([\w./-]*[*?\[][\w./*?\[\]-]*)\s*$", line)
-            if match and not _glob_matches(app.srcdir, match.group(1)):
-                continue
-            out.append(line)
-        source[0] = "".join(out)
-
-    app.connect("source-read", drop_empty_globs)
