@@ -19,30 +19,36 @@ import time
 from pathlib import Path
 from typing import Any
 
-from . import machine, report
+from . import machine, plots, report
 from .coldburst import ColdBurst
+from .distinct import DistinctNames
 from .heldlocks import HeldLocks
 from .libs import quiet_loggers
 from .nodecount import NodeCount
+from .nodekinds import NodeKinds
 from .nodes import running_nodes, server_version
-from .procs import Contended, Handoff, Workers
+from .procs import Contended, CountedContended, Handoff, Workers
+from .realhttp import RealHttp
 from .semaphore import SemaphoreBench
 from .slownode import SlowNode
 from .uncontended import Uncontended
 from .view import ViewOverhead
+from .waiters import Waiters
 
 RESULTS_DIR = Path(__file__).resolve().parent / "results"
 SECTIONS = ("uncontended", "slownode", "view", "contended", "handoff", "coldburst",
-            "semaphore", "nodecount", "heldlocks")
+            "semaphore", "nodecount", "heldlocks", "waiters", "nodekinds", "contended2",
+            "distinct", "http")
 
 #: (rounds, uncontended ops per batch, view requests per variant, contended seconds,
-#: handoff sample scale). A full run takes about 4 minutes on 2 shared cores.
+#: handoff sample scale). A full run takes about 10 minutes on 2 shared cores
+#: (the http, distinct and contended2 sections take about 2 minutes each).
 PROFILES = {"full": (8, 500, 300, 2.0, 10), "quick": (3, 150, 100, 0.6, 4)}
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m bench", description=__doc__.split("\n")[0])
-    p.add_argument("--quick", action="store_true", help="a short run (under a minute)")
+    p.add_argument("--quick", action="store_true", help="a short run (a few minutes)")
     p.add_argument("--rounds", type=int, help="rounds (default: 8, or 3 with --quick)")
     p.add_argument("--only", default=",".join(SECTIONS),
                    help=f"comma-separated sections to run (default: all of {','.join(SECTIONS)})")
@@ -83,18 +89,26 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             if "uncontended" in sections else None
         slow = SlowNode(urls5, ops=ops // 2, warmup=3) if "slownode" in sections else None
         view = ViewOverhead(urls1[0], requests=requests, warmup=3) if "view" in sections else None
-        workers = Workers(urls1, urls5) if {"contended", "handoff"} & set(sections) else None
+        workers = Workers(urls1, urls5) \
+            if {"contended", "handoff", "contended2"} & set(sections) else None
         con = Contended(workers, duration=duration) if workers and "contended" in sections \
             else None
         hand = Handoff(workers, scale=scale) if workers and "handoff" in sections else None
+        con2 = CountedContended(workers, quick=args.quick) \
+            if workers and "contended2" in sections else None
         cold = ColdBurst(urls5) if "coldburst" in sections else None
         sem = SemaphoreBench(urls1, ops=ops // 2) if "semaphore" in sections else None
         nodes = NodeCount(urls9, ops=ops // 2) if "nodecount" in sections else None
         held = HeldLocks(urls1) if "heldlocks" in sections else None
+        line = Waiters(urls1, urls5) if "waiters" in sections else None
+        kinds = NodeKinds(ops=ops // 2, warmup=3) if "nodekinds" in sections else None
+        names = DistinctNames(urls1, quick=args.quick) if "distinct" in sections else None
+        web = RealHttp(quick=args.quick) if "http" in sections else None
         try:
             for r in range(rounds):
                 t = time.monotonic()
-                for part in (unc, slow, view, con, hand, cold, sem, nodes, held):
+                for part in (unc, slow, view, con, hand, cold, sem, nodes, held, line, kinds,
+                             con2, names, web):
                     if part is not None:
                         part.run_round(rng)
                 print(f"bench: round {r + 1}/{rounds} done in {time.monotonic() - t:.1f} s",
@@ -112,6 +126,17 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 nodes.close()
             if held is not None:
                 held.close()
+            if line is not None:
+                line.close()
+            if names is not None:
+                names.close()
+            if web is not None:
+                web.close()
+            if kinds is not None:
+                try:
+                    kinds.measure_failover()  # once, after the rounds: it kills a master
+                finally:
+                    kinds.close()
     info["loadavg_end"] = machine.loadavg()
     results: dict[str, Any] = {
         "machine": info,
@@ -138,6 +163,16 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         results["nodecount"] = nodes.summary()
     if held is not None:
         results["heldlocks"] = held.summary()
+    if line is not None:
+        results["waiters"] = line.summary()
+    if kinds is not None:
+        results["nodekinds"] = kinds.summary()
+    if con2 is not None:
+        results["contended2"] = con2.summary()
+    if names is not None:
+        results["distinct"] = names.summary()
+    if web is not None:
+        results["http"] = web.summary()
     results["goals"] = report.evaluate(results)
     return results
 
@@ -156,9 +191,12 @@ def main(argv: list[str] | None = None) -> int:
         (out / "results.rst").write_text(report.rst(results), encoding="utf-8")
         (out / "results.json").write_text(json.dumps(results, indent=2) + "\n", encoding="utf-8")
         print(f"bench: wrote {out}/results.{{md,json,rst}}", file=sys.stderr)
-    view = results.get("view") or {}
-    if view.get("skipped"):
-        print(f"skipped: {view['skipped']}", file=sys.stderr)
+        for path in plots.draw(results, out):
+            print(f"bench: wrote {path}", file=sys.stderr)
+    for section in ("view", "http"):
+        skipped = (results.get(section) or {}).get("skipped")
+        if skipped:
+            print(f"skipped: {skipped}", file=sys.stderr)
     return 0
 
 

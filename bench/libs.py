@@ -17,6 +17,7 @@ import logging
 import math
 import os
 import socket
+import time
 from collections.abc import Callable
 from typing import Any
 from urllib.parse import urlsplit
@@ -225,6 +226,73 @@ class DjangoRedlock(Contestant):
         self.manager.close()
 
 
+class DjangoRedlockAsync(DjangoRedlock):
+    """django-redlock's asyncio flavour (``alock``), driven from one event loop
+    that lives as long as the contestant.
+
+    Timed inside the running loop (``per_call=False``): a batch of operations
+    runs in one ``run_until_complete``, each acquire + release timed within it,
+    as an ASGI server's one long-lived loop runs them. With ``per_call=True``,
+    each operation is one ``run_until_complete`` of an acquire + release: the
+    loop's own start and stop (about 20 µs here) are paid per operation, as an
+    async view run by ``async_to_sync`` pays them per request."""
+
+    def __init__(self, urls: list[str], *, per_call: bool = False) -> None:
+        import asyncio
+
+        super().__init__(urls, auto_renew=False)
+        self.loop = asyncio.new_event_loop()
+        self.factory = self.manager.alock
+        self.per_call = per_call
+
+    def make_op(self, name: str) -> Callable[[], None]:
+        """One operation per call; unless ``per_call``, the op also carries
+        ``timed_chunk(count, warmup, lat, on_error)``, which times a batch
+        inside the running loop (see ``bench.uncontended.timed_chunk``)."""
+        new, run = self.new, self.loop.run_until_complete
+
+        async def once() -> None:
+            lock = new(name)
+            if not await lock.acquire(timeout=OP_TIMEOUT):
+                raise BenchError(f"{self.label}: uncontended acquire failed")
+            await lock.release()
+
+        def op() -> None:
+            run(once())
+
+        if self.per_call:
+            return op
+
+        async def batch(count: int, warmup: int, lat: list[int],
+                        on_error: Callable[[Exception], None]) -> None:
+            clock = time.perf_counter_ns
+            for i in range(warmup + count):
+                t0 = clock()
+                try:
+                    await once()
+                except Exception as e:  # noqa: BLE001 - counted and reported, not fatal
+                    on_error(e)
+                    continue
+                if i >= warmup:
+                    lat.append(clock() - t0)
+
+        def timed_chunk(count: int, warmup: int, lat: list[int],
+                        on_error: Callable[[Exception], None]) -> int:
+            begin = time.perf_counter_ns()
+            run(batch(count, warmup, lat, on_error))
+            return time.perf_counter_ns() - begin
+
+        op.timed_chunk = timed_chunk  # type: ignore[attr-defined]
+        return op
+
+    def close(self) -> None:
+        transport = getattr(self.manager, "_async_transport", None)
+        if transport is not None:
+            self.loop.run_until_complete(transport.aclose())
+        self.loop.close()
+        self.manager.close()
+
+
 class RedisPyLock(Contestant):
     """redis-py's ``Lock`` (SET NX PX, Lua release, 0.1 s sleep loop when busy)."""
 
@@ -290,6 +358,12 @@ LIBRARIES: dict[str, tuple[str, Callable[[list[str], list[str]], Contestant]]] =
     "drl-5": ("django-redlock, 5 nodes", lambda u1, u5: DjangoRedlock(u5, auto_renew=False)),
     "drl-renew-5": ("django-redlock, 5 nodes, auto_renew on",
                     lambda u1, u5: DjangoRedlock(u5, auto_renew=True)),
+    "drl-async-1": ("django-redlock asyncio, 1 node", lambda u1, u5: DjangoRedlockAsync(u1)),
+    "drl-async-5": ("django-redlock asyncio, 5 nodes", lambda u1, u5: DjangoRedlockAsync(u5)),
+    "drl-async-call-1": ("django-redlock asyncio, 1 node, a loop run per operation",
+                         lambda u1, u5: DjangoRedlockAsync(u1, per_call=True)),
+    "drl-async-call-5": ("django-redlock asyncio, 5 nodes, a loop run per operation",
+                         lambda u1, u5: DjangoRedlockAsync(u5, per_call=True)),
     "drl-read-1": ("django-redlock read_lock, 1 node",
                    lambda u1, u5: DjangoRedlock(u1, auto_renew=False, kind="read_lock")),
     "drl-write-1": ("django-redlock write_lock, 1 node",

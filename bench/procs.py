@@ -47,6 +47,13 @@ HANDOFF = CONTENDED
 HANDOFF_SAMPLES = {"drl-renew-1": 3, "drl-renew-5": 3, "prl-1": 3,
                    "redispy-1": 1, "pottery-1": 1, "pottery-5": 1}
 HANDOFF_GAP_MIN = 0.015  # long enough for any waiter to be blocked
+#: The second contended harness (issue 23): the libraries with a goal, a fixed
+#: number of acquisitions per round (fewer in a quick run), stop when done.
+COUNTED = [lib for lib in CONTENDED if lib[0] in ("drl-renew-1", "prl-1", "drl-renew-5",
+                                                  "pottery-5")]
+COUNTED_TARGET = {"quick": 1_000, "full": 2_000}
+ATTEMPT_TIMEOUT = 5.0  # one acquire's wait, under every library's lease (10 s)
+COUNT_TIMEOUT = 120.0  # a worker gives up after this long (pottery's worst round is ~10 s)
 
 
 # -- worker side --------------------------------------------------------------------
@@ -98,6 +105,47 @@ class _Worker:
             if acquired_at < deadline:
                 in_window += 1
         return {"total": total, "in_window": in_window, "errors": errors[:5],
+                "error_count": len(errors)}
+
+    def contend_count(self, lib_id: str, name: str, counter_key: str, start_at: float,
+                      target: int) -> dict[str, Any]:
+        """Acquire -> GET counter -> SET counter + 1 -> release until the counter
+        reached ``target`` (read under the lock, or before asking for it), then stop."""
+        lib = self.lib(lib_id)
+        cnt = self.counter
+        clock = time.monotonic
+        delay = start_at - clock()
+        if delay > 0:
+            time.sleep(delay)
+        done = 0
+        errors: list[str] = []
+        give_up = clock() + COUNT_TIMEOUT
+        while clock() < give_up:
+            if int(cnt.get(counter_key) or 0) >= target:
+                break
+            lock = lib.new(name)
+            try:
+                # Bounded per attempt: python-redis-lock refuses a wait above its lease.
+                got = lib.acquire(lock, min(ATTEMPT_TIMEOUT, max(0.1, give_up - clock())))
+            except Exception as e:  # noqa: BLE001 - any library error is counted, not fatal
+                errors.append(f"{type(e).__name__}: {e}"[:200])
+                if len(errors) >= 100:
+                    break  # a library that keeps failing: reported, not looped on
+                continue
+            if not got:
+                continue
+            try:
+                value = int(cnt.get(counter_key) or 0)
+                if value >= target:
+                    break  # released in the finally below
+                cnt.set(counter_key, value + 1)
+                done += 1
+            finally:
+                try:
+                    lib.release(lock)
+                except Exception as e:  # noqa: BLE001 - counted (e.g. a lost lock), not fatal
+                    errors.append(f"release: {type(e).__name__}: {e}"[:200])
+        return {"done": done, "finished": clock(), "errors": errors[:5],
                 "error_count": len(errors)}
 
     def hold(self, lib_id: str, name: str, samples: int, gap_max: float, seed: int) -> list[int]:
@@ -174,16 +222,34 @@ class Workers:
         return out
 
     def close(self) -> None:
-        for conn in self.conns:
-            try:
-                conn.send(None)
-            except OSError:
-                pass
-        for proc in self.procs:
-            proc.join(timeout=5)
-            if proc.is_alive():
-                proc.terminate()
+        stop_workers(self.conns, self.procs)
         self.counter.close()
+
+
+def stop_workers(conns: list[Connection], procs: list[Any]) -> None:
+    """Tell each worker process to stop (``None`` on its pipe), wait for it
+    (bounded), and terminate one that does not exit."""
+    for conn in conns:
+        try:
+            conn.send(None)
+        except OSError:
+            pass
+    for proc in procs:
+        proc.join(timeout=5)
+        if proc.is_alive():
+            proc.terminate()
+
+
+def error_fields(row: dict[str, Any], ok: list[dict[str, Any]],
+                 per: list[dict[str, Any]]) -> None:
+    """The rounds' counter check, error count and first error samples, into ``row``."""
+    row["per_worker_last"] = ok[-1]["per_worker"] if ok else []
+    row["counter_exact"] = all(p["counter_exact"] for p in ok) if ok else None
+    row["errors"] = sum(p["errors"] for p in ok)
+    samples = [e for p in ok for e in p.get("error_sample", [])]
+    samples += [p["error"] for p in per if "error" in p]
+    if samples:
+        row["error_sample"] = samples[:3]
 
 
 class Contended:
@@ -249,13 +315,7 @@ class Contended:
             row["min_fairness"] = min((p["fairness"] for p in ok), default=float("nan"))
             row["per_round_acq_s"] = [round(p["acq_s"], 1) for p in ok]
             row["per_round_fairness"] = [round(p["fairness"], 3) for p in ok]
-            row["per_worker_last"] = ok[-1]["per_worker"] if ok else []
-            row["counter_exact"] = all(p["counter_exact"] for p in ok) if ok else None
-            row["errors"] = sum(p["errors"] for p in ok)
-            samples = [e for p in ok for e in p.get("error_sample", [])]
-            samples += [p["error"] for p in per if "error" in p]
-            if samples:
-                row["error_sample"] = samples[:3]
+            error_fields(row, ok, per)
             out[lib] = row
         return out
 
@@ -308,3 +368,80 @@ class Handoff:
                 row["errors"] = self.failures[lib][:3]
             out[lib] = row
         return out
+
+
+def counted_ratios(res: dict[str, dict[str, Any]]) -> None:
+    """Within one round: django-redlock's throughput over its peer's (1 node:
+    python-redis-lock; 5 nodes: pottery), and its time over the peer's."""
+    for ours, peer, field in (("drl-renew-1", "prl-1", "x_prl"),
+                              ("drl-renew-5", "pottery-5", "x_pottery")):
+        a, b = res.get(ours, {}), res.get(peer, {})
+        if a.get("acq_s") and b.get("acq_s"):
+            a[field] = a["acq_s"] / b["acq_s"]
+            a[f"time_{field}"] = a["seconds"] / b["seconds"]
+
+
+class CountedContended:
+    """The contended comparison in a second harness: the four workers run until
+    the counter reached a fixed total (``target`` acquisitions, each doing a
+    GET and a SET under the lock), and the time is from the agreed start to the
+    last worker's stop. Throughput is ``target / time``; the counter must end
+    at exactly ``target`` with the workers' counts summing to it (an overlap
+    of two holders would lose an increment and need more acquisitions)."""
+
+    def __init__(self, workers: Workers, *, quick: bool) -> None:
+        self.workers = workers
+        self.target = COUNTED_TARGET["quick" if quick else "full"]
+        self.rounds: list[dict[str, dict[str, Any]]] = []
+
+    def _one(self, lib_id: str, rnd: int) -> dict[str, Any]:
+        name = f"bench:cc:{lib_id}:{rnd}"
+        counter_key = f"bench:ccounter:{lib_id}:{rnd}"
+        self.workers.counter.delete(counter_key)
+        start_at = time.monotonic() + 0.15
+        calls = [(i, "contend_count", {"lib_id": lib_id, "name": name,
+                                       "counter_key": counter_key, "start_at": start_at,
+                                       "target": self.target})
+                 for i in range(len(self.workers.conns))]
+        replies = self.workers.call(calls, timeout=COUNT_TIMEOUT + 30)
+        failed = [r[1] for r in replies if r[0] != "ok"]
+        if failed:
+            return {"error": failed[0]}
+        per = [r[1] for r in replies]
+        counts = [p["done"] for p in per]
+        seconds = max(p["finished"] for p in per) - start_at
+        counter = int(self.workers.counter.get(counter_key) or 0)
+        mean = sum(counts) / len(counts)
+        res: dict[str, Any] = {
+            "seconds": seconds, "acq_s": sum(counts) / seconds if seconds > 0 else 0.0,
+            "per_worker": counts, "fairness": (min(counts) / mean) if mean else 0.0,
+            "counter_exact": counter == sum(counts) == self.target,
+            "errors": sum(p["error_count"] for p in per),
+        }
+        sample = [e for p in per for e in p["errors"]]
+        if sample:
+            res["error_sample"] = sample[:2]
+        return res
+
+    def run_round(self, rng: random.Random) -> None:
+        rnd = len(self.rounds)
+        order = [lib for lib, _, _ in COUNTED]
+        rng.shuffle(order)
+        res = {lib: self._one(lib, rnd) for lib in order}
+        counted_ratios(res)
+        self.rounds.append(res)
+
+    def summary(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for lib, label, n in COUNTED:
+            per = [r[lib] for r in self.rounds if lib in r]
+            ok = [p for p in per if "acq_s" in p]
+            row: dict[str, Any] = {"label": label, "nodes": n, "rounds": len(ok)}
+            for field in ("seconds", "acq_s", "fairness", "x_prl", "x_pottery",
+                          "time_x_prl", "time_x_pottery"):
+                vals = [p[field] for p in ok if field in p]
+                if vals:
+                    row[field] = median(vals)
+            error_fields(row, ok, per)
+            out[lib] = row
+        return {"rows": out, "target": self.target}

@@ -6,7 +6,7 @@ import math
 from collections.abc import Callable
 from typing import Any
 
-from .procs import CONTENDED, HANDOFF
+from .procs import CONTENDED, COUNTED, HANDOFF
 from .slownode import CONTESTANTS as SLOW_CONTESTANTS
 from .uncontended import FIVE_NODES, ONE_NODE
 from .view import VARIANTS
@@ -34,10 +34,35 @@ GOALS: dict[str, tuple[str, str, Callable[[float], bool]]] = {
     "semaphore-fifo": ("50 waiters on 5 permits: grants out of arrival order", "0",
                        lambda v: v == 0),
     "semaphore-handoff": ("50 waiters on 5 permits: handoff p50", "< 2 ms", lambda v: v < 2.0),
+    # asyncio (issue 23): as fast as the sync flavour, and settled like it.
+    "asyncio-1": ("1 node: asyncio acquire + release p50 vs sync", "<= 1.1x",
+                  lambda v: v <= 1.1),
+    "asyncio-slow-5": ("5 nodes, one 2 ms slower: asyncio p50 vs sync", "<= 1.1x",
+                       lambda v: v <= 1.1),
+    "waiters-200": ("200 waiters on one lock, 1 node: handoff p50", "< 1.5 ms",
+                    lambda v: v < 1.5),
+    "waiters-fifo": ("waiters on one lock, 1 node (every line): grants out of arrival order",
+                     "0", lambda v: v == 0),
+    # Node kinds (issue 21): each one Redlock node, against a plain master.
+    "kinds-cluster": ("Cluster node: uncontended acquire + release p50 vs a plain node",
+                      "<= 1.3x", lambda v: v <= 1.3),
+    "kinds-sentinel": ("Sentinel node: uncontended acquire + release p50 vs a plain node",
+                       "<= 1.3x", lambda v: v <= 1.3),
+    "kinds-acks": ("REPLICA_ACKS=1: extra time vs one round trip (half the plain p50)",
+                   "<= 1.0x", lambda v: v <= 1.0),
+    "kinds-failover": ("Sentinel failover under load: lock back vs the sentinels' failover "
+                       "(the worst of the kills)", "< 2x", lambda v: v < 2.0),
     "nodes-9": ("9 nodes: uncontended acquire + release p50 vs 3 nodes", "<= 1.3x",
                 lambda v: v <= 1.3),
-    "held-10k": ("10,000 held locks renewing, 1 node: client CPU", "< 10 %",
+    "held-10k": ("10,000 held locks renewing, 1 node: renewal thread CPU", "< 10 %",
                  lambda v: v < 10.0),
+    # The second contended harness (issue 23): a fixed count, GET + SET inside.
+    "contended2-1": ("fixed-count contended harness, 1 node: acquisitions/s vs "
+                     "python-redis-lock", ">= 1.2x", lambda v: v >= 1.2),
+    "contended2-5": ("fixed-count contended harness, 5 nodes: acquisitions/s vs pottery",
+                     ">= 4x", lambda v: v >= 4.0),
+    "http-oversold": ("demo under gunicorn + wrk, protected and striped, a node killed or "
+                      "not: units oversold", "0", lambda v: v == 0),
 }
 
 
@@ -64,7 +89,45 @@ def _nodes9(results: dict[str, Any]) -> float | None:
 
 def _held10k(results: dict[str, Any]) -> float | None:
     row = results.get("heldlocks", {}).get("rows", {}).get("10000")
-    return None if not row or row.get("cpu_pct") is None else float(row["cpu_pct"])
+    if not row:
+        return None
+    # The renewal thread's own CPU (bench.heldlocks); the process's where /proc
+    # could not be read, and in results recorded before it was measured.
+    value = row.get("renewal_cpu_pct", row.get("cpu_pct"))
+    if value is None:
+        value = row.get("cpu_pct")
+    return None if value is None else float(value)
+
+
+def _waiters(results: dict[str, Any], row: str, field: str) -> float | None:
+    value = results.get("waiters", {}).get("rows", {}).get(row, {}).get(field)
+    return None if value is None else float(value)
+
+
+def _waiters_late(results: dict[str, Any], nodes: int) -> float | None:
+    rows = [r for r in results.get("waiters", {}).get("rows", {}).values()
+            if r["nodes"] == nodes]
+    return float(sum(r["out_of_order"] for r in rows)) if rows else None
+
+
+def _kinds(results: dict[str, Any], row: str, field: str) -> float | None:
+    value = results.get("nodekinds", {}).get(row, {}).get(field)
+    return None if value is None else float(value)
+
+
+def _acks(results: dict[str, Any]) -> float | None:
+    extra, plain = _kinds(results, "acks1", "extra_us"), _kinds(results, "plain", "p50_us")
+    return None if extra is None or not plain else extra / (plain / 2.0)
+
+
+def _contended2(results: dict[str, Any], row: str, field: str) -> float | None:
+    value = results.get("contended2", {}).get("rows", {}).get(row, {}).get(field)
+    return None if value is None else float(value)
+
+
+def _oversold(results: dict[str, Any]) -> float | None:
+    rows = [r for r in results.get("http", {}).get("rows", {}).values() if r.get("rounds")]
+    return float(sum(r["oversold"] for r in rows)) if rows else None
 
 
 def _status(goal: str, value: float | None) -> str:
@@ -98,8 +161,21 @@ def evaluate(results: dict[str, Any]) -> list[dict[str, Any]]:
         ("semaphore-1", "semaphore", _field(results, "semaphore", "ratio"), "x"),
         ("semaphore-fifo", "semaphore", _out_of_order(results), ""),
         ("semaphore-handoff", "semaphore", _field(results, "semaphore", "handoff_p50_ms"), "ms"),
+        ("asyncio-1", "drl-async-1", _over(unc, "drl-async-1", "drl-1"), "x"),
+        ("asyncio-slow-5", "drl-async-5", _over(results.get("slow_node", {}), "drl-async-5",
+                                                 "drl-5"), "x"),
+        ("waiters-200", "1 node x 200", _waiters(results, "1x200", "handoff_p50_ms"), "ms"),
+        ("waiters-fifo", "1 node, every line", _waiters_late(results, 1), ""),
+        ("kinds-cluster", "cluster", _kinds(results, "cluster", "x_plain"), "x"),
+        ("kinds-sentinel", "sentinel", _kinds(results, "sentinel", "x_plain"), "x"),
+        ("kinds-acks", "acks1", _acks(results), "x"),
+        ("kinds-failover", "failover", _kinds(results, "failover", "x_sentinel_max")
+         or _kinds(results, "failover", "x_sentinel"), "x"),  # (one kill, before)
         ("nodes-9", "9 nodes", _nodes9(results), "x"),
         ("held-10k", "10,000 held", _held10k(results), "%"),
+        ("contended2-1", "drl-renew-1", _contended2(results, "drl-renew-1", "x_prl"), "x"),
+        ("contended2-5", "drl-renew-5", _contended2(results, "drl-renew-5", "x_pottery"), "x"),
+        ("http-oversold", "every run", _oversold(results), ""),
     ]
     out = []
     for goal, row, value, unit in measured:
@@ -245,17 +321,135 @@ def tables(results: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]
     if held:
         out.append((f"Held locks renewing in one process, 1 node (TTL {held['ttl_s']:g} s: "
                     "renewed every second)",
-                    ["held locks", "client CPU % of one core", "script calls per period",
-                     "lost"],
-                    [[f"{r['held']:,}", _num(r["cpu_pct"], 1), _num(r["calls_per_period"], 1),
+                    ["held locks", "renewal thread CPU % of one core",
+                     "process CPU % of one core", "script calls per period", "lost"],
+                    [[f"{r['held']:,}", _num(r.get("renewal_cpu_pct"), 1),
+                      _num(r["cpu_pct"], 1), _num(r["calls_per_period"], 1),
                       _num(r["lost"])] for r in held["rows"].values()]))
 
     nodes = results.get("nodecount")
     if nodes:
         out.append(("Uncontended acquire + release by node count (rounds ask the nodes in "
-                    "parallel)", ["nodes", "p50 µs", "x 3 nodes"],
-                    [[str(r["nodes"]), _num(r["p50_us"]), _num(r["x_3_nodes"], 2)]
+                    "parallel)", ["nodes", "p50 µs", "x 3 nodes", "floor p50 µs",
+                                  "floor x 3 nodes", "x floor growth"],
+                    [[str(r["nodes"]), _num(r["p50_us"]), _num(r["x_3_nodes"], 2),
+                      _num(r.get("floor_p50_us")), _num(r.get("floor_x_3_nodes"), 2),
+                      _num(r.get("x_floor_growth"), 2)]
                      for r in nodes["rows"].values()]))
+
+    kinds = results.get("nodekinds")
+    if kinds:
+        rows = [[kinds[cid]["label"], _num(kinds[cid]["p50_us"]), _num(kinds[cid]["x_plain"], 2),
+                 _num(kinds[cid]["extra_us"]), str(kinds[cid]["errors"])]
+                for cid in ("plain", "acks1", "sentinel", "cluster") if cid in kinds]
+        out.append(("Node kinds: one Redlock node of each kind, uncontended acquire + release",
+                    ["node", "p50 µs", "x plain", "extra µs", "errors"], rows))
+        fo = kinds.get("failover") or {}
+        if fo:
+            samples = fo.get("samples") or [fo]  # (one kill per run before)
+            rows = [[f"kill {i + 1}", _num(r.get("sentinel_failover_s"), 2),
+                     _num(r.get("lock_back_s"), 2), _num(r.get("x_sentinel"), 2)]
+                    if "error" not in r else [f"kill {i + 1}", r["error"], "", ""]
+                    for i, r in enumerate(samples)]
+            if len(samples) > 1:
+                rows.append(["median", _num(fo.get("sentinel_failover_s"), 2),
+                             _num(fo.get("lock_back_s"), 2), _num(fo.get("x_sentinel"), 2)])
+            out.append(("Sentinel node: the master killed under load",
+                        ["sample", "sentinels' failover s", "lock acquired again after s",
+                         "x sentinels' failover"], rows))
+
+    line = results.get("waiters")
+    if line:
+        out.append(("Waiters on one lock: handoffs as the line grows (each holds "
+                    f"{line['hold_s'] * 1000:g} ms)",
+                    ["nodes", "waiters", "handoff p50 ms", "handoff p99 ms",
+                     "grants out of order", "queue bytes", "server commands per handoff"],
+                    [[str(r["nodes"]), str(r["waiters"]), _num(r["handoff_p50_ms"], 2),
+                      _num(r["handoff_p99_ms"], 2), str(r["out_of_order"]),
+                      _num(r["queue_bytes"]), _num(r["commands_per_handoff"], 1)]
+                     for r in line["rows"].values()]))
+
+    con2 = results.get("contended2")
+    if con2:
+        rows = []
+        for lib, _, n in COUNTED:
+            r = con2["rows"].get(lib)
+            if not r:
+                continue
+            ratio = ""
+            if "x_prl" in r:
+                ratio = (f"{r['x_prl']:.2f}x python-redis-lock "
+                         f"(time {r.get('time_x_prl', float('nan')):.2f}x)")
+            elif "x_pottery" in r:
+                ratio = (f"{r['x_pottery']:.2f}x pottery "
+                         f"(time {r.get('time_x_pottery', float('nan')):.2f}x)")
+            goal = {"drl-renew-1": "contended2-1", "drl-renew-5": "contended2-5"}.get(lib)
+            rows.append([r["label"], str(n), _num(r.get("seconds"), 2), _num(r.get("acq_s")),
+                         " / ".join(str(c) for c in r.get("per_worker_last", [])),
+                         _num(r.get("fairness"), 2),
+                         {True: "yes", False: "NO", None: "-"}[r.get("counter_exact")],
+                         str(r.get("errors", 0)), ratio,
+                         _goal_cell(goals, goal, lib) if goal else ""])
+        out.append((f"Contended, second harness: 4 processes until {con2['target']:,} "
+                    "acquisitions (GET + SET inside), stop when done",
+                    ["library", "nodes", "seconds", "acq/s", "per worker (last round)",
+                     "min/mean", "counter exact", "errors", "ratio", "goal"], rows))
+
+    names = results.get("distinct")
+    if names:
+        ceiling = names.get("ceiling", {})
+        out.append((f"Distinct names, 1 node: processes each acquiring and releasing new "
+                    f"names for {names['seconds']:g} s",
+                    ["processes", "acquisitions/s (all)", "x redis-benchmark ceiling",
+                     "server µs per acquire + release"],
+                    [[str(r["processes"]), _num(r["acq_s"]), _num(r["x_ceiling"], 2),
+                      _num(r["server_us_per_pair"], 1)] for r in names["rows"].values()]))
+        if "pair_s" in ceiling:
+            out.append(("Distinct names: the server's ceiling for the same script calls "
+                        "(redis-benchmark, 8 connections, random names)",
+                        ["acquire script/s", "release script/s", "acquire + release pairs/s",
+                         "pairs/s at the server time measured (one core)"],
+                        [[_num(ceiling["acquire_rps"]), _num(ceiling["release_rps"]),
+                          _num(ceiling["pair_s"]), _num(ceiling.get("server_time_pair_s"))]]))
+        mem = names.get("memory") or {}
+        if mem:
+            out.append((f"Distinct names: Redis memory per name, {mem['names']:,} names used "
+                        f"once (counter grace cut to {mem['grace_ms'] / 1000:g} s)",
+                        ["bytes per name after use", "keys left after use",
+                         "MEMORY USAGE of a fence counter", "bytes per name after expiry",
+                         "keys left after expiry"],
+                        [[_num(mem["bytes_per_name_used"], 1), str(mem["keys_after_use"]),
+                          str(mem["fence_key_bytes"]), _num(mem["bytes_per_name_expired"], 1),
+                          str(mem["keys_after_expiry"])]]))
+
+    web = results.get("http")
+    if web:
+        if web.get("skipped"):
+            out.append(("Real HTTP: the demo under gunicorn, driven by wrk", ["skipped"],
+                        [[web["skipped"]]]))
+        else:
+            rows = []
+            for r in web["rows"].values():
+                ratio = ""
+                if r.get("x_up") is not None:
+                    ratio = f"{r['x_up']:.2f}x every node up"
+                elif r.get("x_protected") is not None:
+                    ratio = f"{r['x_protected']:.2f}x protected"
+                p50, p99 = r.get("p50_us"), r.get("p99_us")
+                rows.append([r["endpoint"], "yes" if r["node_killed"] else "no",
+                             _num(r.get("rps")), ratio,
+                             "-" if p50 is None else _num(p50 / 1000, 2),
+                             "-" if p99 is None else _num(p99 / 1000, 2),
+                             str(r["s200"]), str(r["s409"]), str(r["s5xx"] + r["sother"]),
+                             str(r["socket_errors"]), str(r["sold_db"]), str(r["oversold"]),
+                             str(r["unanswered"])])
+            out.append((f"Real HTTP: the demo under gunicorn ({web['gunicorn_workers']} sync "
+                        f"workers, {web['nodes']} nodes, SQLite), wrk with "
+                        f"{web['connections']} connections, {web['seconds_per_run']:g} s "
+                        "per run; a killed node dies half-way",
+                        ["endpoint", "node killed", "requests/s", "ratio", "p50 ms", "p99 ms",
+                         "200", "409", "other", "socket errors", "sold (database)", "oversold",
+                         "unanswered"], rows))
 
     sem = results.get("semaphore")
     if sem:

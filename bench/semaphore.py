@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any
 
-from .stats import median, percentile
+from .stats import median, out_of_order, percentile
 
 PERMITS = 5
 WAITERS = 50
@@ -117,13 +117,7 @@ class SemaphoreBench:
         # The k-th release frees the permit of the k-th grant (the last PERMITS
         # releases find nobody waiting).
         self.handoff_ms += [(g - r) * 1000 for r, g in zip(releases, grants)]
-        most = -1
-        late = 0
-        for _, i in sorted(served):
-            if i < most:
-                late += 1
-            most = max(most, i)
-        self.out_of_order.append(late + (WAITERS - len(served)))
+        self.out_of_order.append(out_of_order(served, WAITERS))
 
     def run_round(self, rng: random.Random) -> None:
         self._round += 1

@@ -28,6 +28,7 @@ SLOW_NODE_LATENCY = 0.001
 CONTESTANTS = [
     ("raw-5", "floor: raw sockets, 5 nodes in parallel (waits for all)"),
     ("drl-5", "django-redlock (fencing + owner)"),
+    ("drl-async-5", "django-redlock asyncio (fencing + owner), in one running loop"),
     ("pottery-5", "pottery Redlock"),
 ]
 SLOW = {"pottery-5": 4}

@@ -23,3 +23,16 @@ def percentile(values: Sequence[float], q: float) -> float:
 def median(values: Iterable[float]) -> float:
     data = [v for v in values if not math.isnan(v)]
     return statistics.median(data) if data else float("nan")
+
+
+def out_of_order(served: Iterable[tuple[float, int]], expected: int) -> int:
+    """Grants out of arrival order: ``served`` holds (grant time, arrival
+    index) pairs; a grant counts when a waiter that arrived later was served
+    before it, and each of the ``expected`` waiters never served counts too."""
+    most, late, seen = -1, 0, 0
+    for _, index in sorted(served):
+        seen += 1
+        if index < most:
+            late += 1
+        most = max(most, index)
+    return late + (expected - seen)
