@@ -26,6 +26,7 @@ Every wait is bounded in count and time.
 from __future__ import annotations
 
 import os
+import re
 import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING, Any
@@ -545,24 +546,33 @@ class RedisClusterGroup:
         self._wait_replicas_follow(deadline)
 
     def _wait_replicas_follow(self, deadline: float) -> None:
-        """Every live master's online replicas confirm a write (``WAIT``):
-        a replica whose link is "up" may not apply the stream yet for up to
-        a second after its first sync, and a test with ``REPLICA_ACKS`` would
-        then see its very first grant unconfirmed (CI saw that once)."""
+        """Every live master's live replicas confirm a write (``WAIT``): a
+        replica whose link is "up" may not apply the stream yet for up to a
+        second after its first sync, and a test with ``REPLICA_ACKS`` would
+        then see its very first grant unconfirmed (CI saw that twice).
+
+        How many replicas a master has is counted from the replicas' side
+        (each live replica's ``master_port``), not from the master's
+        ``state=online``: the master lists a replica as online only after
+        that replica's first ACK, exactly the moment this waits for, so
+        counting there would skip the very master that is not ready."""
         live = self._live()
-        owners = self._slot_map(live[0]) if live else ()
+        following: dict[int, int] = {}
         for server in live:
             replication = _text(server.execute("INFO", "replication"))
-            if "role:master" not in replication:
-                continue
-            online = replication.count("state=online")
+            if "role:slave" in replication:
+                port = re.search(r"^master_port:(\d+)", replication, re.M)
+                if port:
+                    following[int(port.group(1))] = following.get(int(port.group(1)), 0) + 1
+        owners = self._slot_map(live[0]) if live else ()
+        for server in live:
+            expected = following.get(server.port, 0)
             first = next((lo for lo, _, port in owners if port == server.port), None)
-            if not online or first is None:
+            if not expected or first is None:
                 continue
-            probe = _key_in_slot(first)
-            acked = replicas_following(server, online, deadline, key=probe)
-            if acked < online:
-                raise RuntimeError(f"{server!r}: {acked} of {online} replicas follow its "
+            acked = replicas_following(server, expected, deadline, key=_key_in_slot(first))
+            if acked < expected:
+                raise RuntimeError(f"{server!r}: {acked} of {expected} replicas follow its "
                                    "writes")
 
     @staticmethod
