@@ -35,33 +35,48 @@ These are what :mod:`django_redlock.metrics` counts; an OpenTelemetry (or any
 other) integration can connect to them the same way.
 
 A receiver that raises does not break the lock: exceptions are logged.
+
+The engine sends every signal but ``fenced_write_rejected``, so they are
+defined below it, in ``django_redlock/engine/events.py`` (the engine imports
+nothing above it); this module is their public place and re-exports the very
+same objects.
 """
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from django.dispatch import Signal
 
-lock_acquired = Signal()
-lock_released = Signal()
-lock_lost = Signal()
-lock_not_acquired = Signal()
-lock_extended = Signal()
-lock_waiter_woken = Signal()
+# The engine sends these (the locks report from below this layer), so they are
+# defined in engine/events.py and are the very same objects here.
+from .engine.events import (
+    lock_acquired,
+    lock_extended,
+    lock_lost,
+    lock_not_acquired,
+    lock_released,
+    lock_waiter_woken,
+    logger,
+    send,
+)
+
+__all__ = [
+    "lock_acquired",
+    "lock_released",
+    "lock_lost",
+    "lock_not_acquired",
+    "lock_extended",
+    "lock_waiter_woken",
+    "fenced_write_rejected",
+    "send",
+    "logger",
+    "connect_receivers",
+    "disconnect_receivers",
+]
+
+# Sent by the fenced writes of this layer (models.py), not by the engine.
 fenced_write_rejected = Signal()
-
-logger = logging.getLogger("django_redlock.signals")
-
-
-def send(signal: Signal, sender: Any, **kwargs: Any) -> None:
-    """Send ``signal``; a failing receiver is logged, never propagated into lock code."""
-    if not signal.receivers or not signal.has_listeners(sender):
-        return  # the first test is free; has_listeners() walks the receivers
-    for receiver, result in signal.send_robust(sender, **kwargs):
-        if isinstance(result, Exception):
-            logger.error("receiver %r of %s failed", receiver, kwargs.get("name"), exc_info=result)
 
 
 def connect_receivers(receivers: Any, uid_prefix: str) -> None:

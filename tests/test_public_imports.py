@@ -64,6 +64,26 @@ def test_module_paths_users_import() -> None:
     from django_redlock.testing import FaultProxy, RedisNodes, RedisServer  # noqa: F401
 
 
+@pytest.mark.parametrize("name", [
+    "lock_acquired", "lock_released", "lock_lost", "lock_not_acquired", "lock_extended",
+    "lock_waiter_woken", "send", "logger"])
+def test_the_signals_are_the_engines_own_objects(name: str) -> None:
+    """The engine sends the signals (engine/events.py); a receiver connected to the
+    documented ones (django_redlock.signals) must hear it: the same objects."""
+    from django_redlock import signals
+    from django_redlock.engine import events
+
+    assert getattr(signals, name) is getattr(events, name)
+    assert name in signals.__all__
+
+
+def test_the_signal_log_keeps_its_name() -> None:
+    from django_redlock import signals
+
+    assert signals.logger.name == "django_redlock.signals"
+    assert "fenced_write_rejected" in signals.__all__
+
+
 # ``from django_redlock[.x] import a, b`` in the README and the docs' examples.
 EXAMPLE_IMPORT = re.compile(r"from (django_redlock[\w.]*) import \(?([\w, \n]+?)\)?\s*(?:#|$)", re.M)
 

@@ -75,14 +75,13 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from django.dispatch import Signal
 
-from .. import signals
 from ..core.arguments import check_ttl
 from ..exceptions import (
     LockLost,
     QuorumUnavailable,
     RedlockError,
 )
-from . import rounds
+from . import events, rounds
 from .lock import Lock  # the sender of every lock signal
 from .protocol import (
     _HELD,
@@ -206,7 +205,7 @@ def _complete(aw: Coroutine[Any, Any, T]) -> Awaitable[tuple[T, bool]]:
 
 
 async def _send(signal: Signal, **kwargs: Any) -> None:
-    """Send like :func:`signals.send` (sender=Lock, failures logged), from a coroutine.
+    """Send like :func:`.events.send` (sender=Lock, failures logged), from a coroutine.
 
     Django 5's ``asend_robust`` is used when present: ``send_robust`` would call
     async receivers through ``async_to_sync``, which refuses to run inside a loop.
@@ -215,11 +214,11 @@ async def _send(signal: Signal, **kwargs: Any) -> None:
         return  # the first test is free; has_listeners() walks the receivers
     asend = getattr(signal, "asend_robust", None)
     if asend is None:
-        signals.send(signal, Lock, **kwargs)
+        events.send(signal, Lock, **kwargs)
         return
     for receiver, result in await asend(Lock, **kwargs):
         if isinstance(result, Exception):
-            signals.logger.error("receiver %r of %s failed", receiver, kwargs.get("name"),
+            events.logger.error("receiver %r of %s failed", receiver, kwargs.get("name"),
                                  exc_info=result)
 
 
@@ -534,12 +533,12 @@ class AsyncLock(LockBase):
                         answer = await waiter.wait(cast(Wait, step).seconds)
                         waiter.clear()
                         if answer:
-                            await _send(signals.lock_waiter_woken, lock=self, name=self.name)
+                            await _send(events.lock_waiter_woken, lock=self, name=self.name)
                     step = plan.send(answer)
             except StopIteration as done:
                 result = done.value
             if result is None:
-                await _send(signals.lock_not_acquired, lock=self, name=self.name,
+                await _send(events.lock_not_acquired, lock=self, name=self.name,
                             wait=mgr.clock() - started, outcome="busy")
                 return False
             served = True  # the granting nodes' scripts took us out of the line
@@ -553,7 +552,7 @@ class AsyncLock(LockBase):
                         only=result.queued_at))
                     if cancelled:
                         raise asyncio.CancelledError
-                await _send(signals.lock_acquired, lock=self, name=self.name,
+                await _send(events.lock_acquired, lock=self, name=self.name,
                             fence=self.fence, wait=self._acquired_at - started)
             except asyncio.CancelledError:
                 # Cancelled meanwhile (or in a signal receiver): the caller
@@ -565,7 +564,7 @@ class AsyncLock(LockBase):
                 raise
             return True
         except QuorumUnavailable:
-            await _send(signals.lock_not_acquired, lock=self, name=self.name,
+            await _send(events.lock_not_acquired, lock=self, name=self.name,
                         wait=mgr.clock() - started, outcome="quorum_unavailable")
             raise
         finally:

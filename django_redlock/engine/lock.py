@@ -16,10 +16,10 @@ import time
 from types import EllipsisType, TracebackType
 from typing import TYPE_CHECKING, Any, cast
 
-from .. import signals
 from ..core.arguments import check_ttl
 from ..core.pid import getpid
 from ..exceptions import LockLost, QuorumUnavailable, RedlockError
+from . import events
 from .held import release_held_locks
 from .protocol import (
     _UNLOCKED,
@@ -117,13 +117,13 @@ class Lock(LockBase):
                         answer = subscription.wait(cast(Wait, step).seconds)
                         subscription.clear()
                         if answer:
-                            signals.send(signals.lock_waiter_woken, Lock, lock=self,
+                            events.send(events.lock_waiter_woken, Lock, lock=self,
                                          name=self.name)
                     step = plan.send(answer)
             except StopIteration as done:
                 result = done.value
             if result is None:
-                signals.send(signals.lock_not_acquired, Lock, lock=self, name=self.name,
+                events.send(events.lock_not_acquired, Lock, lock=self, name=self.name,
                              wait=mgr.clock() - started, outcome="busy")
                 return False
             served = True  # the granting nodes' scripts took us out of the line
@@ -137,7 +137,7 @@ class Lock(LockBase):
             return True
         except BaseException as exc:
             if isinstance(exc, QuorumUnavailable):
-                signals.send(signals.lock_not_acquired, Lock, lock=self, name=self.name,
+                events.send(events.lock_not_acquired, Lock, lock=self, name=self.name,
                              wait=mgr.clock() - started, outcome="quorum_unavailable")
             # Interrupted (a signal handler such as Celery's soft time limit,
             # KeyboardInterrupt) in the middle of a round, or after the grant:
@@ -189,8 +189,8 @@ class Lock(LockBase):
             self._enter_hold(token, fence, valid_until)
         if self.auto_renew:
             mgr.watchdog.schedule(self, self._next_renewal(self._acquired_at))
-        if signals.lock_acquired.receivers:  # none: sending does nothing, skip its arguments
-            signals.send(signals.lock_acquired, Lock, lock=self, name=self.name, fence=fence,
+        if events.lock_acquired.receivers:  # none: sending does nothing, skip its arguments
+            events.send(events.lock_acquired, Lock, lock=self, name=self.name, fence=fence,
                          wait=self._acquired_at - started)
 
     # -- the hold's plans, run with the sync transport ------------------------
@@ -210,7 +210,7 @@ class Lock(LockBase):
                                                step.fence, step.ttl)
                 else:
                     assert isinstance(step, Report)
-                    signals.send(step.signal, Lock, **step.kwargs)
+                    events.send(step.signal, Lock, **step.kwargs)
                     answer = None
                 step = plan.send(answer)
         except StopIteration as done:
@@ -296,7 +296,7 @@ class Lock(LockBase):
         try:
             reports, outcome = run_to_round(self._renew_plan())
             for report in reports:
-                signals.send(report.signal, Lock, **report.kwargs)
+                events.send(report.signal, Lock, **report.kwargs)
         except BaseException:
             self._io.release()
             raise

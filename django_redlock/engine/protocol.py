@@ -32,7 +32,6 @@ import math
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Generator, NamedTuple, Protocol, Sequence, Union
 
-from .. import signals
 from ..core.arguments import check_timeout
 from ..core.keys import fence_key, lock_key, validate_name, waiters_key
 from ..core.owner import new_token, owner_json
@@ -40,7 +39,7 @@ from ..core.pid import getpid
 from ..core.retry import jittered_delay
 from ..exceptions import LockLost, LockNotAcquired, LockNotOwned, QuorumUnavailable, RedlockError
 from ..transport.sync import call_deadline
-from . import held, rounds
+from . import events, held, rounds
 
 if TYPE_CHECKING:
     from ..transport.notify import Subscription
@@ -546,8 +545,8 @@ class LockBase:
                            lock_name=self.name, fence=fence)
         # Only a release some node confirmed (see signals); with no receiver
         # connected, sending would do nothing, so nothing is built for it.
-        if result.released and signals.lock_released.receivers:
-            yield Report(signals.lock_released, dict(lock=self, name=self.name, fence=fence,
+        if result.released and events.lock_released.receivers:
+            yield Report(events.lock_released, dict(lock=self, name=self.name, fence=fence,
                                                      held=held, nodes=result.released))
         if not result.released:
             logger.warning("release of lock %r was confirmed by no node; it is sent again "
@@ -591,8 +590,8 @@ class LockBase:
             self._valid_until = result.valid_until
             # With no receiver connected, sending would do nothing: nothing is
             # built for it (10,000 held locks renew 3,000 times a second).
-            if signals.lock_extended.receivers:
-                yield Report(signals.lock_extended, dict(lock=self, name=self.name,
+            if events.lock_extended.receivers:
+                yield Report(events.lock_extended, dict(lock=self, name=self.name,
                                                          fence=self.fence, ttl=ttl))
             return "ok", ""
         if result.valid_until:  # some node took a shorter lease (rounds.tally_extend)
@@ -639,7 +638,7 @@ class LockBase:
     def _report_lost_plan(self, reason: str, held: float) -> HoldPlan:
         logger.warning("lock %r (fence %d) lost after %.3f s: %s", self.name, self.fence, held,
                        reason)
-        yield Report(signals.lock_lost, dict(lock=self, name=self.name, fence=self.fence,
+        yield Report(events.lock_lost, dict(lock=self, name=self.name, fence=self.fence,
                                              held=held, reason=reason))
 
     def _enter_hold(self, token: str, fence: int, valid_until: float) -> None:
