@@ -106,6 +106,8 @@ def test_the_graph_was_read() -> None:
     assert "django_redlock.engine.protocol" in GRAPH["django_redlock.engine.lock"]
     assert "django_redlock.engine.events" in GRAPH["django_redlock.engine.lock"]  # from . import events
     assert "django_redlock.engine.events" in GRAPH["django_redlock.signals"]
+    assert _layer("django_redlock.signals") == "django"
+    assert _layer("django_redlock.engine.events") == "engine"
     assert "django_redlock.transport.resp" in GRAPH["django_redlock.testing.base"]
 
 
@@ -157,6 +159,31 @@ def test_dependencies_point_down(module: str) -> None:
     wrong = sorted(dep for dep in GRAPH[module]
                    if _layer(dep) != layer and _layer(dep) not in ALLOWED[layer])
     assert wrong == [], f"{module} ({layer}) imports {wrong}"
+
+
+def test_a_leaf_imports_nothing_of_ours() -> None:
+    # What makes a leaf safe for every layer; a module that imports one of ours
+    # cannot be declared a leaf to hide an import of a layer above.
+    assert {leaf: GRAPH[leaf] for leaf in LEAVES} == {leaf: set() for leaf in LEAVES}
+
+
+def test_the_lower_layers_reach_no_module_of_the_django_layer() -> None:
+    """engine/, transport/ and core/ load no Django-layer module of ours, not even
+    through another module (what they import, and what that imports, ...)."""
+    reached: dict[str, list[str]] = {}
+    for module in GRAPH:
+        if _layer(module) not in ("engine", "transport", "core"):
+            continue
+        seen: set[str] = set()
+        todo = [module]
+        while todo:  # bounded: each module of ours is visited once
+            for dep in GRAPH[todo.pop()]:
+                if dep not in seen:
+                    seen.add(dep)
+                    todo.append(dep)
+        if above := sorted(dep for dep in seen if _layer(dep) == "django"):
+            reached[module] = above
+    assert reached == {}
 
 
 def test_the_harness_uses_only_the_reply_reader_of_the_transport() -> None:
