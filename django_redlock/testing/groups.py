@@ -1,6 +1,6 @@
 """A Sentinel group and a Redis Cluster, real processes on loopback, for tests.
 
-(Why one module of 600 lines: both are groups of RedisServer processes set up
+(Why one module of 800 lines: both are groups of RedisServer processes set up
 and broken with plain commands, sharing the bounded waits and reply parsing.)
 
 A Redlock node may be a Sentinel-managed master or a whole Redis Cluster

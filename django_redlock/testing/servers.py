@@ -1,6 +1,6 @@
 """One Redis server process, and a group of independent nodes.
 
-(Why one module of 600 lines: ``RedisNodes`` is a list of ``RedisServer`` and
+(Why one module of 650 lines: ``RedisNodes`` is a list of ``RedisServer`` and
 its faults (pause, kill, restart, flush, clock steps) are the server's own,
 applied to several; the proxy and the binaries live apart.)
 """

@@ -1,6 +1,6 @@
 """Release notices: waking blocked acquirers when a lock is released.
 
-(Why one module of 700 lines: the subscriptions, the read role that waiting
+(Why one module of 750 lines: the subscriptions, the read role that waiting
 threads pass between them, and the housekeeping thread share one lock and one
 set of connections; their hand-offs are the subtle part and are kept together.)
 
