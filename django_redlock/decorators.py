@@ -104,9 +104,14 @@ def current_lock() -> Any:
 
     A :class:`~django_redlock.Lock` (an ``AsyncLock`` in an ``async def``). Use it
     for fenced writes from inside a decorated function, where the lock object is
-    otherwise out of reach::
+    otherwise out of reach. Claim the row before reading it, so that a holder
+    paused past its lease is the one refused, not the newer holder::
 
-        obj.fenced_save(current_lock())
+        @with_lock(Product.lock_template())     # the row's own lock name
+        def restock(pk, qty):
+            product = Product.objects.claim_and_get(current_lock(), pk=pk)
+            product.stock += qty
+            product.fenced_save(current_lock(), update_fields=["stock"])
     """
     return _current_lock.get()
 

@@ -28,14 +28,21 @@ from tests.testapp.models import Product
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = ["README.md", "docs/index.rst", "docs/quickstart.rst", "docs/testing.rst",
-         "docs/safety.rst", "docs/howto/models-and-fenced-writes.rst", "docs/howto/views.rst"]
+         "docs/safety.rst", "docs/howto/models-and-fenced-writes.rst", "docs/howto/views.rst",
+         "docs/howto/celery-tasks.rst", "docs/howto/async-views.rst"]
 
 WRITES = re.compile(r"fenced_save|fenced_update|\.claim\(|claim_and_get|fence__|fence=|\.update\(")
 #: ``filter(fence__lt=F).update(<anything but only the fence>)``: the pattern that loses updates.
 BLIND = re.compile(r"fence__lt=[^)]*\)\s*\.update\(\s*(?!fence=[^,)]*\))")
+#: A fenced write (``fenced_save``/``fenced_update`` and their async twins) ...
+FENCED_WRITE = re.compile(r"fenced_save\(|fenced_update\(")
+#: ... needs a claim in the same example, before the read: ``locked()``/``alocked()``,
+#: ``claim_and_get()``, ``claim()`` or the plain ``update(fence=F)`` claim. A plain
+#: ``get()`` then ``fenced_save()`` refuses the newer holder instead of the stale one.
+CLAIM = re.compile(r"\.a?locked\(|claim_and_get\(|\.claim\(|\.update\(fence=")
 #: What the docs call things the test app names differently.
 RENAMES = {"shop.product": "testapp.product", "inventory.item": "testapp.product",
-           "warehouse=7": "name='w7'"}
+           "warehouse=7": "name='w7'", "from shop.models import": "from tests.testapp.models import"}
 
 
 def _blocks(path: str) -> list[tuple[str | None, str]]:
@@ -101,6 +108,9 @@ def test_every_fenced_example_is_executed() -> None:
             assert not BLIND.search(code), (
                 f"{path}: a write conditional only on 'fence < F' with values read earlier "
                 f"loses updates; claim first:\n{code}")
+            assert not FENCED_WRITE.search(code) or CLAIM.search(code), (
+                f"{path}: a fenced write with no claim before the read; claim first "
+                f"(locked(), claim_and_get(), claim()):\n{code}")
     assert not unmarked, "fenced examples without a snippet test:\n" + "\n".join(unmarked)
     tested = {name[len("test_snippet_"):].replace("_", "-") for name in globals()
               if name.startswith("test_snippet_")}
@@ -220,6 +230,52 @@ def test_snippet_howto_method() -> None:
     assert Product.objects.get(pk=pk).stock == 15
 
 
+@pytest.mark.django_db
+def test_snippet_celery_restock() -> None:
+    pk = _row().pk
+    ns = _run("celery-restock")
+    ns["restock"](pk, 5)
+    row = Product.objects.get(pk=pk)
+    assert row.stock == 15 and row.fence > 0
+    # A worker whose claim a newer holder overtook is refused, not written.
+    Product.objects.filter(pk=pk).update(fence=2**62)
+    with pytest.raises(FencedWriteRejected):
+        ns["restock"](pk, 5)
+    assert Product.objects.get(pk=pk).stock == 15
+
+
+@pytest.mark.django_db
+def test_snippet_async_views_buy() -> None:
+    from asgiref.sync import async_to_sync
+
+    pk = _row().pk
+    ns = _run("async-views-buy")
+    # async_to_sync: the ORM calls come back to this thread (its DB connection).
+    response = async_to_sync(ns["buy"])(RequestFactory().post("/"), pk=pk)
+    row = Product.objects.get(pk=pk)
+    assert response.status_code == 200 and row.stock == 9 and row.fence > 0
+    Product.objects.filter(pk=pk).update(fence=2**62)
+    with pytest.raises(FencedWriteRejected):
+        async_to_sync(ns["buy"])(RequestFactory().post("/"), pk=pk)
+    assert Product.objects.get(pk=pk).stock == 9
+
+
+@pytest.mark.django_db
+def test_current_lock_docstring_example_claims_first() -> None:
+    """The example in ``current_lock()``'s docstring, run as written."""
+    from django_redlock import decorators
+
+    doc = decorators.current_lock.__doc__ or ""
+    code = textwrap.dedent(doc.split("::", 1)[1]).strip("\n")
+    assert "claim_and_get" in code and not BLIND.search(code)
+    ns: dict[str, Any] = {"with_lock": decorators.with_lock,
+                          "current_lock": decorators.current_lock, "Product": Product}
+    exec(compile(code, "<current_lock docstring>", "exec"), ns)  # noqa: S102 - our own code
+    pk = _row().pk
+    ns["restock"](pk, 2)
+    assert Product.objects.get(pk=pk).stock == 12
+
+
 def test_blind_pattern_is_recognised() -> None:
     """The guard itself: the old pattern is caught, the claim step is not."""
     assert BLIND.search("Item.objects.filter(pk=pk, fence__lt=held.fence).update(\n"
@@ -228,3 +284,10 @@ def test_blind_pattern_is_recognised() -> None:
                         "stock=F('stock') - 1, fence=held.fence)")
     assert not BLIND.search("Item.objects.filter(pk=pk, fence__lt=held.fence)"
                             ".update(fence=held.fence)")
+    unclaimed = ("product = Product.objects.get(pk=product_id)\n"
+                 "product.fenced_save(current_lock(), update_fields=['stock'])")
+    assert FENCED_WRITE.search(unclaimed) and not CLAIM.search(unclaimed)
+    for claimed in ("Product.objects.claim_and_get(lock, pk=pk)", "Item.objects.locked(pk=pk)",
+                    "Product.objects.alocked(pk=pk)", "rows.claim(lock)",
+                    "filter(pk=pk, fence__lt=held.fence).update(fence=held.fence)"):
+        assert CLAIM.search(claimed), claimed

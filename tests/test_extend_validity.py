@@ -1,0 +1,129 @@
+"""An extend the nodes applied, but whose lease ran out before the reply.
+
+``extend(ttl)`` makes the holder count on ``ttl`` from the moment the request
+left. When the replies come back after that (a slow link, a tiny ``ttl``),
+the nodes said yes to a lease that is already over by the holder's clock::
+
+    t0.00  A holds "x"; every link to the nodes is slow (50 ms each way)
+    t0.00  A calls extend(0.01): it may count on 10 ms, minus the drift
+    t0.05  every node applies it (the key is A's, a lease is never shortened)
+    t0.10  the replies arrive: 3 of 3 extended, no validity left
+
+Before issue 25 the round was "not extended" and the holder kept its old
+deadline: ``owned()`` True, ``QuorumUnavailable`` with "3 of 3 nodes extended,
+2 needed". Now the lock is lost on the spot: ``LockLost``, ``owned()`` False,
+and the next owner gets it once the old key is gone (released or expired).
+
+Also here: the lease a waiter handed the lock by a release believes it has
+never exceeds its ttl, even when the node's clock stepped forward while the
+waiter was in line (docs/safety.rst, "A lock handed over by its release").
+"""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from typing import Any, Callable
+
+import pytest
+
+from django_redlock import LockLost
+from django_redlock.testing import FaultProxy, RedisNodes, find_valkey_binary
+from tests.polling import wait_until
+
+LATENCY = 0.05  # each way: the round takes 0.1 s, ten times the new lease
+
+
+def _slow_manager(nodes: RedisNodes, make_manager: Callable[..., Any],
+                  fault_proxy_factory: Callable[..., FaultProxy]) -> tuple[Any, list[FaultProxy]]:
+    proxies = [fault_proxy_factory(server) for server in nodes]
+    return make_manager([p.url for p in proxies], node_timeout=1.0), proxies
+
+
+def _new_owner_holds(other: Any, nodes: RedisNodes) -> bool:
+    return other.owned() and all(
+        s.client().get(other.key).startswith(other._token.encode()) for s in nodes)
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_an_extend_applied_with_no_validity_left_is_a_lost_lock(
+        nodes3: RedisNodes, make_manager: Callable[..., Any],
+        fault_proxy_factory: Callable[..., FaultProxy], flavour: str) -> None:
+    """The timeline above. Then one owner: the lost holder is told at once;
+    the next client gets the lock once the key the nodes kept expires (ttl
+    1 s: a lease is never shortened on a node); the lost holder's release
+    raises ``LockLost`` again and does not take the lock from the new owner."""
+    mgr, proxies = _slow_manager(nodes3, make_manager, fault_proxy_factory)
+    other = make_manager(nodes3)
+    if flavour == "sync":
+        lock = mgr.lock("short-extend", ttl=1, auto_renew=False)
+        assert lock.acquire(timeout=0)
+        for p in proxies:
+            p.set_latency(LATENCY)
+        with pytest.raises(LockLost, match="left no validity"):
+            lock.extend(0.01)
+        assert not lock.owned()
+        assert all(s.client().exists(lock.key) for s in nodes3)  # the nodes applied it
+        for p in proxies:
+            p.set_latency(0.0)
+        new = other.lock("short-extend", ttl=5)
+        assert new.acquire(timeout=5)
+        assert not lock.owned()
+        with pytest.raises(LockLost):
+            lock.release()
+        assert _new_owner_holds(new, nodes3)
+        new.release()
+        return
+
+    async def scenario() -> None:
+        lock = mgr.alock("short-extend", ttl=1, auto_renew=False)
+        assert await lock.acquire(timeout=0)
+        for p in proxies:
+            p.set_latency(LATENCY)
+        with pytest.raises(LockLost, match="left no validity"):
+            await lock.extend(0.01)
+        assert not lock.owned()
+        assert all(s.client().exists(lock.key) for s in nodes3)
+        for p in proxies:
+            p.set_latency(0.0)
+        new = other.alock("short-extend", ttl=5)
+        assert await new.acquire(timeout=5)
+        assert not lock.owned()
+        with pytest.raises(LockLost):
+            await lock.release()
+        assert _new_owner_holds(new, nodes3)
+        await new.release()
+
+    asyncio.run(scenario())
+
+
+def test_a_handed_over_lease_never_exceeds_the_ttl_on_a_stepped_node(
+        tmp_path: Path, make_manager: Callable[..., Any]) -> None:
+    """Issue 17: the node's clock steps 4.35 s forward while a waiter is in line;
+    the release hands it the lock. The waiter bounds its lease by the node's two
+    clock readings (queued, handed over): with the step, that made 10.0 s look
+    like 14.3 s. Now it never counts on more than its ttl."""
+    from tests.chaos.nemesis import write_clock_offset
+    from tests.chaos.runner import find_libfaketime
+    from tests.test_waiters import SLOW_RETRY, WaitingThread, _queued
+
+    so, binary = find_libfaketime()[0], find_valkey_binary()
+    if so is None or binary is None:
+        pytest.skip("no clock faults here: needs libfaketime and valkey-server")
+    offset = str(tmp_path / "offset")
+    write_clock_offset(offset, 0.0)
+    with RedisNodes(1, binary=binary, env={"LD_PRELOAD": so, "FAKETIME_NO_CACHE": "1",
+                    "FAKETIME_TIMESTAMP_FILE": offset,
+                    "FAKETIME_DONT_FAKE_MONOTONIC": "1"}) as node:
+        holder = make_manager(node, ttl=10).lock("handed-step")
+        assert holder.acquire()
+        waiting = WaitingThread(make_manager(node, ttl=10, retry_delay=SLOW_RETRY),
+                                "handed-step")
+        assert wait_until(lambda: _queued(node, holder.manager, "handed-step") == 1)
+        write_clock_offset(offset, 4.35)
+        holder.release()
+        waiting.thread.join(timeout=SLOW_RETRY - 1)
+        mine = waiting._lock
+        assert mine.owned(), "not handed over"
+        assert mine.validity <= 10.0, f"a 10 s lease believed {mine.validity:.2f} s"
+        mine.release()
