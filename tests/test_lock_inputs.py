@@ -85,6 +85,74 @@ def test_a_key_no_lock_wrote_is_busy_at_the_normal_pace_and_named(
     assert info.value.retry_after > 0
 
 
+def _persisted_holder(nodes: RedisNodes, make_manager: Any, name: str) -> Any:
+    """A real lock, held, whose key an operator then made non-expiring
+    (``PERSIST`` on every node while it is held)."""
+    holder = make_manager(nodes, node_timeout=NODE_TIMEOUT, auto_renew=False)
+    held = holder.lock(name, ttl=5)
+    assert held.acquire(timeout=0)
+    for server in nodes:
+        assert server.client().persist(held.key)
+        assert server.client().pttl(held.key) == -1
+    return held
+
+
+def _assert_normal_pace(calls: int, took: float, error: Any, retry_delay: float) -> None:
+    # One second at a retry delay of 0.1 s (each wait drawn from 0.05..0.1 s):
+    # about 10 to 20 attempts; a hot loop made hundreds.
+    assert took < 3.0, took
+    assert calls < 40, f"{calls} acquire scripts in a one-second wait: a hot loop"
+    # Named for what it is: a lock whose key lost its expiry, not "something
+    # other than a lock", with the way out.
+    message = str(error)
+    assert "lock with no expiry" in message and "PERSIST" in message, message
+    assert "other than a lock" not in message, message
+    assert "locks release" in message and "--force" in message, message
+    # Nothing says when it frees: the next try is one normal retry away.
+    assert 0 < error.retry_after <= retry_delay, error.retry_after
+
+
+def test_a_lock_made_non_expiring_is_busy_at_the_normal_pace(
+        nodes3: RedisNodes, make_manager: Any) -> None:
+    """A real lock value with no expiry (an operator's ``PERSIST`` while it is
+    held): the node reports no time left (``PTTL`` -1), which must not be read
+    as "free any moment now" (a retry every millisecond)."""
+    held = _persisted_holder(nodes3, make_manager, "persisted")
+    mgr = make_manager(nodes3, node_timeout=NODE_TIMEOUT, retry_delay=0.1)
+    before = [_acquire_scripts(s) for s in nodes3]
+    started = time.monotonic()
+    with pytest.raises(LockNotAcquired) as info:
+        with mgr.lock("persisted", timeout=1.0):
+            pass
+    took = time.monotonic() - started
+    calls = max(_acquire_scripts(s) - b for s, b in zip(nodes3, before))
+    _assert_normal_pace(calls, took, info.value, 0.1)
+    assert held.owned()  # the holder still has it (its own lease, as it knows it)
+    held.release()
+
+
+def test_a_lock_made_non_expiring_is_busy_at_the_normal_pace_asyncio(
+        nodes3: RedisNodes, make_manager: Any) -> None:
+    import asyncio
+
+    held = _persisted_holder(nodes3, make_manager, "apersisted")
+    mgr = make_manager(nodes3, node_timeout=NODE_TIMEOUT, retry_delay=0.1)
+
+    async def wait() -> tuple[Any, float]:
+        lock = mgr.alock("apersisted", timeout=1.0)
+        started = time.monotonic()
+        with pytest.raises(LockNotAcquired) as info:
+            async with lock:
+                pass
+        return info.value, time.monotonic() - started
+
+    before = [_acquire_scripts(s) for s in nodes3]
+    error, took = asyncio.run(wait())
+    calls = max(_acquire_scripts(s) - b for s, b in zip(nodes3, before))
+    _assert_normal_pace(calls, took, error, 0.1)
+    held.release()
+
+
 def test_a_foreign_value_at_the_waiter_queue_is_named(nodes3: RedisNodes,
                                                      make_manager: Any) -> None:
     """A string some other code wrote where a lock keeps its waiter queue:
