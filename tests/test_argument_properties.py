@@ -115,25 +115,68 @@ def test_with_lock_checks_when_decorating(rule: str, value: Any) -> None:
     _expect(rule, value, lambda: with_lock("prop:<x>", **{rule: value})(lambda x: x))
 
 
+#: The manager's other time options, with the ranges docs/settings.rst gives
+#: them (they have no per-call twin): seconds, bounds included.
+MANAGER_ONLY = {"retry_delay": (0.001, 60.0), "node_timeout": (0.001, 30.0),
+                "connect_timeout": (0.001, 60.0)}
+manager_values = st.one_of(values, st.sampled_from(
+    [0.001, 0.0009999, 0.00100001, 30, 30.000001, 60, 60.0, 60.000001, 59.99]))
+
+
+def _accepted_per_call(mgr: Any, rule: str, value: Any) -> bool:
+    """Whether ``lock()`` (the per-call check) takes ``value`` for ``rule``."""
+    try:
+        mgr.lock("prop", **{rule: value})
+    except ValueError:
+        return False
+    return True
+
+
+def _manager_takes(urls: list[str], option: str, value: Any) -> bool:
+    """Whether ``LockManager(**{option: value})`` and ``REDLOCK[OPTION]`` take
+    ``value``; a refusal must be ``InvalidOption`` with the setting's
+    ``redlock.E009``/``E010`` code and name, and ``check_options`` (what
+    ``manage.py check`` reports) must agree with the manager."""
+    from django_redlock.core.config import check_options
+    from django_redlock.engine.manager import InvalidOption
+
+    errors = [p for p in check_options({option.upper(): value}) if p.is_error]
+    try:
+        manager = LockManager(urls, **{option: value})
+    except InvalidOption as e:
+        assert errors, (option, value, str(e))
+        assert option.upper() in str(e), str(e)
+        assert all(p.id in ("E009", "E010") for p in errors), errors
+        assert any(f"redlock.{p.id}" in str(e) for p in errors), str(e)
+        return False
+    manager.close()
+    assert not errors, (option, value, errors)
+    taken = manager.options[option.upper()]
+    assert taken == value, (option, value, taken)
+    return True
+
+
 @pytest.mark.parametrize("rule", ["ttl", "timeout", "max_hold"])
 @RUNS
-@given(value=values)
-def test_lock_manager_options(nodes3_module: RedisNodes, rule: str, value: Any) -> None:
-    def make() -> Any:
-        manager = LockManager(nodes3_module.urls, **{rule: value})
-        manager.close()
-        return manager
+@given(value=manager_values)
+def test_lock_manager_options(mgr: Any, nodes3_module: RedisNodes, rule: str,
+                              value: Any) -> None:
+    """``LockManager(...)`` and ``REDLOCK`` take exactly what ``lock()`` takes
+    (one set of rules): ``LockManager(timeout=1e10)`` was accepted while
+    ``lock(timeout=1e10)`` was refused."""
+    per_call = _accepted_per_call(mgr, rule, value)
+    assert per_call == RULES[rule](value), (rule, value)
+    assert _manager_takes(nodes3_module.urls, rule, value) == per_call, (rule, value)
 
-    if rule != "ttl" or RULES[rule](value):
-        # The manager's own ranges differ a little (TTL also ≥ 10 x NODE_TIMEOUT
-        # is only a warning); what matters: a ValueError or a manager.
-        try:
-            make()
-        except ValueError as e:
-            assert rule.upper() in str(e), str(e)
-    else:
-        with pytest.raises(ValueError, match="TTL"):
-            make()
+
+@pytest.mark.parametrize("option", sorted(MANAGER_ONLY))
+@RUNS
+@given(value=manager_values)
+def test_lock_manager_time_options_without_a_per_call_twin(
+        nodes3_module: RedisNodes, option: str, value: Any) -> None:
+    low, high = MANAGER_ONLY[option]
+    documented = _real(value) and low <= value <= high
+    assert _manager_takes(nodes3_module.urls, option, value) == documented, (option, value)
 
 
 @RUNS

@@ -3,7 +3,9 @@
 Issue repros on real nodes: ``extend(0)`` made two owners; ``acquire(timeout=nan)``
 never gave up; a key with no expiry made waiters retry every millisecond; a list
 at the lock key looked like an outage; a lease that ran out made ``acquire()``
-say "already held".
+say "already held". Each with its asyncio twin where the flavours differ in
+code: a lock made non-expiring by ``PERSIST``, a lapsed hold (reported through
+``lock_lost``), and leaving a ``with`` block after a manual ``release()``.
 """
 
 from __future__ import annotations
@@ -85,6 +87,74 @@ def test_a_key_no_lock_wrote_is_busy_at_the_normal_pace_and_named(
     assert info.value.retry_after > 0
 
 
+def _persisted_holder(nodes: RedisNodes, make_manager: Any, name: str) -> Any:
+    """A real lock, held, whose key an operator then made non-expiring
+    (``PERSIST`` on every node while it is held)."""
+    holder = make_manager(nodes, node_timeout=NODE_TIMEOUT, auto_renew=False)
+    held = holder.lock(name, ttl=5)
+    assert held.acquire(timeout=0)
+    for server in nodes:
+        assert server.client().persist(held.key)
+        assert server.client().pttl(held.key) == -1
+    return held
+
+
+def _assert_normal_pace(calls: int, took: float, error: Any, retry_delay: float) -> None:
+    # One second at a retry delay of 0.1 s (each wait drawn from 0.05..0.1 s):
+    # about 10 to 20 attempts; a hot loop made hundreds.
+    assert took < 3.0, took
+    assert calls < 40, f"{calls} acquire scripts in a one-second wait: a hot loop"
+    # Named for what it is: a lock whose key lost its expiry, not "something
+    # other than a lock", with the way out.
+    message = str(error)
+    assert "lock with no expiry" in message and "PERSIST" in message, message
+    assert "other than a lock" not in message, message
+    assert "locks release" in message and "--force" in message, message
+    # Nothing says when it frees: the next try is one normal retry away.
+    assert 0 < error.retry_after <= retry_delay, error.retry_after
+
+
+def test_a_lock_made_non_expiring_is_busy_at_the_normal_pace(
+        nodes3: RedisNodes, make_manager: Any) -> None:
+    """A real lock value with no expiry (an operator's ``PERSIST`` while it is
+    held): the node reports no time left (``PTTL`` -1), which must not be read
+    as "free any moment now" (a retry every millisecond)."""
+    held = _persisted_holder(nodes3, make_manager, "persisted")
+    mgr = make_manager(nodes3, node_timeout=NODE_TIMEOUT, retry_delay=0.1)
+    before = [_acquire_scripts(s) for s in nodes3]
+    started = time.monotonic()
+    with pytest.raises(LockNotAcquired) as info:
+        with mgr.lock("persisted", timeout=1.0):
+            pass
+    took = time.monotonic() - started
+    calls = max(_acquire_scripts(s) - b for s, b in zip(nodes3, before))
+    _assert_normal_pace(calls, took, info.value, 0.1)
+    assert held.owned()  # the holder still has it (its own lease, as it knows it)
+    held.release()
+
+
+def test_a_lock_made_non_expiring_is_busy_at_the_normal_pace_asyncio(
+        nodes3: RedisNodes, make_manager: Any) -> None:
+    import asyncio
+
+    held = _persisted_holder(nodes3, make_manager, "apersisted")
+    mgr = make_manager(nodes3, node_timeout=NODE_TIMEOUT, retry_delay=0.1)
+
+    async def wait() -> tuple[Any, float]:
+        lock = mgr.alock("apersisted", timeout=1.0)
+        started = time.monotonic()
+        with pytest.raises(LockNotAcquired) as info:
+            async with lock:
+                pass
+        return info.value, time.monotonic() - started
+
+    before = [_acquire_scripts(s) for s in nodes3]
+    error, took = asyncio.run(wait())
+    calls = max(_acquire_scripts(s) - b for s, b in zip(nodes3, before))
+    _assert_normal_pace(calls, took, error, 0.1)
+    held.release()
+
+
 def test_a_foreign_value_at_the_waiter_queue_is_named(nodes3: RedisNodes,
                                                      make_manager: Any) -> None:
     """A string some other code wrote where a lock keeps its waiter queue:
@@ -110,18 +180,133 @@ def test_a_foreign_value_at_the_waiter_queue_is_named(nodes3: RedisNodes,
     assert "another type" in message, message
 
 
+def _record(signal: Any) -> tuple[list[dict[str, Any]], Any]:
+    """Connect a receiver that records ``signal``'s sends; returns them and the
+    receiver (to disconnect)."""
+    seen: list[dict[str, Any]] = []
+
+    def receiver(**kwargs: Any) -> None:
+        seen.append(kwargs)
+
+    signal.connect(receiver)
+    return seen, receiver
+
+
 def test_a_lease_that_ran_out_is_acquired_again(nodes3: RedisNodes, make_manager: Any) -> None:
+    """Not "already held": the lease is over (``owned()`` false), so the object
+    acquires again, after reporting the lapsed hold through ``lock_lost`` (once)."""
+    from django_redlock import signals
+
     mgr = make_manager(nodes3, node_timeout=NODE_TIMEOUT)
-    lock = mgr.lock("lapse", ttl=0.1, auto_renew=False)
-    assert lock.acquire(timeout=0)
-    first = lock.fence
-    deadline = time.monotonic() + 3
-    while lock.owned() and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert not lock.owned()
-    assert lock.acquire(timeout=1)  # not "already held"
-    assert lock.owned() and lock.fence > first
-    lock.release()
+    lost, receiver = _record(signals.lock_lost)
+    try:
+        lock = mgr.lock("lapse", ttl=0.1, auto_renew=False)
+        assert lock.acquire(timeout=0)
+        first = lock.fence
+        deadline = time.monotonic() + 3
+        while lock.owned() and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert not lock.owned()
+        assert lock.acquire(timeout=1)  # not "already held"
+        assert lock.owned() and lock.fence > first
+        assert [(e["lock"], e["name"], e["fence"]) for e in lost] == [(lock, "lapse", first)]
+        # Held from the grant until the lease ran out (a cold first round eats
+        # into the 0.1 s lease; the wait above is bounded by 3 s).
+        assert "ran out" in lost[0]["reason"] and 0 < lost[0]["held"] < 3.5, lost
+        lock.release()
+        assert len(lost) == 1  # the second hold was released, not lost
+    finally:
+        signals.lock_lost.disconnect(receiver)
+
+
+def test_a_lease_that_ran_out_is_acquired_again_asyncio(
+        nodes3: RedisNodes, make_manager: Any) -> None:
+    import asyncio
+
+    from django_redlock import signals
+
+    mgr = make_manager(nodes3, node_timeout=NODE_TIMEOUT)
+    lost, receiver = _record(signals.lock_lost)
+
+    async def scenario() -> None:
+        lock = mgr.alock("alapse", ttl=0.1, auto_renew=False)
+        assert await lock.acquire(timeout=0)
+        first = lock.fence
+        deadline = time.monotonic() + 3
+        while lock.owned() and time.monotonic() < deadline:
+            await asyncio.sleep(0.02)
+        assert not lock.owned()
+        assert await lock.acquire(timeout=1)  # not "already held"
+        assert lock.owned() and lock.fence > first
+        assert [(e["lock"], e["name"], e["fence"]) for e in lost] == [(lock, "alapse", first)]
+        # Held from the grant until the lease ran out (a cold first round eats
+        # into the 0.1 s lease; the wait above is bounded by 3 s).
+        assert "ran out" in lost[0]["reason"] and 0 < lost[0]["held"] < 3.5, lost
+        await lock.release()
+        assert len(lost) == 1
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        signals.lock_lost.disconnect(receiver)
+
+
+def test_leaving_a_with_block_after_a_manual_release_does_nothing(
+        nodes3: RedisNodes, make_manager: Any) -> None:
+    """``release()`` inside ``with lock:``: the exit neither raises (no
+    ``LockLost``, no "not held") nor sends anything; the lock stays free."""
+    from django_redlock import signals
+
+    mgr = make_manager(nodes3, node_timeout=NODE_TIMEOUT)
+    released, on_released = _record(signals.lock_released)
+    lost, on_lost = _record(signals.lock_lost)
+    try:
+        lock = mgr.lock("manual", ttl=5)
+        with lock:
+            lock.release()
+            assert not lock.owned()
+            other = mgr.lock("manual")
+            assert other.acquire(timeout=0)  # really free on the nodes
+            other.release()
+        assert len(released) == 2 and not lost  # one each; nothing from the exit
+        assert not lock.owned()
+        assert not any(server.client().exists(lock.key) for server in nodes3)
+        with lock:  # the object is usable again
+            assert lock.owned()
+    finally:
+        signals.lock_released.disconnect(on_released)
+        signals.lock_lost.disconnect(on_lost)
+
+
+def test_leaving_an_async_with_block_after_a_manual_release_does_nothing(
+        nodes3: RedisNodes, make_manager: Any) -> None:
+    import asyncio
+
+    from django_redlock import signals
+
+    mgr = make_manager(nodes3, node_timeout=NODE_TIMEOUT)
+    released, on_released = _record(signals.lock_released)
+    lost, on_lost = _record(signals.lock_lost)
+
+    async def scenario() -> None:
+        lock = mgr.alock("amanual", ttl=5)
+        async with lock:
+            await lock.release()
+            assert not lock.owned()
+            other = mgr.alock("amanual")
+            assert await other.acquire(timeout=0)
+            await other.release()
+        assert len(released) == 2 and not lost
+        assert not lock.owned()
+        assert not any(server.client().exists(lock.key) for server in nodes3)
+        async with lock:
+            assert lock.owned()
+
+    try:
+        asyncio.run(scenario())
+    finally:
+        signals.lock_released.disconnect(on_released)
+        signals.lock_lost.disconnect(on_lost)
 
 
 def test_release_signal_only_for_a_release_a_node_confirmed(

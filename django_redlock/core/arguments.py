@@ -4,9 +4,12 @@
 ``Lock.extend(ttl)``, ``with_lock(...)`` and the manager's options all pass
 through these functions, before anything is sent to a node, so one bad value
 gets one clear message (naming the argument and its range) wherever it was
-given. The ``REDLOCK`` setting is checked against the same bounds
-(:mod:`django_redlock.core.config`), so a value that ``manage.py check``
-accepts is one these accept.
+given. The ``REDLOCK`` setting and ``LockManager(...)``'s options are checked
+by the same functions (:data:`SETTINGS`, used by
+:mod:`django_redlock.core.config`), so a value that ``manage.py check``
+accepts is one ``lock()`` accepts: ``LockManager(timeout=1e10)`` was once taken
+while ``lock(timeout=1e10)`` was refused. The manager's own time options
+(``retry_delay``, ``node_timeout``, ``connect_timeout``) live here too.
 
 Why each bound, by the failure it stops:
 
@@ -26,7 +29,7 @@ Why each bound, by the failure it stops:
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 __all__ = [
     "TTL_MIN",
@@ -35,7 +38,12 @@ __all__ = [
     "check_ttl",
     "check_timeout",
     "check_max_hold",
+    "check_retry_delay",
+    "check_node_timeout",
+    "check_connect_timeout",
     "is_seconds",
+    "accepts",
+    "SETTINGS",
 ]
 
 #: Shortest lease accepted (seconds): a round on loopback takes about 0.2 ms,
@@ -44,7 +52,16 @@ TTL_MIN = 0.01
 #: Longest lease accepted (seconds): one day.
 TTL_MAX = 86400.0
 #: Longest finite wait accepted (seconds): a year; beyond that, say None.
+#: Also the longest ``max_hold``.
 TIMEOUT_MAX = 365 * 86400.0
+#: ``retry_delay`` (seconds): below 1 ms a waiter is a hot loop; above a
+#: minute a waiter misses a free lock for that long when no release notice comes.
+RETRY_DELAY_MIN, RETRY_DELAY_MAX = 0.001, 60.0
+#: ``node_timeout`` (seconds): a round's deadline per node; above 30 s one
+#: slow node would stall every acquire.
+NODE_TIMEOUT_MIN, NODE_TIMEOUT_MAX = 0.001, 30.0
+#: ``connect_timeout`` (seconds): one connection set-up to a node.
+CONNECT_TIMEOUT_MIN, CONNECT_TIMEOUT_MAX = 0.001, 60.0
 
 
 def is_seconds(value: Any) -> bool:
@@ -66,12 +83,27 @@ def _describe(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
+#: Each rule's range as the messages say it (the per-call ``ValueError`` and
+#: ``manage.py check``'s ``redlock.E010`` alike).
+TTL_RANGE = f"a number of seconds between {TTL_MIN:g} and {TTL_MAX:g}"
+TIMEOUT_RANGE = (f"None (wait forever), 0 (try once) or a number of seconds up to "
+                 f"{TIMEOUT_MAX:.0f} (a year)")
+MAX_HOLD_RANGE = (f"None (no cap) or a number of seconds above 0 and up to "
+                  f"{TIMEOUT_MAX:.0f} (a year)")
+
+
+def _between(value: Any, what: str, low: float, high: float) -> float:
+    if not is_seconds(value) or not low <= value <= high:
+        raise ValueError(
+            f"{what} must be a number of seconds between {low:g} and {high:g}, "
+            f"not {_describe(value)}")
+    return float(value)
+
+
 def check_ttl(value: Any, what: str = "ttl") -> float:
     """``value`` as a lease in seconds, or ``ValueError`` naming ``what`` and the range."""
     if not is_seconds(value) or not TTL_MIN <= value <= TTL_MAX:
-        raise ValueError(
-            f"{what} must be a number of seconds between {TTL_MIN:g} and {TTL_MAX:g}, "
-            f"not {_describe(value)}")
+        raise ValueError(f"{what} must be {TTL_RANGE}, not {_describe(value)}")
     return float(value)
 
 
@@ -80,9 +112,7 @@ def check_timeout(value: Any, what: str = "timeout") -> float | None:
     if value is None:
         return None
     if not is_seconds(value) or not 0 <= value <= TIMEOUT_MAX:
-        raise ValueError(
-            f"{what} must be None (wait forever), 0 (try once) or a number of seconds up to "
-            f"{TIMEOUT_MAX:g}, not {_describe(value)}")
+        raise ValueError(f"{what} must be {TIMEOUT_RANGE}, not {_describe(value)}")
     return float(value)
 
 
@@ -91,7 +121,44 @@ def check_max_hold(value: Any, what: str = "max_hold") -> float | None:
     if value is None:
         return None
     if not is_seconds(value) or not 0 < value <= TIMEOUT_MAX:
-        raise ValueError(
-            f"{what} must be None (no cap) or a number of seconds above 0, "
-            f"not {_describe(value)}")
+        raise ValueError(f"{what} must be {MAX_HOLD_RANGE}, not {_describe(value)}")
     return float(value)
+
+
+def check_retry_delay(value: Any, what: str = "retry_delay") -> float:
+    """The longest sleep between a waiter's attempts (a manager option)."""
+    return _between(value, what, RETRY_DELAY_MIN, RETRY_DELAY_MAX)
+
+
+def check_node_timeout(value: Any, what: str = "node_timeout") -> float:
+    """Each node's deadline per round (a manager option)."""
+    return _between(value, what, NODE_TIMEOUT_MIN, NODE_TIMEOUT_MAX)
+
+
+def check_connect_timeout(value: Any, what: str = "connect_timeout") -> float:
+    """One connection set-up's bound (a manager option)."""
+    return _between(value, what, CONNECT_TIMEOUT_MIN, CONNECT_TIMEOUT_MAX)
+
+
+def accepts(check: Callable[[Any], Any], value: Any) -> bool:
+    """Whether ``check`` takes ``value`` (no ``ValueError``)."""
+    try:
+        check(value)
+    except ValueError:
+        return False
+    return True
+
+
+#: Every time option of ``REDLOCK`` / ``LockManager(...)``: its check (the very
+#: function ``lock()`` and friends call) and its range as messages say it.
+SETTINGS: dict[str, tuple[Callable[[Any], Any], str]] = {
+    "TTL": (check_ttl, TTL_RANGE),
+    "TIMEOUT": (check_timeout, TIMEOUT_RANGE),
+    "MAX_HOLD": (check_max_hold, MAX_HOLD_RANGE),
+    "RETRY_DELAY": (check_retry_delay, f"between {RETRY_DELAY_MIN:g} and "
+                                       f"{RETRY_DELAY_MAX:g} seconds"),
+    "NODE_TIMEOUT": (check_node_timeout, f"between {NODE_TIMEOUT_MIN:g} and "
+                                         f"{NODE_TIMEOUT_MAX:g} seconds"),
+    "CONNECT_TIMEOUT": (check_connect_timeout, f"between {CONNECT_TIMEOUT_MIN:g} and "
+                                               f"{CONNECT_TIMEOUT_MAX:g} seconds"),
+}

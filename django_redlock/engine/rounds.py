@@ -499,7 +499,16 @@ def _conflict(kind: int, lock_name: str) -> LockKindConflict:
 
 
 def obstacle(tally: AcquireTally, key: bytes) -> str:
-    """What holds the key, when it is not a lock: for the waiter's error and log."""
+    """What holds the key, when it is not a lock: for the waiter's error and log.
+
+    A value in a lock's format with no expiry is a lock someone made
+    persistent (``PERSIST`` while it was held): named as such, since "something
+    other than a lock" would send the operator looking for a stranger."""
+    if tally.no_expiry and not tally.foreign:
+        return (f"key {key.decode(errors='replace')!r} holds a lock with no expiry on "
+                f"{tally.no_expiry} node(s) (made persistent by hand, e.g. PERSIST); it will "
+                f"not expire by itself: once its holder is gone, 'manage.py locks release "
+                f"NAME --force' removes it")
     parts = []
     for node, kind in tally.foreign.items():
         parts.append(f"{node} has {_FOREIGN_KINDS.get(kind, 'a foreign value')}")
