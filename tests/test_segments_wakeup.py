@@ -137,3 +137,32 @@ def test_a_segment_whose_holder_vanished_serves_the_waiter_at_its_lease_end(
         for s in (seg, alive):
             if s.owned():
                 s.release()
+
+
+def test_a_plain_lock_on_a_segment_wakes_the_waiter_too(
+        nodes: RedisNodes, make_manager: MakeManager) -> None:
+    """Segment ``i`` is the plain lock ``"<name>[<i>]"``: held through
+    ``lock()`` (the demo's rows, an admin), its release wakes a segments
+    waiter as a segments holder's does."""
+    mgr = make_manager(nodes, retry_delay=6)
+    plain = [mgr.lock(f"p[{i}]", ttl=30) for i in range(2)]
+    assert all(lock.acquire(timeout=1) for lock in plain)
+    released: list[float] = []
+
+    def release() -> None:
+        released.append(time.monotonic())
+        plain[1].release()
+
+    releaser = threading.Timer(0.5, release)
+    seg = mgr.segments("p", 2, ttl=30, timeout=10)
+    releaser.start()
+    try:
+        assert seg.acquire()
+        served = time.monotonic()
+        assert seg.index == 1
+        assert served - released[0] < SERVED_WITHIN, served - released[0]
+    finally:
+        releaser.join(5)
+        for s in (seg, plain[0]):
+            if s.owned():
+                s.release()

@@ -11,7 +11,7 @@ How it waits (no polling): it tries every segment once, in a random order
 (so callers spread over the segments instead of all trying segment 0 first).
 When all are busy it listens on the name's *free* channel, which the release
 script of every segment publishes on (release.lua, ``ARGV[6]``, as a
-semaphore's permits do), tries them all once more (a segment freed between
+semaphore's permits do; any holder of ``"<name>[<i>]"``, a plain lock too), tries them all once more (a segment freed between
 the first pass and the subscription published a notice nobody heard; this
 pass finds it free), and sleeps until a notice comes. A notice names the
 segment freed: that one is tried first, then, if another waiter took it, the
@@ -33,7 +33,7 @@ from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..core.arguments import check_count_of, check_timeout
-from ..core.keys import lock_key
+from ..core.keys import segment_channel
 from ..exceptions import LockNotAcquired, LockNotOwned
 from . import compose
 from .compose import Drop, Listen, Notice, Plan, Take
@@ -56,8 +56,9 @@ def segment_name(name: str, index: int) -> str:
 
 
 def free_channel(prefix: str, name: str) -> bytes:
-    """The channel every segment's release of ``name`` publishes its key on."""
-    return lock_key(prefix, f"{name}[free]").encode()
+    """The channel every segment's release of ``name`` publishes its key on
+    (any lock named like a segment does: ``core.keys.segment_channel``)."""
+    return segment_channel(prefix, segment_name(name, 0))
 
 
 class SegmentsBase(compose.Composite):
@@ -77,9 +78,9 @@ class SegmentsBase(compose.Composite):
         #: takes any other free one, and returns False at once when none is left.
         self.skip: set[int] = set()
         self.retry_after = 0.0
+        #: Every segment's release script publishes there (``LockBase._notify``),
+        #: whoever holds it: a plain ``lock("<name>[<i>]")`` too.
         self._free_channel = free_channel(manager.key_prefix, name)
-        for lock in self._locks:
-            lock._notify = self._free_channel  # published by the release script
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} x{self.count} index={self.index}>"
