@@ -460,6 +460,17 @@ def tables(results: dict[str, Any]) -> list[tuple[str, list[str], list[list[str]
                     [[_num(sem["semaphore_p50_us"]), _num(sem["lock_p50_us"]),
                       _num(sem["ratio"], 2), str(sum(sem["out_of_order"])),
                       _num(sem["handoff_p50_ms"], 2), _num(sem["handoff_p99_ms"], 2)]]))
+        if sem.get("reentrant_p50_us") is not None:  # runs before these rows had none
+            lock_us = sem["lock_p50_us"]
+            out.append(("The lock family, 1 node: acquire + release p50 against lock() in "
+                        "the same rounds (multi_lock of two names)",
+                        ["member", "p50 µs", "x lock()"],
+                        [[member, _num(sem[key]), _num(sem[key] / lock_us, 2) if lock_us
+                          else "-"]
+                         for member, key in (("lock()", "lock_p50_us"),
+                                             ("reentrant lock", "reentrant_p50_us"),
+                                             ("multi_lock (2 names)", "multi_lock_p50_us"),
+                                             ("semaphore", "semaphore_p50_us"))]))
     return out
 
 

@@ -4,6 +4,9 @@
   acquire + release, batches interleaved in a shuffled order within each round;
   the ratio of the two p50s is taken inside the round, the report gives the
   median over rounds;
+* the other members made of plain locks, measured the same way in the same
+  rounds: ``lock(name, reentrant=True)`` and ``multi_lock`` of two names (its
+  cost is about two locks': one acquire and one release per name);
 * queue: 5 holders hold the 5 permits while 50 waiters arrive one at a time
   (each starts once the one before it is in line); then the holders let go and
   every waiter holds its permit 2 ms. Reported: grants out of arrival order (a
@@ -24,6 +27,8 @@ from .stats import median, out_of_order, percentile
 PERMITS = 5
 WAITERS = 50
 HOLD = 0.002
+#: The members measured against lock() in each round.
+KINDS = ("lock", "semaphore", "reentrant", "multi_lock")
 
 
 class SemaphoreBench:
@@ -35,7 +40,7 @@ class SemaphoreBench:
         self.ops = ops
         self.warmup = warmup
         self.ratios: list[float] = []
-        self.p50: dict[str, list[float]] = {"lock": [], "semaphore": []}
+        self.p50: dict[str, list[float]] = {kind: [] for kind in KINDS}
         self.out_of_order: list[int] = []
         self.handoff_ms: list[float] = []
         self.errors = 0
@@ -43,11 +48,9 @@ class SemaphoreBench:
 
     # -- cost --------------------------------------------------------------------
     def _batch(self, kind: str) -> float:
-        mgr = self.manager
         lat: list[float] = []
         for i in range(self.warmup + self.ops):
-            held = mgr.lock("bench:sem-lock") if kind == "lock" \
-                else mgr.semaphore("bench:sem", PERMITS)
+            held = self._member(kind)
             t0 = time.perf_counter()
             try:
                 held.acquire()
@@ -58,6 +61,16 @@ class SemaphoreBench:
             if i >= self.warmup:
                 lat.append(time.perf_counter() - t0)
         return percentile(lat, 50)
+
+    def _member(self, kind: str) -> Any:
+        mgr = self.manager
+        if kind == "lock":
+            return mgr.lock("bench:sem-lock")
+        if kind == "reentrant":
+            return mgr.lock("bench:sem-re", reentrant=True)
+        if kind == "multi_lock":
+            return mgr.multi_lock(["bench:sem-m1", "bench:sem-m2"])
+        return mgr.semaphore("bench:sem", PERMITS)
 
     # -- queue -------------------------------------------------------------------
     def _queue(self) -> None:
@@ -121,7 +134,7 @@ class SemaphoreBench:
 
     def run_round(self, rng: random.Random) -> None:
         self._round += 1
-        order = ["lock", "semaphore"]
+        order = list(KINDS)
         rng.shuffle(order)
         p50 = {kind: self._batch(kind) for kind in order}
         for kind, value in p50.items():
@@ -137,6 +150,8 @@ class SemaphoreBench:
             "lock_p50_us": median(self.p50["lock"]),
             "semaphore_p50_us": median(self.p50["semaphore"]),
             "ratio": median(self.ratios),
+            "reentrant_p50_us": median(self.p50["reentrant"]),
+            "multi_lock_p50_us": median(self.p50["multi_lock"]),
             "ratios": self.ratios,
             "waiters": WAITERS, "permits": PERMITS,
             "out_of_order": self.out_of_order,

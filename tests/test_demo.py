@@ -207,6 +207,51 @@ def test_striped_purchase_answers_busy_when_every_segment_stays_locked(
 
 
 @pytest.mark.django_db
+def test_striped_buyer_that_reads_a_segment_empty_skips_it(
+        client: Any, manager: Any, settings: Any) -> None:
+    """The race of docs/howto/lock-family.rst: buyer B reads segment 0
+    stocked (its last unit) and segment 1 empty, and waits for segment 0,
+    which A holds; A sells that unit and releases. B, woken, reads segment 0
+    empty under its lock and skips it: every segment is skipped, so B answers
+    "sold out" at once, instead of taking segment 0 again and again until its
+    timeout (423, 10 s here)."""
+    import threading
+
+    from django_redlock import signals
+
+    settings.DEMO_STRIPE_TIMEOUT = 10.0
+    product = make_product(2, stripes=2)
+    ProductSegment.objects.filter(product=product, index=0).update(stock=1)
+    ProductSegment.objects.filter(product=product, index=1).update(stock=0)
+    name = f"stock:{product.pk}[0]"
+    seller = manager.lock(name, ttl=10)  # A
+    assert seller.acquire(timeout=1)
+    main = threading.get_ident()
+    taken: list[int] = []
+
+    def on_acquired(sender: Any, name: str, **kwargs: Any) -> None:
+        if name == f"stock:{product.pk}[0]" and threading.get_ident() == main:
+            taken.append(1)
+            if len(taken) == 1:  # A's sale, committed before B reads the row
+                ProductSegment.objects.filter(product=product, index=0).update(stock=0)
+
+    timer = threading.Timer(0.3, seller.release)
+    signals.lock_acquired.connect(on_acquired)
+    try:
+        timer.start()
+        started = time.monotonic()
+        answer = client.post(f"/products/{product.pk}/decrement-striped/", **JSON)
+        took = time.monotonic() - started
+    finally:
+        signals.lock_acquired.disconnect(on_acquired)
+        timer.join(5)
+    assert answer.status_code == 409 and answer.json()["error"] == "sold out", answer.content
+    assert taken == [1]  # segment 0 taken once, then skipped
+    assert took < 3.0, took
+    assert product.available() == 0
+
+
+@pytest.mark.django_db
 def test_each_endpoint_refuses_the_other_kind_of_product(client: Any) -> None:
     plain, striped = make_product(2), make_product(2, stripes=2, sku="HOT-1")
     assert client.post(f"/products/{striped.pk}/decrement/", **JSON).status_code == 400

@@ -95,6 +95,22 @@ def lock_key(prefix: str, name: str) -> str:
     return f"{prefix}:{name}"
 
 
+def segment_channel(prefix: str, name: str) -> bytes:
+    """The free channel of segments ``base`` when ``name`` is ``"<base>[<i>]"``
+    (segment ``i`` of ``segments(base, count)``), else ``b""``.
+
+    The release script of such a lock publishes its key there, whoever holds
+    it (a ``segments()`` object or a plain ``lock("<base>[<i>]")``), so a
+    segments waiter listening there is woken by a release of any segment.
+    """
+    if not name.endswith("]"):
+        return b""
+    base, bracket, index = name[:-1].rpartition("[")
+    if not bracket or not base or not index.isdigit():
+        return b""
+    return lock_key(prefix, f"{base}[free]").encode()
+
+
 def name_from_key(prefix: str, key: str) -> str | None:
     """The lock name of a lock key, or None for a key that is not a lock key."""
     head = prefix + ":"

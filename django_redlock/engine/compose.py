@@ -11,6 +11,10 @@ rules, so the two flavours cannot drift apart (the sans-I/O style of h11).
 An exception raised by a step (``QuorumUnavailable``, ``KeyboardInterrupt``,
 ``CancelledError``) is thrown into the plan, which gives back what it took
 before the exception goes on.
+
+A plan that waits for any of its locks to be freed (segments) listens on a
+channel their release scripts publish on (:class:`Listen`, :class:`Notice`);
+the driver holds that subscription for the call and closes it at its end.
 """
 
 from __future__ import annotations
@@ -39,44 +43,93 @@ class Drop(NamedTuple):
     at: int
 
 
-Step = Union[Take, Drop]
+class Listen(NamedTuple):
+    """Subscribe to ``channel``, confirmed by the nodes within ``confirm`` s
+    (then a release published there is heard); answer None. Once per plan."""
+
+    channel: bytes
+    confirm: float
+
+
+class Notice(NamedTuple):
+    """Wait up to ``seconds`` for a notice on the channel listened to; answer
+    what the last one carried (the freed lock's key), ``b""`` for a wake-up
+    that named nothing (a dropped link: a notice may be lost), or None when
+    nothing came. Notices are taken, not kept: the next ``Notice`` waits for
+    a new one."""
+
+    seconds: float
+
+
+Step = Union[Take, Drop, Listen, Notice]
 Plan = Generator[Step, Any, Any]
 
 
 def run(locks: Sequence[Any], plan: Plan) -> Any:
     """Drive ``plan`` with sync ``locks``; return what the plan returns."""
+    sub = None
     try:
         step = next(plan)
         while True:
             try:
                 if type(step) is Take:
                     answer: Any = locks[step.at].acquire(timeout=step.timeout)
-                else:
+                elif type(step) is Drop:
                     answer = _drop(locks[step.at])
+                elif type(step) is Listen:
+                    sub = locks[0].manager.notifier.subscribe(step.channel, step.confirm)
+                    answer = None
+                else:
+                    assert type(step) is Notice and sub is not None  # listened first
+                    answer = None
+                    if sub.wait(step.seconds):
+                        answer = sub.payload or b""
+                    sub.payload = None
+                    sub.clear()
             except BaseException as exc:  # noqa: BLE001 - the plan gives back what it took, re-raises
                 step = plan.throw(exc)
                 continue
             step = plan.send(answer)
     except StopIteration as done:
         return done.value
+    finally:
+        if sub is not None:
+            sub.close()
 
 
 async def arun(locks: Sequence[Any], plan: Plan) -> Any:
     """Drive ``plan`` with ``AsyncLock`` objects (see :func:`run`)."""
+    from .aio import _subscribe
+
+    waiter = None
     try:
         step = next(plan)
         while True:
             try:
                 if type(step) is Take:
                     answer: Any = await locks[step.at].acquire(timeout=step.timeout)
-                else:
+                elif type(step) is Drop:
                     answer = await _adrop(locks[step.at])
+                elif type(step) is Listen:
+                    waiter = await _subscribe(locks[0].manager, step.channel, step.confirm,
+                                              b"", b"")
+                    answer = None
+                else:
+                    assert type(step) is Notice and waiter is not None  # listened first
+                    answer = None
+                    if await waiter.wait(step.seconds):
+                        answer = waiter.sub.payload or b""
+                    waiter.sub.payload = None
+                    waiter.clear()
             except BaseException as exc:  # noqa: BLE001 - see run()
                 step = plan.throw(exc)
                 continue
             step = plan.send(answer)
     except StopIteration as done:
         return done.value
+    finally:
+        if waiter is not None:
+            waiter.close()
 
 
 def _drop(lock: Any) -> LockLost | None:
@@ -105,7 +158,7 @@ async def _adrop(lock: Any) -> LockLost | None:
     return None
 
 
-def give_back(taken: Sequence[int]) -> Plan:
+def give_back(taken: Sequence[int]) -> Generator[Drop, Any, None]:
     """Release the locks ``taken`` (newest first), whatever happens to each."""
     for index in reversed(taken):
         yield Drop(index)

@@ -33,7 +33,7 @@ from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Generator, NamedTuple, Protocol, Sequence, Union
 
 from ..core.arguments import check_timeout
-from ..core.keys import fence_key, lock_key, validate_name, waiters_key
+from ..core.keys import fence_key, lock_key, segment_channel, validate_name, waiters_key
 from ..core.owner import new_token, owner_json
 from ..core.pid import getpid
 from ..core.retry import jittered_delay
@@ -252,12 +252,15 @@ def run_to_round(plan: HoldPlan) -> "tuple[list[Report], tuple[HoldPlan, ExtendR
 
 
 @functools.lru_cache(maxsize=1024)
-def _keys(prefix: str, name: str) -> tuple[str, bytes, bytes, bytes]:
+def _keys(prefix: str, name: str) -> tuple[str, bytes, bytes, bytes, bytes]:
     """A lock's key (str and bytes), fencing counter and waiter queue keys,
-    for a name that :func:`validate_name` accepts (it raises, and nothing is
-    cached, for any other): derived once per name, not per lock object."""
+    and the free channel its release publishes on (``segment_channel``: b""
+    unless the name is a segment's), for a name that :func:`validate_name`
+    accepts (it raises, and nothing is cached, for any other): derived once
+    per name, not per lock object."""
     key = lock_key(prefix, validate_name(name))
-    return key, key.encode(), fence_key(key).encode(), waiters_key(key).encode()
+    return (key, key.encode(), fence_key(key).encode(), waiters_key(key).encode(),
+            segment_channel(prefix, name))
 
 
 class LockBase:
@@ -278,7 +281,7 @@ class LockBase:
                  max_hold: float | None = None, label: str | None = None) -> None:
         self.manager = manager
         self.name = name if type(name) is str else validate_name(name)
-        self.key, self._key_b, self._fence_key_b, self._waiters_key_b = _keys(
+        self.key, self._key_b, self._fence_key_b, self._waiters_key_b, notify = _keys(
             manager.key_prefix, self.name)
         self.ttl = float(ttl)
         self.timeout = timeout
@@ -305,9 +308,10 @@ class LockBase:
         #: refused attempt's guards answered (node name to (code, detail)).
         self._guard: rounds.Guard | None = None
         self._guard_refusal: dict[str, tuple[int, Any]] = {}
-        #: A semaphore's permit: the channel its release publishes on (the
-        #: semaphore's free channel), in the release script itself.
-        self._notify = b""
+        #: The channel its release publishes its key on, in the release
+        #: script itself: a segment's (``"<base>[<i>]"``) publishes on the
+        #: segments' free channel, a semaphore's permit on the semaphore's.
+        self._notify = notify
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} {self._state} fence={self.fence}>"

@@ -7,12 +7,23 @@ one lock would serve one. ``acquire()`` takes whichever segment is free;
 segment's row. Segment ``i`` is the plain lock ``"<name>[<i>]"``, so
 ``manage.py locks`` shows each one.
 
-How it waits: it tries every segment once, in a random order (so callers
-spread over the segments instead of all trying segment 0 first); when all are
-busy, it queues on one segment chosen at random for a short slice (woken by
-that segment's release notice), then tries them all again, until the timeout.
-A release of another segment is found on the next pass, at most one slice
-later.
+How it waits (no polling): it tries every segment once, in a random order
+(so callers spread over the segments instead of all trying segment 0 first).
+When all are busy it listens on the name's *free* channel, which the release
+script of every segment publishes on (release.lua, ``ARGV[6]``, as a
+semaphore's permits do; any holder of ``"<name>[<i>]"``, a plain lock too), tries them all once more (a segment freed between
+the first pass and the subscription published a notice nobody heard; this
+pass finds it free), and sleeps until a notice comes. A notice names the
+segment freed: that one is tried first, then, if another waiter took it, the
+others (two releases close together leave one notice to read, and the other
+segment free). A crashed holder publishes nothing: the waiter also wakes when
+the soonest lease of a busy segment runs out, and at its timeout.
+
+A segments waiter has no line: a release wakes every waiter of the name, in
+every process, and the first try to reach the nodes gets the segment (the
+others sleep again). A semaphore keeps arrival order with a line
+(``engine/semaphore.py``); segments never promised it: a buyer wants any
+segment with stock, soon.
 """
 
 from __future__ import annotations
@@ -22,15 +33,17 @@ from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Sequence
 
 from ..core.arguments import check_count_of, check_timeout
+from ..core.keys import segment_channel
 from ..exceptions import LockNotAcquired, LockNotOwned
 from . import compose
-from .compose import Drop, Plan, Take
+from .compose import Drop, Listen, Notice, Plan, Take
 
 if TYPE_CHECKING:
     from .protocol import LockHost
 
-#: The longest a waiter queues on one segment before it tries the others again.
-SLICE = 0.05
+#: The shortest wait for a notice between two passes when no notice comes (s):
+#: the soonest lease of a busy segment, read at the last pass, may be nearly over.
+MIN_PAUSE = 0.005
 
 
 def check_count(count: Any) -> int:
@@ -40,6 +53,12 @@ def check_count(count: Any) -> int:
 def segment_name(name: str, index: int) -> str:
     """The plain lock name of segment ``index`` of ``name``."""
     return f"{name}[{index}]"
+
+
+def free_channel(prefix: str, name: str) -> bytes:
+    """The channel every segment's release of ``name`` publishes its key on
+    (any lock named like a segment does: ``core.keys.segment_channel``)."""
+    return segment_channel(prefix, segment_name(name, 0))
 
 
 class SegmentsBase(compose.Composite):
@@ -59,6 +78,9 @@ class SegmentsBase(compose.Composite):
         #: takes any other free one, and returns False at once when none is left.
         self.skip: set[int] = set()
         self.retry_after = 0.0
+        #: Every segment's release script publishes there (``LockBase._notify``),
+        #: whoever holds it: a plain ``lock("<name>[<i>]")`` too.
+        self._free_channel = free_channel(manager.key_prefix, name)
 
     def __repr__(self) -> str:
         return f"<{type(self).__name__} {self.name!r} x{self.count} index={self.index}>"
@@ -95,9 +117,18 @@ class SegmentsBase(compose.Composite):
         if not order:
             self.retry_after = 0.0
             return False
+        listening = False
+        freed: int | None = None
         while True:
-            self._rng.shuffle(order)
-            for index in order:
+            if freed is not None:
+                # The segment a notice named: tried alone first (one round
+                # trip); lost to another waiter, the others are tried too.
+                if (yield Take(freed, 0)):
+                    self.index = freed
+                    return True
+            candidates = [i for i in order if i != freed]
+            self._rng.shuffle(candidates)
+            for index in candidates:
                 if (yield Take(index, 0)):
                     self.index = index
                     return True
@@ -105,11 +136,28 @@ class SegmentsBase(compose.Composite):
             if left is not None and left <= 0:
                 self.retry_after = min(self._locks[i].retry_after for i in order)
                 return False
-            queue_on = self._rng.choice(order)
-            piece = SLICE * self._rng.uniform(0.5, 1.0)
-            if (yield Take(queue_on, piece if left is None else min(piece, left))):
-                self.index = queue_on
-                return True
+            if not listening:
+                # Listen, then try them all again: a segment freed before the
+                # subscription held published a notice nobody heard.
+                listening = True
+                yield Listen(self._free_channel, self.manager.node_timeout if left is None
+                             else min(self.manager.node_timeout, left))
+                freed = None
+                continue
+            # No notice comes from a holder that crashed: wake when the
+            # soonest lease of a busy segment runs out.
+            soonest = min(self._locks[i].retry_after for i in order)
+            pause = max(MIN_PAUSE, soonest) * self._rng.uniform(1.0, 1.1)
+            freed = self._freed((yield Notice(pause if left is None else min(pause, left))),
+                                order)
+
+    def _freed(self, payload: bytes | None, order: list[int]) -> int | None:
+        """The segment a notice named (its lock key), when it may be tried."""
+        if payload:
+            for index in order:
+                if self._locks[index]._key_b == payload:
+                    return index
+        return None
 
     def _release_plan(self) -> Plan:
         if self.index is None:
