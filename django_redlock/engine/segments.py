@@ -16,8 +16,10 @@ the first pass and the subscription published a notice nobody heard; this
 pass finds it free), and sleeps until a notice comes. A notice names the
 segment freed: that one is tried first, then, if another waiter took it, the
 others (two releases close together leave one notice to read, and the other
-segment free). A crashed holder publishes nothing: the waiter also wakes when
-the soonest lease of a busy segment runs out, and at its timeout.
+segment free). A crashed holder publishes nothing, and a notice can be
+missed: like a plain lock's waiter, it also wakes when the soonest lease of
+a busy segment runs out or after the retry delay (``RETRY_DELAY``), and at
+its timeout.
 
 A segments waiter has no line: a release wakes every waiter of the name, in
 every process, and the first try to reach the nodes gets the segment (the
@@ -144,10 +146,12 @@ class SegmentsBase(compose.Composite):
                              else min(self.manager.node_timeout, left))
                 freed = None
                 continue
-            # No notice comes from a holder that crashed: wake when the
-            # soonest lease of a busy segment runs out.
+            # No notice comes from a holder that crashed, and a notice can be
+            # missed (a listener reconnecting, a node down): wake as a plain
+            # lock's waiter does, when the soonest lease of a busy segment
+            # runs out or after the retry delay, whichever comes first.
             soonest = min(self._locks[i].retry_after for i in order)
-            pause = max(MIN_PAUSE, soonest) * self._rng.uniform(1.0, 1.1)
+            pause = max(MIN_PAUSE, self.manager.next_wait(left, soonest))
             freed = self._freed((yield Notice(pause if left is None else min(pause, left))),
                                 order)
 
