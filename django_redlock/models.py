@@ -55,7 +55,7 @@ from .core.templates import (
     resolve_path,
 )
 from .exceptions import FencedWriteRejected
-from .fencedwrites import note_fenced_write
+from .fencedwrites import claimed_rows, note_claimed_rows, note_fenced_write
 from .signals import fenced_write_rejected
 from .signals import send as _send_signal
 
@@ -110,6 +110,17 @@ def _fence_field(model: type[models.Model]) -> models.Field[Any, Any]:
     raise ImproperlyConfigured(
         f"{model._meta.label} has no FenceField; add `fence = FenceField()` (or inherit "
         f"from LockableModel) to use fenced writes")
+
+
+def _same_fence(model: type[models.Model], lock: Any, fence: int, pk: Any) -> Exception:
+    """The refusal of a claim that meets a row another holder claimed with the
+    same fence (possible only after a node lost its data; fencedwrites.py)."""
+    which = f" pk={pk!r}" if pk is not None else ""
+    return _rejected(model,
+        f"claim of {model._meta.label}{which} refused: another lock holder claimed it with "
+        f"the same fence {fence} (two holders of one fence: a node lost its data, see the "
+        f"safety model)", lock_name=getattr(lock, "name", None), fence=fence,
+        stored_fence=fence)
 
 
 def _check_fence(lock: Any, what: str) -> int:
@@ -250,15 +261,29 @@ class LockingQuerySet(models.QuerySet[Any]):
         -- every write of :meth:`fenced_update` and of a claimed
         :meth:`~LockableModel.fenced_save` -- matches none of these rows, so a
         holder paused past its lease cannot write after this one claimed. Returns
-        the number of rows newly claimed (rows already carrying ``F`` stay
+        the number of rows newly claimed (rows this hold claimed before stay
         claimed). Raises :class:`~django_redlock.FencedWriteRejected` when a
         selected row carries a *higher* fence: a newer holder claimed it, and
         this holder must not act on it (the rows with a lower fence are claimed
-        all the same; the newer holder's own claim overrides that).
+        all the same; the newer holder's own claim overrides that); and when a
+        row carries this very fence but this hold did not claim it: another
+        holder with the same fence did, which only a node that lost its data
+        makes possible (docs/safety.rst, "Two holders with one fence").
         """
         fence = _check_fence(lock, "claim()")
         field = _fence_field(self.model)
-        claimed = self.filter(**{f"{field.name}__lt": fence}).update(**{field.attname: fence})
+        label = self.model._meta.label
+        mine = claimed_rows(lock, fence)
+        # A row already at this fence that this hold did not claim: another
+        # holder with the same fence claimed it (fencedwrites.py, the timeline).
+        at_fence = self.filter(**{field.attname: fence}).values_list("pk", flat=True)
+        foreign = [pk for pk in at_fence if (label, pk) not in mine]
+        if foreign:
+            raise _same_fence(self.model, lock, fence, foreign[0])
+        lower = list(self.filter(**{f"{field.name}__lt": fence}).values_list("pk", flat=True))
+        claimed = self.filter(pk__in=lower, **{f"{field.name}__lt": fence}).update(
+            **{field.attname: fence}) if lower else 0
+        note_claimed_rows(lock, fence, [(label, pk) for pk in lower])
         newer = self.filter(**{f"{field.name}__gt": fence}).aggregate(
             newest=Max(field.name))["newest"]
         if newer is not None:
@@ -266,6 +291,11 @@ class LockingQuerySet(models.QuerySet[Any]):
                 f"claim of {self.model._meta.label} refused: a selected row carries fence "
                 f"{newer} > {fence} (a newer lock holder claimed it)",
                 lock_name=getattr(lock, "name", None), fence=fence, stored_fence=newer)
+        if claimed != len(lower):
+            # Some row moved to this fence (or above) between the read and the
+            # UPDATE: another holder claimed it meanwhile, and which rows are
+            # whose cannot be told apart now.
+            raise _same_fence(self.model, lock, fence, None)
         return claimed
 
     def claim_and_get(self, lock: Any, **lookup: Any) -> Any:
@@ -305,7 +335,7 @@ class LockingQuerySet(models.QuerySet[Any]):
             target = selected.filter(pk=pks[0])
         # The claim; a row that already carries a higher fence is left alone, and
         # the read below tells (its fence is not ours).
-        target.filter(**{f"{field.name}__lt": fence}).update(**{field.attname: fence})
+        changed = target.filter(**{f"{field.name}__lt": fence}).update(**{field.attname: fence})
         instance = target.get()
         stored = getattr(instance, field.attname)
         if stored != fence:  # a newer holder claimed it, before or right after our claim
@@ -313,6 +343,12 @@ class LockingQuerySet(models.QuerySet[Any]):
                 f"claim of {meta.label} pk={instance.pk!r} refused: a newer lock holder "
                 f"claimed it (fence {stored} > {fence})",
                 lock_name=getattr(lock, "name", None), fence=fence, stored_fence=stored)
+        row = (meta.label, instance.pk)
+        if not changed and row not in claimed_rows(lock, fence):
+            # At our fence, but not by our claim: another holder with the same
+            # fence claimed it (fencedwrites.py, the timeline).
+            raise _same_fence(self.model, lock, fence, instance.pk)
+        note_claimed_rows(lock, fence, (row,))
         instance.held_lock = lock
         name = getattr(lock, "name", None)
         if isinstance(name, str) and hasattr(instance, "lock_name"):
@@ -337,7 +373,10 @@ class LockingQuerySet(models.QuerySet[Any]):
     def fenced_update(self, lock: Any, **values: Any) -> int:
         """``UPDATE`` the selected rows that ``lock`` has claimed (they carry its fence).
 
-        One statement: ``.filter(fence=lock.fence).update(**values)``. The rows
+        One statement: ``.filter(pk__in=<the rows this hold claimed>,
+        fence=lock.fence).update(**values)`` (the claimed rows are kept on the
+        lock object, per hold: a row another holder claimed with the same
+        fence, possible after a node lost its data, is not written). The rows
         must have been claimed *before* whatever the values were computed from
         was read: by ``locked()`` / :meth:`claim_and_get` for one row, by
         :meth:`claim` for several. Then no interleaving loses an update: an older
@@ -357,7 +396,12 @@ class LockingQuerySet(models.QuerySet[Any]):
         if field.name in values or field.attname in values:
             raise ValueError(f"fenced_update() writes only rows carrying the lock's fence; do "
                              f"not pass {field.name!r} (claim() sets it)")
-        written = self.filter(**{field.attname: fence}).update(**values)
+        # Only rows this hold claimed: after a node lost its data another holder
+        # may carry the same fence (fencedwrites.py), and rows it claimed carry it.
+        label = self.model._meta.label
+        mine = [pk for row_label, pk in claimed_rows(lock, fence) if row_label == label]
+        written = self.filter(pk__in=mine, **{field.attname: fence}).update(**values) \
+            if mine else 0
         if written:
             note_fenced_write(lock, fence)
             return written
