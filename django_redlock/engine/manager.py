@@ -1,5 +1,10 @@
 """The lock manager: the nodes, the options, and the Redlock rounds.
 
+(Why one module of 650 lines: the manager is what every lock kind and both
+drivers hold, and what it owns (the nodes, the options, the renewal thread,
+the late sender, the notice listener and its hand-ons) is one object's state;
+the rules of the rounds live in rounds.py, the locks in their own modules.)
+
 A :class:`LockManager` is cheap to share: one per process (``get_manager()``
 builds it from settings) serves every thread. It owns one connection pool per
 node, one renewal thread (started on first use) and one pub/sub listener
@@ -32,7 +37,7 @@ from django.core.exceptions import ImproperlyConfigured
 from ..core import quorum as q
 from ..core.arguments import check_max_hold, check_timeout, check_ttl
 from ..core.config import DEFAULTS, NodeSpec, check_options, parse_nodes, resolve_options
-from ..core.keys import lock_key, validate_name
+from ..core.keys import fence_key, lock_key, validate_name, waiters_key
 from ..core.retry import next_wait
 from ..transport.nodekinds import make_node
 from ..transport.notify import ReleaseNotifier
@@ -104,6 +109,12 @@ class InvalidOption(ImproperlyConfigured, ValueError):
     manager comes from ``REDLOCK``) and a ``ValueError`` (as a bad argument to
     ``lock()`` is), so either ``except`` catches it.
     """
+
+
+#: How long a hand-on of a lock handed to a waiter that is gone is sent
+#: again while its node does not answer (the handed lease is at most a day;
+#: a minute covers a node's brief outage, and the key expires anyway).
+ORPHAN_HAND_ON_S = 60.0
 
 
 class LockManager:
@@ -462,8 +473,35 @@ class LockManager:
         if self._notifier is None:
             with self._lazy_lock:
                 if self._notifier is None:
-                    self._notifier = ReleaseNotifier(self.nodes)
+                    notifier = ReleaseNotifier(self.nodes)
+                    notifier.on_orphan = self._hand_on_orphan
+                    self._notifier = notifier
         return self._notifier
+
+    def _hand_on_orphan(self, node: int, key: bytes, token: bytes) -> None:
+        """A release handed node ``node``'s ``key`` to a waiter of ours that no
+        longer waits; hand it on to the next in line (the late sender's thread
+        sends it: this runs on the notice reader). Seen under load::
+
+            W queues on the hand-over node N, whose holder H has not released
+              there yet; W wins on the other nodes, holds, releases, is gone
+            H's release reaches N late (a slow link, or sent again by the late
+              sender) and hands N's key to W's entry: nobody takes it
+            before: N kept that key for W's whole lease, and the waiters
+              behind W's entry ("behind another in line") waited as long
+            now: this process hears the hand-over for a token nobody waits on,
+              and releases it there, which hands it to the next in line
+
+        Compare-and-delete by W's token, and only while the key is still the
+        untaken hand-over (attempt 0): a key someone else has by then, or one
+        W took over (its round may count N), is left alone."""
+        name = key.decode(errors="replace")
+        requests = rounds.orphan_hand_on_requests(
+            len(self.nodes), node, key, fence_key(name).encode(), waiters_key(name).encode(),
+            token.decode(errors="replace"))
+        gone = RuntimeError("handed to a waiter that is gone")
+        self._send_later(requests, [gone if r is not None else None for r in requests],
+                         ORPHAN_HAND_ON_S)
 
     def _reset_after_fork(self) -> None:
         """In a forked child: forget the parent's threads; its locks are not ours."""

@@ -580,9 +580,15 @@ def granted(tally: AcquireTally, *, n_nodes: int, start: float, elapsed: float, 
     """The acquired result when the round won the lock, else None."""
     valid = q.validity(ttl, elapsed, drift_factor)
     if tally.ok >= q.quorum(n_nodes) and valid > 0:
+        # Where the waiter may still stand in line: every node whose grant it
+        # does not have. Not only those that put it in line in this round: a
+        # node that answered an error here (a timeout under load) may hold its
+        # entry from an earlier round, and a release there would later hand
+        # the lock to a waiter that is gone, blocking the line behind it for a
+        # whole lease (tests/test_burst.py saw 30 s).
+        leave = [queued or not ours for queued, ours in zip(tally.queued_at, tally.maybe_ours)]
         return AcquireResult(True, fence=tally.fence, valid_until=start + valid,
-                             queued_at=tally.queued_at if any(tally.queued_at) else None,
-                             granted=tally.ok)
+                             queued_at=leave if any(leave) else None, granted=tally.ok)
     return None
 
 
@@ -672,7 +678,7 @@ def handed_over(notice: bytes, *, asked_at: float, queued_ms: int, now: float, t
     """The acquired result for a lock a release handed over, or None to make an
     attempt instead (which wins at once: the key is ours already).
 
-    ``notice`` is ``<fence>|<node clock ms>`` from the release notice;
+    ``notice`` is ``<fence>|<node clock ms>|<key>`` from the release notice;
     ``asked_at``/``queued_ms`` from the waiter's last refused attempt
     (:class:`AcquireResult`). A hand-over that the node's clock places before
     that attempt is stale: that lease ran out unseen (the attempt found
@@ -681,7 +687,8 @@ def handed_over(notice: bytes, *, asked_at: float, queued_ms: int, now: float, t
     key ours, unless that lease had run out in between, which takes the
     whole lease (more than the millisecond: ``handed_over`` needs half of it).
     """
-    fence_b, _, clock_b = notice.partition(b"|")
+    fence_b, _, rest = notice.partition(b"|")
+    clock_b = rest.partition(b"|")[0]  # then the key (for a process whose waiter is gone)
     try:
         fence, handed_ms = int(fence_b), int(clock_b)
     except ValueError:
@@ -733,6 +740,17 @@ def release_requests(n_nodes: int, key: bytes, fkey: bytes, wkey: bytes, token: 
         if only[i] and (i == wake_at or (handed and handed[i])):
             requests[i] = Call(script, (key, fkey, wkey), hand_on)
     return requests
+
+
+def orphan_hand_on_requests(n_nodes: int, node: int, key: bytes, fkey: bytes, wkey: bytes,
+                            token: str) -> list[Call | None]:
+    """Hand on, on ``node``, a lock a release handed to ``token``'s waiter that
+    no longer waits: deleted (and given to the next in line) only while it is
+    still that untaken hand-over (attempt number 0, attempt.lua); once the
+    waiter took it over, it may count it in its hold, and it stays."""
+    call = Call(_release_script(token), (key, fkey, wkey),
+                (token, 0, _FENCE_GRACE_B, b"1", b"", b"", b"0"))
+    return [call if i == node else None for i in range(n_nodes)]
 
 
 def _never(reply: Any) -> bool:

@@ -68,7 +68,10 @@ if ARGV[4] == '1' then
             .. string.format('%.0f', now + tonumber(first)) .. '}'
         end
         redis.call('SET', KEYS[1], token .. '|' .. fence .. '|' .. owner, 'PX', lease)
-        if redis.call('PUBLISH', inbox, token .. '|' .. fence .. '|' .. string.format('%.0f', now)) > 0 then
+        -- The key rides along: a process whose waiter is gone (it won on the
+        -- other nodes, or gave up, before this release came) hands it on.
+        if redis.call('PUBLISH', inbox, token .. '|' .. fence .. '|' .. string.format('%.0f', now)
+                      .. '|' .. KEYS[1]) > 0 then
           return 3
         end
         redis.call('DEL', KEYS[1])

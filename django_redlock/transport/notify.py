@@ -276,6 +276,12 @@ class ReleaseNotifier:
         self.inbox = INBOX_PREFIX + new_token().encode()
         self._subs: dict[bytes, set[Subscription]] = {}
         self._named: dict[bytes, Subscription] = {}
+        #: Called (node index, lock key, token) for a lock a release handed to
+        #: a waiter of this process that no longer waits: it won on the other
+        #: nodes or gave up before that release came. Left alone, that key
+        #: would stand on the node for the waiter's whole lease, and the next
+        #: in line behind it would wait as long (the manager hands it on).
+        self.on_orphan: Callable[[int, bytes, bytes], None] | None = None
         #: Channels whose SUBSCRIBE was queued (and not since unsubscribed):
         #: the next waiter of one sends none of its own.
         self._requested: set[bytes] = set()
@@ -622,18 +628,26 @@ class ReleaseNotifier:
             return
         kind, channel = reply[0], reply[1]
         if kind == b"message":
+            orphan = b""
             with self._lock:
                 if channel == self.inbox:
-                    # '<token>', or '<token>|<fence>|<clock>': the lock handed over
+                    # '<token>', or '<token>|<fence>|<clock>|<key>': the lock handed over
                     name, _, handed = reply[2].partition(b"|")
                     named = self._named.get(name)
                     subs = [] if named is None else [named]
                     if handed and named is not None:
                         named.handed = handed
+                    elif handed:
+                        orphan = handed.split(b"|", 2)[-1] if handed.count(b"|") >= 2 else b""
                 else:  # a key channel: force_release wakes them all
                     subs = list(self._subs.get(channel, ()))
                     for sub in subs:
                         sub.payload = reply[2]
+            if orphan and self.on_orphan is not None:
+                try:
+                    self.on_orphan(self._links.index(link), orphan, name)
+                except Exception:  # noqa: BLE001 - the reader thread must go on
+                    logger.exception("handing on a lock handed to a waiter that is gone failed")
             for sub in subs:
                 sub.notified = True
                 if sub is not self._reader:  # the reader sees it when this turn ends
