@@ -33,6 +33,7 @@ from hypothesis import strategies as st
 
 from django_redlock import LockManager, with_lock
 from django_redlock.core.arguments import TIMEOUT_MAX, TTL_MAX, TTL_MIN
+from django_redlock.exceptions import LockLost
 from django_redlock.testing import RedisNodes
 
 pytestmark = pytest.mark.slow
@@ -87,6 +88,41 @@ def _expect(rule: str, value: Any, call: Any) -> Any:
         call()
     assert rule in str(info.value).lower(), str(info.value)
     return None
+
+
+#: An accepted lease this short may run out before the next call, on a loaded
+#: machine: the lock is then lost (``LockLost``, ``owned()`` False), which is
+#: the right outcome (docs/reliability.rst), not a wrong argument check.
+SHORT_LEASE = 0.5
+
+
+def _short(value: Any) -> bool:
+    return ttl_ok(value) and float(value) < SHORT_LEASE
+
+
+def _extend_checked(lock: Any, value: Any) -> None:
+    """``lock.extend(value)`` judged by the ttl rule; a short accepted lease may
+    end the hold (LockLost) instead."""
+    try:
+        _expect("ttl", value, lambda: lock.extend(value))
+    except LockLost:
+        assert _short(value), value
+
+
+def _release_checked(lock: Any, value: Any) -> None:
+    if lock.owned():
+        try:
+            lock.release()
+        except LockLost:
+            assert _short(value), value
+
+
+async def _arelease_checked(lock: Any, value: Any) -> None:
+    if lock.owned():
+        try:
+            await lock.release()
+        except LockLost:
+            assert _short(value), value
 
 
 @pytest.fixture(scope="module")
@@ -214,13 +250,12 @@ def test_extend(mgr: Any, value: Any) -> None:
     lock = mgr.lock("extend-prop", ttl=5)
     assert lock.acquire(timeout=1)
     try:
-        _expect("ttl", value, lambda: lock.extend(value))
-        assert lock.owned()
+        _extend_checked(lock, value)
+        assert lock.owned() or _short(value)
         if ttl_ok(value):
             assert lock.validity <= float(value) + 0.01
     finally:
-        if lock.owned():
-            lock.release()
+        _release_checked(lock, value)
 
 
 @RUNS
@@ -236,15 +271,17 @@ def test_async_acquire_and_extend(mgr: Any, value: Any) -> None:
             assert await lock.acquire(timeout=1) is True
         try:
             if ttl_ok(value):
-                await lock.extend(value)
-                assert lock.owned()
+                try:
+                    await lock.extend(value)
+                except LockLost:
+                    assert _short(value), value
+                assert lock.owned() or _short(value)
             else:
                 with pytest.raises(ValueError, match="ttl"):
                     await lock.extend(value)
                 assert lock.owned()
         finally:
-            if lock.owned():
-                await lock.release()
+            await _arelease_checked(lock, value)
 
     asyncio.run(scenario())
 
@@ -296,9 +333,9 @@ def test_family_acquire_and_extend(mgr: Any, kind: str, value: Any) -> None:
             lock.acquire(timeout=value)
         assert lock.acquire(timeout=1) is True
     try:
-        _expect("ttl", value, lambda: lock.extend(value))
+        _extend_checked(lock, value)
     finally:
-        lock.release()
+        _release_checked(lock, value)
 
     async def scenario() -> None:
         alock = amake(mgr, ttl=5)
@@ -310,12 +347,15 @@ def test_family_acquire_and_extend(mgr: Any, kind: str, value: Any) -> None:
             assert await alock.acquire(timeout=1) is True
         try:
             if ttl_ok(value):
-                await alock.extend(value)
+                try:
+                    await alock.extend(value)
+                except LockLost:
+                    assert _short(value), value
             else:
                 with pytest.raises(ValueError, match="ttl"):
                     await alock.extend(value)
         finally:
-            await alock.release()
+            await _arelease_checked(alock, value)
 
     asyncio.run(scenario())
 
