@@ -114,6 +114,8 @@ class Worker:
         self.enter_script = self.resource_client.register_script(ENTER_LUA)
         self.exit_script = self.resource_client.register_script(EXIT_LUA)
         self.permits: int = int(cfg.get("permits", 2))
+        self.permit_think: tuple[float, float] = tuple(  # type: ignore[assignment]
+            cfg.get("permit_think", cfg["think"]))
         self.family = {"read": django_redlock.read_lock, "write": django_redlock.write_lock}
         self.semaphore_fn = django_redlock.semaphore
         self.multi_fn = django_redlock.multi_lock
@@ -318,7 +320,8 @@ class Worker:
                         keys=[inside_key(place)], args=[section])]
                     try:
                         phase[self.index] = PHASE_CRITICAL
-                        time.sleep(self.rng.uniform(*self.think))
+                        think = self.permit_think if mode == "permit" else self.think
+                        time.sleep(self.rng.uniform(*think))
                         if writes:
                             op.write_start = time.monotonic()
                             applied = []
