@@ -26,7 +26,13 @@ from .exceptions import (
 if TYPE_CHECKING:  # the real imports happen on first use, in __getattr__ below
     from .aio import AsyncLock, alock
     from .conf import get_manager
-    from .decorators import current_lock, with_lock, with_semaphore
+    from .decorators import (
+        current_lock,
+        with_lock,
+        with_multi_lock,
+        with_segments,
+        with_semaphore,
+    )
     from .engine.held import release_held_locks
     from .engine.lock import Lock
     from .engine.manager import LockManager
@@ -44,6 +50,8 @@ _LAZY = {
     "current_lock": "decorators",
     "with_lock": "decorators",
     "with_semaphore": "decorators",
+    "with_segments": "decorators",
+    "with_multi_lock": "decorators",
     "Lock": "engine.lock",
     "LockManager": "engine.manager",
     "release_held_locks": "engine.held",
@@ -88,6 +96,8 @@ __all__ = [
     "asemaphore",
     "with_lock",
     "with_semaphore",
+    "with_segments",
+    "with_multi_lock",
     "current_lock",
     "release_held_locks",
     "get_manager",

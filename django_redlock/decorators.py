@@ -1,9 +1,10 @@
 """``with_lock``: one decorator for views, model methods and plain functions.
 
-(Why one module of 600 lines: ``with_lock`` and ``with_semaphore`` are one
-``_Target`` that finds the request, renders the name, answers a busy lock and
-runs the body the same way for every kind of callable, sync and async; split by
-kind, each part would re-tell those rules.)
+(Why one module of 730 lines: ``with_lock``, ``with_semaphore``,
+``with_segments`` and ``with_multi_lock`` are one ``_Target`` that finds the
+request, renders the names, answers a busy lock and runs the body the same way
+for every kind of callable, sync and async; split by kind, each part would
+re-tell those rules.)
 
 ::
 
@@ -62,7 +63,7 @@ import contextlib
 import functools
 import inspect
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from types import EllipsisType
 from typing import Any, TypeVar
@@ -143,13 +144,22 @@ class _Target:
                  timeout: Any, auto_renew: Any, atomic: bool, on_busy: Any, fencing: bool,
                  max_hold: Any, label: str | None, using: str | None, manager: Any,
                  view: bool | None, reentrant: bool = False, mode: str = "exclusive",
-                 permits: int | None = None) -> None:
+                 permits: int | None = None, count: int | None = None,
+                 more: tuple[LockNameTemplate, ...] = (), multi: bool = False) -> None:
         self.func = func
         self.reentrant = reentrant
         self.mode = mode
         #: ``with_semaphore``'s permits (None: ``with_lock``, a lock of ``mode``).
         self.permits = permits
+        #: ``with_segments``'s count (None: not segments).
+        self.count = count
         self.template = template
+        #: Every template: one, or those of ``with_multi_lock`` (all or none).
+        self.templates = (template, *more)
+        #: ``with_multi_lock``: a multi-lock of every template's name.
+        self.multi = multi
+        #: What the messages and the metrics call the lock(s) (a bounded label).
+        self.source = " + ".join(t.source for t in self.templates)
         self.ttl = ttl
         self.timeout = timeout
         self.auto_renew = auto_renew
@@ -186,13 +196,23 @@ class _Target:
         return None, None
 
     # -- lock names ----------------------------------------------------------------
-    def _unresolved(self, exc: UnresolvedPlaceholder, sources: str) -> ImproperlyConfigured:
+    def _unresolved(self, template: LockNameTemplate, exc: UnresolvedPlaceholder,
+                    sources: str) -> ImproperlyConfigured:
         return ImproperlyConfigured(
-            f"with_lock({self.template.source!r}) on {self.where}: cannot resolve placeholder "
+            f"with_lock({template.source!r}) on {self.where}: cannot resolve placeholder "
             f"{exc.placeholder}: {exc.reason}. {sources}")
 
-    def view_name(self, request: Any, view_self: Any, kwargs: dict[str, Any]) -> str:
-        """The lock name for one request.
+    def view_names(self, request: Any, view_self: Any, kwargs: dict[str, Any]) -> list[str]:
+        """The lock name of each template for one request (one but for a multi-lock)."""
+        return [self.view_name(request, view_self, kwargs, t) for t in self.templates]
+
+    def call_names(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> list[str]:
+        """The lock name of each template for one call (one but for a multi-lock)."""
+        return [self.call_name(args, kwargs, t) for t in self.templates]
+
+    def view_name(self, request: Any, view_self: Any, kwargs: dict[str, Any],
+                  template: LockNameTemplate | None = None) -> str:
+        """The lock name for one request (of ``template``, by default the first).
 
         A value the client sent (a URL argument, ``request.GET``/``POST``/
         ``headers``/``COOKIES``/``META``) that is missing, empty, holds a
@@ -225,25 +245,29 @@ class _Target:
             data = p.attrs[0] if p.root == "request" and p.attrs else p.root
             return data in _CLIENT_DATA
 
+        template = template or self.template
         try:
-            return self.template.render(lookup)
+            return template.render(lookup)
         except UnresolvedPlaceholder as e:
             if from_client(e.placeholder) and e.placeholder.root not in kwargs:
-                raise BadRequest(f"lock name {self.template.source!r}: the request has no "
+                raise BadRequest(f"lock name {template.source!r}: the request has no "
                                  f"value for {e.placeholder}") from None
             raise self._unresolved(
-                e, "A view resolves placeholders from its URL keyword arguments, then from "
+                template, e, "A view resolves placeholders from its URL keyword arguments, then from "
                    "request (e.g. <request.user.pk>).") from None
         except InvalidLockName as e:
             # One bad value (e.placeholder), or a name too long once rendered
             # (then any value the client sent may have made it so).
             culprits = (e.placeholder,) if isinstance(e.placeholder, Placeholder) \
-                else self.template.placeholders
+                else template.placeholders
             if any(from_client(p) for p in culprits):
                 raise BadRequest(str(e)) from None
             raise
 
-    def call_name(self, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str:
+    def call_name(self, args: tuple[Any, ...], kwargs: dict[str, Any],
+                  template: LockNameTemplate | None = None) -> str:
+        """The lock name for one call (of ``template``, by default the first)."""
+        template = template or self.template
         arguments: dict[str, Any] = {}
         if self.signature is not None:
             bound = self.signature.bind(*args, **kwargs)
@@ -279,10 +303,10 @@ class _Target:
             return resolve_path(value, p)
 
         try:
-            return self.template.render(lookup)
+            return template.render(lookup)
         except UnresolvedPlaceholder as e:
             raise self._unresolved(
-                e, "A function resolves placeholders from its arguments (and a method also "
+                template, e, "A function resolves placeholders from its arguments (and a method also "
                    "from attributes of self).") from None
 
     # -- locks ---------------------------------------------------------------------
@@ -312,11 +336,19 @@ class _Target:
     def _manager(self) -> Any:
         return self.manager if self.manager is not None else get_manager()
 
-    def _make(self, manager: Any, name: str, is_view: bool, *, aio: bool = False) -> Any:
-        """The lock (or semaphore) for one call, not yet acquired: a plain lock,
-        a read-write lock's reader or writer (``mode``), or a semaphore
-        (``permits``), sync or asyncio."""
+    def _make(self, manager: Any, names: list[str], is_view: bool, *,
+              aio: bool = False) -> Any:
+        """The lock (or its kin) for one call, not yet acquired: a plain lock, a
+        read-write lock's reader or writer (``mode``), a semaphore (``permits``),
+        segments (``count``) or a multi-lock (several templates), sync or asyncio."""
         options = self._options(is_view)
+        if self.multi:
+            make = manager.amulti_lock if aio else manager.multi_lock
+            return make(names, **options)
+        name = names[0]
+        if self.count is not None:
+            make = manager.asegments if aio else manager.segments
+            return make(name, self.count, **options)
         if self.permits is not None:
             make = manager.asemaphore if aio else manager.semaphore
             return make(name, self.permits, **options)
@@ -341,14 +373,15 @@ class _Target:
             # loop while waiting): hand Django a coroutine that holds an AsyncLock.
             if self.atomic:
                 raise ImproperlyConfigured(
-                    f"with_lock({self.template.source!r}, atomic=True) on {self._where_called()}"
+                    f"with_lock({self.source!r}, atomic=True) on {self._where_called()}"
                     f": the view is async, and Django transactions are bound to a thread")
             return self.call_async(args, kwargs)
         manager = self._manager()
         if request is not None:
-            name = self.view_name(request, view_self, kwargs)
-            lock = self._make(manager, name, True)
-            lock.metrics_label = self.template.source  # a bounded label (metrics)
+            names = self.view_names(request, view_self, kwargs)
+            name = ", ".join(names)
+            lock = self._make(manager, names, True)
+            lock.metrics_label = self.source  # a bounded label (metrics)
             try:
                 lock.__enter__()
             except LockNotAcquired as exc:
@@ -366,9 +399,8 @@ class _Target:
                         del request.redlock
                 else:
                     request.redlock = previous
-        name = self.call_name(args, kwargs)
-        lock = self._make(manager, name, False)
-        lock.metrics_label = self.template.source
+        lock = self._make(manager, self.call_names(args, kwargs), False)
+        lock.metrics_label = self.source
         try:
             lock.__enter__()
         except LockNotAcquired as exc:
@@ -421,7 +453,7 @@ class _Target:
         else:
             return False
         logger.warning("lock %r (fence %d) of %s was lost after the view's work: %s; the "
-                       "view's response stands (%s)", lock.name, fence, self._where_called(),
+                       "view's response stands (%s)", _name_of(lock), fence, self._where_called(),
                        why, exc)
         return True
 
@@ -431,11 +463,12 @@ class _Target:
         manager = self._manager()
         is_view = request is not None
         if is_view:
-            name = self.view_name(request, view_self, kwargs)
+            names = self.view_names(request, view_self, kwargs)
         else:
-            name = self.call_name(args, kwargs)
-        lock = self._make(manager, name, is_view, aio=True)
-        lock.metrics_label = self.template.source
+            names = self.call_names(args, kwargs)
+        name = ", ".join(names)
+        lock = self._make(manager, names, is_view, aio=True)
+        lock.metrics_label = self.source
         try:
             await lock.__aenter__()
         except LockNotAcquired as exc:
@@ -500,6 +533,67 @@ def with_semaphore(template: str, permits: int, *, ttl: float | EllipsisType = .
                      _permits=check_permits(permits))
 
 
+def with_segments(template: str, count: int, *, ttl: float | EllipsisType = ...,
+                  timeout: float | None | EllipsisType = ...,
+                  auto_renew: bool | EllipsisType = ..., atomic: bool = False,
+                  on_busy: Callable[[Any, LockNotAcquired], Any] | None = None,
+                  fencing: bool = True, max_hold: float | None | EllipsisType = ...,
+                  label: str | None = None, using: str | None = None, manager: Any = None,
+                  view: bool | None = None) -> Callable[[F], F]:
+    """Hold any one free segment of ``count`` of the name ``template`` renders
+    while the decorated callable runs (:meth:`LockManager.segments`).
+
+    Everything else is as for :func:`with_lock`; ``current_lock()`` and
+    ``request.redlock`` are the segments held: ``.index`` is the segment,
+    ``.fence`` its fence. A body that must skip some segments (say, the rows
+    whose stock ran out) uses :func:`django_redlock.segments` and its ``skip``
+    instead. ``count`` is checked at decoration time (``ValueError``).
+    """
+    from .engine.segments import check_count
+
+    return with_lock(template, ttl=ttl, timeout=timeout, auto_renew=auto_renew, atomic=atomic,
+                     on_busy=on_busy, fencing=fencing, max_hold=max_hold, label=label,
+                     using=using, manager=manager, view=view, _count=check_count(count))
+
+
+def with_multi_lock(templates: Sequence[str], *, ttl: float | EllipsisType = ...,
+                    timeout: float | None | EllipsisType = ...,
+                    auto_renew: bool | EllipsisType = ..., atomic: bool = False,
+                    on_busy: Callable[[Any, LockNotAcquired], Any] | None = None,
+                    fencing: bool = True, max_hold: float | None | EllipsisType = ...,
+                    label: str | None = None, using: str | None = None, manager: Any = None,
+                    view: bool | None = None) -> Callable[[F], F]:
+    """Hold every lock the ``templates`` render, or none, while the decorated
+    callable runs (:meth:`LockManager.multi_lock`: deadlock-free whatever order
+    the templates are in).
+
+    Each template takes its placeholders as :func:`with_lock`'s does, from the
+    same call; everything else is as for :func:`with_lock`. ``current_lock()``
+    and ``request.redlock`` are the multi-lock: ``.fences`` maps each name to
+    its fence. Two templates that render one name in a call raise
+    ``ValueError`` then (:func:`django_redlock.multi_lock`'s rule); an empty or
+    a plain string ``templates`` raises it at decoration time.
+    """
+    if isinstance(templates, (str, bytes)) or not hasattr(templates, "__iter__"):
+        raise ValueError(f"with_multi_lock(templates) takes a list of lock name templates, "
+                         f"not {templates!r}")
+    given = list(templates)
+    if not given:
+        raise ValueError("with_multi_lock(templates) needs at least one template")
+    first, *more = given
+    return with_lock(first, ttl=ttl, timeout=timeout, auto_renew=auto_renew, atomic=atomic,
+                     on_busy=on_busy, fencing=fencing, max_hold=max_hold, label=label,
+                     using=using, manager=manager, view=view, _more=more, _multi=True)
+
+
+def _parsed(template: Any) -> LockNameTemplate:
+    """``template`` parsed; ``ImproperlyConfigured`` naming it when it is malformed."""
+    try:
+        return parse_template(template)
+    except TemplateError as e:
+        raise ImproperlyConfigured(f"with_lock({template!r}): {e}") from None
+
+
 def _partial_self(func: Any) -> Any:
     """The instance behind ``method_decorator``'s ``partial(bound method)``, else None."""
     if isinstance(func, functools.partial):
@@ -527,13 +621,19 @@ def _ensure_owned(lock: Any) -> None:
     """
     if lock.owned():
         return
+    name = _name_of(lock)
     try:
         lock.release()
     except LockNotOwned:
-        raise LockLost(f"lock {lock.name!r} was released inside the atomic body; "
-                       f"not committing", lock_name=lock.name, fence=lock.fence) from None
-    raise LockLost(f"lock {lock.name!r} was lost before commit", lock_name=lock.name,
-                   fence=lock.fence)
+        raise LockLost(f"lock {name!r} was released inside the atomic body; "
+                       f"not committing", lock_name=name, fence=lock.fence) from None
+    raise LockLost(f"lock {name!r} was lost before commit", lock_name=name, fence=lock.fence)
+
+
+def _name_of(lock: Any) -> str:
+    """A lock's name; a multi-lock's names, joined."""
+    name = getattr(lock, "name", None)
+    return name if isinstance(name, str) else ", ".join(lock.names)
 
 
 def with_lock(template: str, *, ttl: float | EllipsisType = ...,
@@ -543,7 +643,9 @@ def with_lock(template: str, *, ttl: float | EllipsisType = ...,
               fencing: bool = True, max_hold: float | None | EllipsisType = ...,
               label: str | None = None, using: str | None = None, manager: Any = None,
               view: bool | None = None, reentrant: bool = False,
-              mode: str = "exclusive", _permits: int | None = None) -> Callable[[F], F]:
+              mode: str = "exclusive", _permits: int | None = None,
+              _count: int | None = None, _more: Sequence[str] = (),
+              _multi: bool = False) -> Callable[[F], F]:
     """Hold the lock named by ``template`` while the decorated callable runs.
 
     ``mode``: ``"exclusive"`` (a plain lock), or ``"read"`` / ``"write"``: a
@@ -573,10 +675,8 @@ def with_lock(template: str, *, ttl: float | EllipsisType = ...,
     placeholder that cannot be resolved raises it at call time, naming the
     placeholder and the function.
     """
-    try:
-        parsed = parse_template(template)
-    except TemplateError as e:
-        raise ImproperlyConfigured(f"with_lock({template!r}): {e}") from None
+    parsed, *rest = [_parsed(t) for t in (template, *_more)]
+    more = tuple(rest)
     if on_busy is not None and not callable(on_busy):
         raise TypeError(f"with_lock(on_busy=...) must be callable, not {on_busy!r}")
     # The time arguments are checked when the module is imported, by the same
@@ -613,7 +713,8 @@ def with_lock(template: str, *, ttl: float | EllipsisType = ...,
         target = _Target(func, parsed, ttl=ttl, timeout=timeout, auto_renew=auto_renew,
                          atomic=atomic, on_busy=on_busy, fencing=fencing, max_hold=max_hold,
                          label=label, using=using, manager=manager, view=view,
-                         reentrant=reentrant, mode=mode, permits=_permits)
+                         reentrant=reentrant, mode=mode, permits=_permits, count=_count,
+                         more=more, multi=_multi)
         if is_async:
             @functools.wraps(func)
             async def async_wrapper(*args: Any, **kwargs: Any) -> Any:

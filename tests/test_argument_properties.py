@@ -360,17 +360,22 @@ def test_family_acquire_and_extend(mgr: Any, kind: str, value: Any) -> None:
     asyncio.run(scenario())
 
 
-@pytest.mark.parametrize("decorator", ["read", "write", "reentrant", "semaphore"])
+@pytest.mark.parametrize("decorator", ["read", "write", "reentrant", "semaphore", "segments",
+                                       "multi"])
 @pytest.mark.parametrize("rule", ["ttl", "timeout", "max_hold"])
 @FAMILY_RUNS
 @given(value=values)
 def test_family_decorators_check_when_decorating(decorator: str, rule: str,
                                                  value: Any) -> None:
-    from django_redlock import with_semaphore
+    from django_redlock import with_multi_lock, with_segments, with_semaphore
 
     def decorate() -> Any:
         if decorator == "semaphore":
             return with_semaphore("prop:<x>", 2, **{rule: value})(lambda x: x)
+        if decorator == "segments":
+            return with_segments("prop:<x>", 2, **{rule: value})(lambda x: x)
+        if decorator == "multi":
+            return with_multi_lock(["prop:<x>", "prop2:<x>"], **{rule: value})(lambda x: x)
         if decorator == "reentrant":
             return with_lock("prop:<x>", reentrant=True, **{rule: value})(lambda x: x)
         return with_lock("prop:<x>", mode=decorator, **{rule: value})(lambda x: x)

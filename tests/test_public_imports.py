@@ -47,7 +47,8 @@ def test_documented_name_imports(path: str) -> None:
     "lock", "alock", "with_lock", "current_lock", "get_manager", "LockManager", "Lock",
     "AsyncLock", "RedlockError", "LockNotAcquired", "LockLost", "LockNotOwned",
     "QuorumUnavailable", "FencedWriteRejected", "multi_lock", "amulti_lock", "segments",
-    "asegments", "semaphore", "asemaphore", "with_semaphore", "release_held_locks"])
+    "asegments", "semaphore", "asemaphore", "with_semaphore", "with_segments", "with_multi_lock",
+    "release_held_locks"])
 def test_the_package_face(name: str) -> None:
     import django_redlock
 
