@@ -205,3 +205,13 @@ def test_names_with_stray_braces_lock_and_fence(nodes3: RedisNodes, make_manager
     assert second.fence > first.fence
     assert nodes3[0].client().get(fence_key(mgr.key(name))) is not None
     second.release()
+
+
+def test_free_channels_of_a_forced_release() -> None:
+    """A forced release publishes where a segment's or a permit's family listens."""
+    from django_redlock.core.keys import free_channels, lock_key
+
+    assert free_channels("p", "stock:4[2]") == [lock_key("p", "stock:4[free]").encode()]
+    assert free_channels("p", "exports#1") == [lock_key("p", "exports#free").encode()]
+    for plain in ("stock:4", "x[a]", "[1]", "#1", "y#line", "z#"):
+        assert free_channels("p", plain) == [], plain

@@ -9,12 +9,14 @@ bounded.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from typing import Any, Callable
 
 import pytest
 
+from django_redlock import LockLost
 from django_redlock.core.keys import waiters_key
 from django_redlock.engine import segments as segments_module
 from django_redlock.testing import RedisNodes
@@ -166,3 +168,73 @@ def test_a_plain_lock_on_a_segment_wakes_the_waiter_too(
         for s in (seg, plain[0]):
             if s.owned():
                 s.release()
+
+
+def test_a_segment_freed_by_force_release_serves_the_waiter_at_once(
+        nodes: RedisNodes, make_manager: MakeManager) -> None:
+    """An operator's ``locks release --force`` of a segment (its holder hung, say)
+    wakes a segments waiter at once: the forced release publishes on the
+    segments' free channel too, as a release does. Before, the waiter found it
+    only at its retry delay (6 s here)."""
+    mgr = make_manager(nodes, retry_delay=6)
+    held = [mgr.segments("f", 2, ttl=30, timeout=0) for _ in range(2)]
+    assert all(h.acquire() for h in held)
+    got: dict[str, Any] = {}
+
+    def waiter() -> None:
+        seg = mgr.segments("f", 2, ttl=30, timeout=10)
+        if seg.acquire():
+            got["at"], got["seg"] = time.monotonic(), seg
+
+    thread = threading.Thread(target=waiter, daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.5)  # it found both busy and waits
+        assert not got
+        which = _other_than_queued(nodes, mgr, "f", 2, 0)
+        at = time.monotonic()
+        replies = mgr.force_release(f"f[{which}]")
+        assert sum(r is not None for r in replies) == len(nodes)
+        thread.join(timeout=12)
+        assert got, "the waiter was not served"
+        assert got["seg"].index == which
+        assert got["at"] - at < SERVED_WITHIN, got["at"] - at
+    finally:
+        thread.join(timeout=12)
+        if got.get("seg") is not None and got["seg"].owned():
+            got["seg"].release()
+        for h in held:  # the forced one's holder finds it lost
+            with contextlib.suppress(LockLost):
+                if h.owned():
+                    h.release()
+
+
+def test_a_permit_freed_by_force_release_serves_the_semaphore_waiter_at_once(
+        nodes: RedisNodes, make_manager: MakeManager) -> None:
+    """The same for a semaphore's permit (``"<name>#<i>"``): its first in line
+    listens on the semaphore's free channel, where the forced release now
+    publishes the permit's key."""
+    mgr = make_manager(nodes, retry_delay=6)
+    held = mgr.semaphore("fs", 1, ttl=30, timeout=0)
+    assert held.acquire()
+    got: dict[str, Any] = {}
+
+    def waiter() -> None:
+        sem = mgr.semaphore("fs", 1, ttl=30, timeout=10)
+        if sem.acquire():
+            got["at"], got["sem"] = time.monotonic(), sem
+
+    thread = threading.Thread(target=waiter, daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.5)  # it found the permit busy and waits
+        assert not got
+        at = time.monotonic()
+        mgr.force_release("fs#0")
+        thread.join(timeout=12)
+        assert got, "the waiter was not served"
+        assert got["at"] - at < SERVED_WITHIN, got["at"] - at
+    finally:
+        thread.join(timeout=12)
+        if got.get("sem") is not None and got["sem"].owned():
+            got["sem"].release()

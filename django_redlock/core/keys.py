@@ -111,6 +111,19 @@ def segment_channel(prefix: str, name: str) -> bytes:
     return lock_key(prefix, f"{base}[free]").encode()
 
 
+def free_channels(prefix: str, name: str) -> list[bytes]:
+    """The channels a forced release of lock ``name`` publishes its key on, to
+    wake the waiters of a family that listen there rather than on the key: the
+    segments' free channel for ``"<base>[<i>]"`` (:func:`segment_channel`), the
+    semaphore's for a permit ``"<base>#<i>"``. A plain lock that only looks like
+    one costs a notice nobody hears."""
+    channels = [segment_channel(prefix, name)] if segment_channel(prefix, name) else []
+    base, hash_sign, index = name.rpartition("#")
+    if hash_sign and base and index.isdigit():
+        channels.append(lock_key(prefix, f"{base}#free").encode())
+    return channels
+
+
 def name_from_key(prefix: str, key: str) -> str | None:
     """The lock name of a lock key, or None for a key that is not a lock key."""
     head = prefix + ":"

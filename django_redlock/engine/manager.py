@@ -37,7 +37,7 @@ from django.core.exceptions import ImproperlyConfigured
 from ..core import quorum as q
 from ..core.arguments import check_max_hold, check_timeout, check_ttl
 from ..core.config import DEFAULTS, NodeSpec, check_options, parse_nodes, resolve_options
-from ..core.keys import fence_key, lock_key, validate_name, waiters_key
+from ..core.keys import fence_key, free_channels, lock_key, validate_name, waiters_key
 from ..core.retry import next_wait
 from ..transport.nodekinds import make_node
 from ..transport.notify import ReleaseNotifier
@@ -631,6 +631,9 @@ class LockManager:
         the holder finds out at its next renewal.
         """
         key = self.key(name).encode()
-        return self.transport.round([Call(FORCE_RELEASE, (key,), ())] * len(self.nodes),
+        # A segment's or a permit's waiters listen on their family's free
+        # channel: told there, they take it at once, not at their next retry.
+        channels = tuple(free_channels(self.key_prefix, name))
+        return self.transport.round([Call(FORCE_RELEASE, (key,), channels)] * len(self.nodes),
                                     skip_backoff=False)
 
