@@ -43,6 +43,13 @@ DATABASES = {
     }
 }
 DATABASES.update(postgres_databases())  # alias "postgres" when DATABASE_URL is set
+if "postgres" in DATABASES:
+    # A test database of this run's own: two runs at once against one server (CI
+    # runs the suite on two Pythons side by side) would drop each other's
+    # "test_postgres". Set in the environment, so the processes a test starts
+    # name the same one.
+    os.environ.setdefault("REDLOCK_TEST_PG_NAME", f"test_redlock_{os.getpid()}")
+    DATABASES["postgres"]["TEST"] = {"NAME": os.environ["REDLOCK_TEST_PG_NAME"]}
 DEFAULT_AUTO_FIELD = "django.db.models.BigAutoField"
 REDLOCK_NODES = ["redis://127.0.0.1:1/0"]  # replaced by the session fixture
 REDLOCK = {"NODE_TIMEOUT": 0.5}

@@ -65,8 +65,41 @@ def test_a_killed_master_is_replaced_by_the_sentinels(group: SentinelGroup) -> N
     # last called it down: about 10 s, and 20 s when the first INFO comes a
     # moment too early (CI saw that once, with a 20 s bound). 35 s allows two
     # periods and a loaded machine; a sentinel that never converts still fails.
-    assert wait_until(lambda: old.ping() and role(old) == b"slave", timeout=35.0), \
-        [s.execute("SENTINEL", "REPLICAS", group.service) for s in group.sentinels]
+    # On a loaded machine the sentinels may instead fail over once more, to the
+    # restarted server (CI, with two test passes at once: its sentinels listed
+    # the new master as the replica). Either way the group must settle: one
+    # master the sentinels agree on, the other server its replica, following it.
+    assert wait_until(lambda: _settled(group), timeout=35.0), _state(group)
+    if role(old) != b"slave":
+        print(f"the sentinels failed over again, to the restarted {old}: {_state(group)}")
+
+
+def _settled(group: SentinelGroup) -> bool:
+    """One master the sentinels agree on, every other data server its replica."""
+    master = group._agreed_master()
+    if master is None:
+        return False
+    for server in group.servers:
+        if server is master:
+            continue
+        if not server.ping():
+            return False
+        reply = server.execute("ROLE")
+        if reply[0] != b"slave" or int(reply[2]) != master.port or reply[3] != b"connected":
+            return False
+    return True
+
+
+def _state(group: SentinelGroup) -> str:
+    """What each sentinel calls master, and each data server's role (for a failure)."""
+    sentinels = [s.master_address() if s.is_running() else None for s in group.sentinels]
+    roles = []
+    for server in group.servers:
+        try:
+            roles.append((server.port, server.execute("ROLE")[:4]))
+        except Exception as exc:  # noqa: BLE001 - a report, whatever the server says
+            roles.append((server.port, repr(exc)))
+    return f"sentinels' masters {sentinels}; roles {roles}"
 
 
 def test_a_cluster_starts_with_every_slot_served(cluster: RedisClusterGroup) -> None:
