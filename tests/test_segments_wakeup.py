@@ -55,6 +55,23 @@ def _other_than_queued(nodes: RedisNodes, mgr: Any, name: str, count: int,
     return default if default in free else free[0]
 
 
+def _waiting(make: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    """A thread that acquires ``make()`` (timeout 10 s) and notes when it got it
+    (``got["at"]``) and what (``got["held"]``), started once it waits (0.5 s)."""
+    got: dict[str, Any] = {}
+
+    def waiter() -> None:
+        held = make()
+        if held.acquire():
+            got["at"], got["held"] = time.monotonic(), held
+
+    thread = threading.Thread(target=waiter, daemon=True)
+    thread.start()
+    time.sleep(0.5)  # it found every member busy and waits
+    assert not got
+    return thread, got
+
+
 @pytest.mark.parametrize("released", [0, 1])
 def test_a_release_of_either_segment_serves_the_waiter(
         nodes: RedisNodes, make_manager: MakeManager, released: int) -> None:
@@ -62,28 +79,18 @@ def test_a_release_of_either_segment_serves_the_waiter(
     held = [mgr.segments("w", 2, ttl=30, timeout=0) for _ in range(2)]
     assert all(h.acquire() for h in held)
     by_index = {h.index: h for h in held}
-    got: dict[str, Any] = {}
-
-    def waiter() -> None:
-        seg = mgr.segments("w", 2, ttl=30, timeout=10)
-        if seg.acquire():
-            got["at"], got["seg"] = time.monotonic(), seg
-
-    thread = threading.Thread(target=waiter, daemon=True)
-    thread.start()
+    thread, got = _waiting(lambda: mgr.segments("w", 2, ttl=30, timeout=10))
     try:
-        time.sleep(0.5)  # it found both busy and waits
-        assert not got
         released = _other_than_queued(nodes, mgr, "w", 2, released)
         at = time.monotonic()
         by_index[released].release()
         thread.join(timeout=12)
         assert got, "the waiter was not served"
-        assert got["seg"].index == released
+        assert got["held"].index == released
         assert got["at"] - at < SERVED_WITHIN, got["at"] - at
     finally:
         thread.join(timeout=12)
-        for seg in [*held, got.get("seg")]:
+        for seg in [*held, got.get("held")]:
             if seg is not None and seg.owned():
                 seg.release()
 
@@ -179,30 +186,20 @@ def test_a_segment_freed_by_force_release_serves_the_waiter_at_once(
     mgr = make_manager(nodes, retry_delay=6)
     held = [mgr.segments("f", 2, ttl=30, timeout=0) for _ in range(2)]
     assert all(h.acquire() for h in held)
-    got: dict[str, Any] = {}
-
-    def waiter() -> None:
-        seg = mgr.segments("f", 2, ttl=30, timeout=10)
-        if seg.acquire():
-            got["at"], got["seg"] = time.monotonic(), seg
-
-    thread = threading.Thread(target=waiter, daemon=True)
-    thread.start()
+    thread, got = _waiting(lambda: mgr.segments("f", 2, ttl=30, timeout=10))
     try:
-        time.sleep(0.5)  # it found both busy and waits
-        assert not got
         which = _other_than_queued(nodes, mgr, "f", 2, 0)
         at = time.monotonic()
         replies = mgr.force_release(f"f[{which}]")
         assert sum(r is not None for r in replies) == len(nodes)
         thread.join(timeout=12)
         assert got, "the waiter was not served"
-        assert got["seg"].index == which
+        assert got["held"].index == which
         assert got["at"] - at < SERVED_WITHIN, got["at"] - at
     finally:
         thread.join(timeout=12)
-        if got.get("seg") is not None and got["seg"].owned():
-            got["seg"].release()
+        if got.get("held") is not None and got["held"].owned():
+            got["held"].release()
         for h in held:  # the forced one's holder finds it lost
             with contextlib.suppress(LockLost):
                 if h.owned():
@@ -217,18 +214,8 @@ def test_a_permit_freed_by_force_release_serves_the_semaphore_waiter_at_once(
     mgr = make_manager(nodes, retry_delay=6)
     held = mgr.semaphore("fs", 1, ttl=30, timeout=0)
     assert held.acquire()
-    got: dict[str, Any] = {}
-
-    def waiter() -> None:
-        sem = mgr.semaphore("fs", 1, ttl=30, timeout=10)
-        if sem.acquire():
-            got["at"], got["sem"] = time.monotonic(), sem
-
-    thread = threading.Thread(target=waiter, daemon=True)
-    thread.start()
+    thread, got = _waiting(lambda: mgr.semaphore("fs", 1, ttl=30, timeout=10))
     try:
-        time.sleep(0.5)  # it found the permit busy and waits
-        assert not got
         at = time.monotonic()
         mgr.force_release("fs#0")
         thread.join(timeout=12)
@@ -236,5 +223,5 @@ def test_a_permit_freed_by_force_release_serves_the_semaphore_waiter_at_once(
         assert got["at"] - at < SERVED_WITHIN, got["at"] - at
     finally:
         thread.join(timeout=12)
-        if got.get("sem") is not None and got["sem"].owned():
-            got["sem"].release()
+        if got.get("held") is not None and got["held"].owned():
+            got["held"].release()
