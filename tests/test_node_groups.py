@@ -75,19 +75,24 @@ def test_a_killed_master_is_replaced_by_the_sentinels(group: SentinelGroup) -> N
 
 
 def _settled(group: SentinelGroup) -> bool:
-    """One master the sentinels agree on, every other data server its replica."""
-    master = group._agreed_master()
-    if master is None:
+    """One master the sentinels agree on, every other data server its replica
+    (False, to be asked again, while a server is still coming back)."""
+    try:
+        master = group._agreed_master()
+        if master is None:
+            return False
+        for server in group.servers:
+            if server is master:
+                continue
+            if not server.ping():
+                return False
+            reply = server.execute("ROLE")
+            if reply[0] != b"slave" or int(reply[2]) != master.port \
+                    or reply[3] != b"connected":
+                return False
+        return True
+    except Exception:  # noqa: BLE001 - a server restarting: not settled yet
         return False
-    for server in group.servers:
-        if server is master:
-            continue
-        if not server.ping():
-            return False
-        reply = server.execute("ROLE")
-        if reply[0] != b"slave" or int(reply[2]) != master.port or reply[3] != b"connected":
-            return False
-    return True
 
 
 def _state(group: SentinelGroup) -> str:
