@@ -13,6 +13,7 @@ import contextlib
 import logging
 import os
 import threading
+import time
 import weakref
 from typing import Any
 
@@ -45,6 +46,7 @@ def release_held_locks() -> int:
         candidates = list(_acquired)
     released = 0
     pid = os.getpid()
+    managers: dict[int, Any] = {}
     for lock in candidates:
         # A sync lock's renewal thread may be in a round: wait for it.
         io = lock._io
@@ -52,19 +54,52 @@ def release_held_locks() -> int:
             if lock._state == "unlocked" or lock._pid != pid or not lock._token:
                 continue
             token, fence = lock._token, lock.fence
+            # How long the key may still be on a node (an extend(ttl) may be
+            # longer than the TTL): a node that misses the release is sent it
+            # again for that long, as ``release()`` does (engine/leftovers.py).
+            lease = max(lock.ttl, lock._valid_until - lock.manager.clock())
             lock._state = "unlocked"
             lock._token = ""
             lock._valid_until = 0.0
         try:
             lock.manager._release_round(lock._key_b, lock._fence_key_b, lock._waiters_key_b,
-                                        token, fence)
+                                        token, fence, redo=lease, every=True)
         except Exception:  # noqa: BLE001 - keep releasing the others
             logger.warning("lock %r could not be released at exit; it expires with its "
                            "lease (%.3f s at most)", lock.name, lock.ttl, exc_info=True)
             continue
         released += 1
+        managers[id(lock.manager)] = lock.manager
         logger.info("lock %r released at exit (it was still held)", lock.name)
+    _flush_late_releases(managers.values())
     return released
+
+
+#: How long the exit hook waits, at most, for releases that failed on a node to
+#: be sent again (engine/leftovers.py): the late sender is a daemon thread and
+#: dies with the process.
+EXIT_FLUSH = 1.0
+
+
+def _flush_late_releases(managers: Any) -> None:
+    """Give the releases a slow node missed one more chance before the process
+    ends, bounded by :data:`EXIT_FLUSH` in all. Timeline of what this stops::
+
+        exit    the hook releases A's lock: 2 nodes answer, node 3 replies late
+        exit+   node 3's release waits for the late sender's next try (0.1 s)
+        exit+   the process ends, the daemon thread with it: node 3 keeps A's
+                key for the rest of the lease (a minority: the lock is free,
+                but one node is down for it, with no margin left)
+    """
+    deadline = time.monotonic() + EXIT_FLUSH
+    for manager in managers:
+        leftovers = getattr(manager, "_leftovers", None)
+        if leftovers is None or not leftovers.waiting():
+            continue
+        left = leftovers.flush(max(0.0, deadline - time.monotonic()))
+        if left:
+            logger.warning("%d release(s) that failed on a node were not sent again before "
+                           "exit; those keys expire with their leases", left)
 
 
 atexit.register(release_held_locks)

@@ -120,6 +120,26 @@ class Leftovers:
             else:
                 self._cond.notify()
 
+    def flush(self, timeout: float) -> int:
+        """Send every waiting request now, and wait until none waits, at most
+        ``timeout`` s (the exit hook: the daemon thread dies with the process, so
+        a release one slow reply left here would otherwise never be sent). Returns
+        how many still wait."""
+        deadline = self._clock() + timeout
+        with self._cond:
+            now = self._clock()
+            for i, queue in enumerate(self._pending):
+                if queue:
+                    self._due[i] = min(self._due[i], now)
+            self._cond.notify_all()
+            while True:
+                left = sum(len(q) for q in self._pending)
+                wait = deadline - self._clock()
+                if not left or wait <= 0 or self._thread is None \
+                        or not self._thread.is_alive():
+                    return left
+                self._cond.wait(timeout=min(wait, 0.05))
+
     def close(self) -> None:
         with self._cond:
             self._stopping = True
@@ -174,5 +194,6 @@ class Leftovers:
                 self._pause[i] = FIRST_PAUSE  # it answers again
                 if queue and queue[0][0] is request:
                     queue.popleft()
+                    self._cond.notify_all()  # a flush() may wait for the queue
         with self._cond:
             self._due[i] = self._clock()  # more than one batch: the next turn goes on

@@ -589,9 +589,11 @@ class LockManager:
 
     def _release_round(self, key: bytes, fkey: bytes, wkey: bytes, token: str, fence: int, *,
                        only: list[bool] | None = None, notify: bytes = b"",
-                       wait: bool = True, redo: float = 0.0) -> ReleaseResult:
+                       wait: bool = True, redo: float = 0.0,
+                       every: bool = False) -> ReleaseResult:
         return self._run(rounds.release_steps(self, key, fkey, wkey, token, fence, only=only,
-                                              notify=notify, wait=wait, redo=redo))
+                                              notify=notify, wait=wait, redo=redo,
+                                              every=every))
 
     def _leave_queue(self, wkey: bytes, entries: Sequence[bytes], token: str, *,
                      only: list[bool] | None = None, wait: bool = True) -> None:

@@ -807,7 +807,8 @@ def tally_release(replies: Sequence[Any], key: bytes,
                              lost=not_ours > n - q.quorum(n), woken=woken)
     failed = [r for r in replies if isinstance(r, NodeError)]
     if failed:
-        logger.info("release of %r did not reach %d node(s): %s; the key expires there "
+        logger.info("release of %r did not reach %d node(s): %s; it is sent again while its "
+                    "lease lasts (a release and a clean-up are), else the key expires there "
                     "with its lease", key.decode(), len(failed), "; ".join(map(str, failed)))
     answered_errors = [(node_names[i] if i < len(node_names) else f"node {i}",
                         error_reply_reason(r))
@@ -1094,7 +1095,7 @@ def release_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token
                   fence: int, *, only: Sequence[bool] | None = None,
                   wake_at: int | None = None, notify: bytes = b"", attempt: int = 0,
                   handed: Sequence[bool] = (), wait: bool = True,
-                  redo: float = 0.0) -> Steps[ReleaseResult]:
+                  redo: float = 0.0, every: bool = False) -> Steps[ReleaseResult]:
     """A release on every node, or the clean-up after a lost attempt (``only``).
 
     The clean-up waits for no reply: it is sent behind the attempt on the same
@@ -1104,13 +1105,17 @@ def release_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token
     either (its result counts none: a semaphore's line, handed on by a head
     that holds its permit, ``Lock._release_unawaited``). ``redo``: how long
     the key may last (its lease), and so how long a request that failed on
-    a node is sent again (:attr:`Ask.redo`).
+    a node is sent again (:attr:`Ask.redo`). ``every``: wait for every node's
+    reply, not only a quorum's (the exit hook: a request still on its way when
+    the process ends may never leave it, and a node that did not answer in time
+    must be known, to be sent the release again).
     """
     n = len(mgr.nodes)
     requests = release_requests(n, key, fkey, wkey, token, fence, only, wake_at, notify,
                                 attempt=attempt, handed=handed)
     gate = gate_node(key, mgr.nodes, mgr.clock()) if n > 1 else None
-    settle = NO_WAIT if only is not None or not wait else release_settle(n, gate)
+    settle = (NO_WAIT if only is not None or not wait
+              else None if every else release_settle(n, gate))
     # The gate's release hands the lock to a waiter, which then asks the other
     # nodes at once: sent last, it gives the other releases a head start (sent
     # in node order, the handed waiter found one still held 5 % of the time on
