@@ -228,3 +228,57 @@ def test_a_release_a_slow_node_missed_at_exit_is_sent_again_before_the_process_e
     finally:
         for proxy in proxies:
             proxy.stop()
+
+
+_MANY_AT_EXIT_SCRIPT = r"""
+import sys
+from django_redlock import LockManager
+urls = sys.argv[1:]
+mgr = LockManager(urls, ttl=60, auto_renew=False, node_timeout=0.15)
+held = [mgr.lock(f"many-exit:{i}") for i in range(60)]
+assert all(lock.acquire() for lock in held)
+print("held", flush=True)
+sys.stdin.readline()                  # the test cuts node 3's link for good, then lets us exit
+"""
+
+
+def test_a_node_that_hangs_at_exit_does_not_hold_the_exit_for_every_lock(
+        nodes3: RedisNodes) -> None:
+    """60 locks held at exit and node 3 black-holed: the hook waits for every
+    node's reply, but the hung node costs its node timeout (0.15 s) once, not
+    once per lock (9 s for all): after its first timeout it is backing off, and
+    the later releases skip it at once and leave it to the late sender. The
+    process ends within a few seconds, every lock released on the two nodes
+    that answer."""
+    import subprocess
+    import sys
+
+    proxies = [FaultProxy.for_server(server).start() for server in nodes3]
+    try:
+        with subprocess.Popen([sys.executable, "-c", _MANY_AT_EXIT_SCRIPT,
+                               *[p.url for p in proxies]],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) as proc:
+            try:
+                assert proc.stdout is not None and proc.stdin is not None
+                line = proc.stdout.readline()
+                assert line.strip() == "held", proc.stderr.read() if proc.stderr else ""
+                proxies[2].cut()
+                started = time.monotonic()
+                proc.stdin.write("exit\n")
+                proc.stdin.flush()
+                _, err = proc.communicate(timeout=30)
+                took = time.monotonic() - started
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+        assert proc.returncode == 0, err
+        assert took < 6.0, (took, err[-2000:])
+        print(f"exit took {took:.2f} s")
+        keys = [f"redlock:many-exit:{i}" for i in range(60)]
+        assert sum(_holders(nodes3, key) for key in keys) == 60  # node 3's copies only
+        assert not any(nodes3[0].client().exists(key) or nodes3[1].client().exists(key)
+                       for key in keys)
+    finally:
+        for proxy in proxies:
+            proxy.stop()
