@@ -61,6 +61,7 @@ def release_held_locks() -> int:
             lock._state = "unlocked"
             lock._token = ""
             lock._valid_until = 0.0
+        managers[id(lock.manager)] = lock.manager  # its late sender, flushed below
         try:
             lock.manager._release_round(lock._key_b, lock._fence_key_b, lock._waiters_key_b,
                                         token, fence, redo=lease, every=True)
@@ -69,7 +70,6 @@ def release_held_locks() -> int:
                            "lease (%.3f s at most)", lock.name, lock.ttl, exc_info=True)
             continue
         released += 1
-        managers[id(lock.manager)] = lock.manager
         logger.info("lock %r released at exit (it was still held)", lock.name)
     _flush_late_releases(managers.values())
     return released
