@@ -191,6 +191,38 @@ sys.stdin.readline()                  # the test cuts node 3's link, then lets u
 """
 
 
+def _exit_with_node3_faulty(nodes3: RedisNodes, script: str,
+                            fault: Callable[[FaultProxy], None]) -> tuple[int, str, float]:
+    """Run ``script`` (it holds locks on ``nodes3``, each behind a proxy, prints
+    "held", then waits for a line) and let it exit once ``fault`` was applied
+    to node 3's proxy; its exit status, stderr and seconds from the go to its
+    end."""
+    import subprocess
+    import sys
+
+    proxies = [FaultProxy.for_server(server).start() for server in nodes3]
+    try:
+        with subprocess.Popen([sys.executable, "-c", script, *[p.url for p in proxies]],
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) as proc:
+            try:
+                assert proc.stdout is not None and proc.stdin is not None
+                line = proc.stdout.readline()
+                assert line.strip() == "held", proc.stderr.read() if proc.stderr else ""
+                fault(proxies[2])
+                started = time.monotonic()
+                proc.stdin.write("exit\n")
+                proc.stdin.flush()
+                _, err = proc.communicate(timeout=30)
+                return proc.returncode, err, time.monotonic() - started
+            finally:
+                if proc.poll() is None:
+                    proc.kill()
+    finally:
+        for proxy in proxies:
+            proxy.stop()
+
+
 def test_a_release_a_slow_node_missed_at_exit_is_sent_again_before_the_process_ends(
         nodes3: RedisNodes) -> None:
     """The exit hook releases a held lock while node 3's link is cut for 0.35 s:
@@ -199,35 +231,16 @@ def test_a_release_a_slow_node_missed_at_exit_is_sent_again_before_the_process_e
     it to be sent again once the link is back; before, node 3 kept the key for
     the rest of the 60 s lease (a minority, but one node down for that lock,
     with no margin left; CI saw it once on a loaded machine)."""
-    import subprocess
-    import sys
     import threading
 
-    key = "redlock:slow-exit"
-    proxies = [FaultProxy.for_server(server).start() for server in nodes3]
-    try:
-        with subprocess.Popen([sys.executable, "-c", _SLOW_EXIT_SCRIPT,
-                               *[p.url for p in proxies]],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) as proc:
-            try:
-                assert proc.stdout is not None and proc.stdin is not None
-                line = proc.stdout.readline()
-                assert line.strip() == "held", proc.stderr.read() if proc.stderr else ""
-                assert _holders(nodes3, key) == 3
-                proxies[2].cut()
-                threading.Timer(0.35, proxies[2].heal).start()
-                proc.stdin.write("exit\n")
-                proc.stdin.flush()
-                _, err = proc.communicate(timeout=15)
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-        assert proc.returncode == 0, err
-        assert _holders(nodes3, key) == 0, err
-    finally:
-        for proxy in proxies:
-            proxy.stop()
+    def cut_for_a_while(proxy: FaultProxy) -> None:
+        assert _holders(nodes3, "redlock:slow-exit") == 3
+        proxy.cut()
+        threading.Timer(0.35, proxy.heal).start()
+
+    status, err, _ = _exit_with_node3_faulty(nodes3, _SLOW_EXIT_SCRIPT, cut_for_a_while)
+    assert status == 0, err
+    assert _holders(nodes3, "redlock:slow-exit") == 0, err
 
 
 _MANY_AT_EXIT_SCRIPT = r"""
@@ -250,35 +263,12 @@ def test_a_node_that_hangs_at_exit_does_not_hold_the_exit_for_every_lock(
     the later releases skip it at once and leave it to the late sender. The
     process ends within a few seconds, every lock released on the two nodes
     that answer."""
-    import subprocess
-    import sys
-
-    proxies = [FaultProxy.for_server(server).start() for server in nodes3]
-    try:
-        with subprocess.Popen([sys.executable, "-c", _MANY_AT_EXIT_SCRIPT,
-                               *[p.url for p in proxies]],
-                              stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True) as proc:
-            try:
-                assert proc.stdout is not None and proc.stdin is not None
-                line = proc.stdout.readline()
-                assert line.strip() == "held", proc.stderr.read() if proc.stderr else ""
-                proxies[2].cut()
-                started = time.monotonic()
-                proc.stdin.write("exit\n")
-                proc.stdin.flush()
-                _, err = proc.communicate(timeout=30)
-                took = time.monotonic() - started
-            finally:
-                if proc.poll() is None:
-                    proc.kill()
-        assert proc.returncode == 0, err
-        assert took < 6.0, (took, err[-2000:])
-        print(f"exit took {took:.2f} s")
-        keys = [f"redlock:many-exit:{i}" for i in range(60)]
-        assert sum(_holders(nodes3, key) for key in keys) == 60  # node 3's copies only
-        assert not any(nodes3[0].client().exists(key) or nodes3[1].client().exists(key)
-                       for key in keys)
-    finally:
-        for proxy in proxies:
-            proxy.stop()
+    status, err, took = _exit_with_node3_faulty(nodes3, _MANY_AT_EXIT_SCRIPT,
+                                                lambda proxy: proxy.cut())
+    assert status == 0, err
+    assert took < 6.0, (took, err[-2000:])
+    print(f"exit took {took:.2f} s")
+    keys = [f"redlock:many-exit:{i}" for i in range(60)]
+    assert sum(_holders(nodes3, key) for key in keys) == 60  # node 3's copies only
+    assert not any(nodes3[0].client().exists(key) or nodes3[1].client().exists(key)
+                   for key in keys)
