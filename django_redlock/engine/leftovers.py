@@ -114,9 +114,17 @@ class Leftovers:
                 if self._due[i] == math.inf:
                     self._due[i] = now + FIRST_PAUSE
             if self._thread is None or not self._thread.is_alive():
-                self._thread = threading.Thread(target=self._run, name="redlock-leftovers",
-                                                daemon=True)
-                self._thread.start()
+                thread = threading.Thread(target=self._run, name="redlock-leftovers",
+                                          daemon=True)
+                try:
+                    thread.start()
+                except RuntimeError:
+                    # "can't create new thread at interpreter shutdown" (Python
+                    # 3.12): a release of the exit hook. They stay queued, and
+                    # the hook's flush() sends them from its own thread.
+                    self._thread = None
+                else:
+                    self._thread = thread
             else:
                 self._cond.notify()
 
@@ -132,13 +140,29 @@ class Leftovers:
                 if queue:
                     self._due[i] = min(self._due[i], now)
             self._cond.notify_all()
-            while True:
+            thread = self._thread
+            if thread is not None and thread.is_alive():
+                while True:
+                    left = sum(len(q) for q in self._pending)
+                    wait = deadline - self._clock()
+                    if not left or wait <= 0 or not thread.is_alive():
+                        return left
+                    self._cond.wait(timeout=min(wait, 0.05))
+        # No thread to send them (none could be started at interpreter
+        # shutdown): this one does, at the same pauses, until the deadline.
+        while True:
+            with self._cond:
                 left = sum(len(q) for q in self._pending)
-                wait = deadline - self._clock()
-                if not left or wait <= 0 or self._thread is None \
-                        or not self._thread.is_alive():
+                now = self._clock()
+                if not left or now >= deadline or self._stopping:
                     return left
-                self._cond.wait(timeout=min(wait, 0.05))
+                due = [i for i in range(self._n) if self._due[i] <= now]
+                pause = min(self._due) - now
+            if due:
+                for i in due:
+                    self._try_node(i)
+            else:
+                time.sleep(max(0.0, min(pause, deadline - now, 0.05)))
 
     def close(self) -> None:
         with self._cond:

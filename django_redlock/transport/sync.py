@@ -446,8 +446,20 @@ class NodeClient:
         """Under ``_cond``: one more set-up in flight, in a daemon thread (only
         a cold node pays for it; a round never creates a thread)."""
         self._setting_up += 1
-        threading.Thread(target=self._setup, name=f"redlock-connect {self.name}",
-                         daemon=True).start()
+        thread = threading.Thread(target=self._setup, name=f"redlock-connect {self.name}",
+                                  daemon=True)
+        try:
+            thread.start()
+        except RuntimeError:
+            # "can't create new thread at interpreter shutdown" (Python 3.12):
+            # the exit hook's releases (engine/held.py) set the connection up
+            # here, in the calling thread, bounded by the connect timeout, with
+            # ``_cond`` let go meanwhile (``_setup`` takes it itself).
+            self._cond.release()
+            try:
+                self._setup()
+            finally:
+                self._cond.acquire()
 
     def _setup(self) -> None:
         conn: Any = None
