@@ -135,7 +135,7 @@ def test_release_a_lock_from_the_admin(browser: Any, live_server: Any, hold: Any
     fence = hold("stock:42")
     log_in(browser, live_server.url, "boss", "boss-pw")
     seen = rows(browser)
-    assert seen["stock:42"][1:3] == ["3/3", "quorum"], seen
+    assert seen["stock:42"][1] in ("2/3", "3/3") and seen["stock:42"][2] == "quorum", seen
     assert int(seen["stock:42"][5]) >= fence and seen["stock:42"][6] == "nightly-import"
     assert len(browser.find_elements(By.CSS_SELECTOR, "tr.redlock-node")) == 3
     assert "3 of 3 nodes healthy" in browser.find_element(By.ID, "redlock-health").text
@@ -217,7 +217,10 @@ def test_a_semaphore_is_one_entry(browser: Any, live_server: Any, session_nodes:
         assert sorted(permits) == sorted(f"browsersem#{sem.index}" for sem in held)
         for sem in held:
             row = permits[f"browsersem#{sem.index}"]
-            assert row[1:3] == ["3/3", "quorum"] and row[6] == sem.lock.label, row
+            # A quorum of the nodes holds each permit: on a loaded machine a
+            # grant may settle on two of three (CI once showed "2/3").
+            assert row[1] in ("2/3", "3/3") and row[2] == "quorum", row
+            assert row[6] == sem.lock.label, row
         assert not any(name.startswith("browsersem#") for name in rows(browser))
         assert "1 semaphore under prefix" in browser.find_element(By.ID, "redlock-summary").text
         assert_not_blank(browser.get_screenshot_as_png(), tmp_path / "admin-semaphore.png")

@@ -101,19 +101,27 @@ def test_async_semaphore_never_more_than_permits(
     inside = [0]
     most = [0]
 
-    async def worker() -> None:
-        for _ in range(5):
+    async def worker(full: asyncio.Event) -> None:
+        for turn in range(5):
             async with mgr.asemaphore("async-procs", 3, timeout=30) as held:
                 assert held.owned() and 0 <= held.index < 3 and held.fence > 0
                 inside[0] += 1
                 most[0] = max(most[0], inside[0])
+                if inside[0] == 3:
+                    full.set()
                 meter.enter()
+                if turn == 0:
+                    # The first holders stay until the semaphore is full once, so
+                    # the count is checked at its bound whatever the machine's
+                    # load (CI once saw at most 2 inside with 10 ms holds).
+                    await asyncio.wait_for(full.wait(), 20)
                 await asyncio.sleep(0.01)
                 meter.leave()
                 inside[0] -= 1
 
     async def scenario() -> None:
-        await asyncio.wait_for(asyncio.gather(*(worker() for _ in range(6))), 60)
+        full = asyncio.Event()
+        await asyncio.wait_for(asyncio.gather(*(worker(full) for _ in range(6))), 60)
 
     asyncio.run(scenario())
     assert meter.done == 30
