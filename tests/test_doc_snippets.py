@@ -161,6 +161,34 @@ def test_snippet_quickstart_plain() -> None:
 
 
 @pytest.mark.django_db
+def test_the_quickstart_plain_snippet_refuses_a_write_after_a_newer_claim() -> None:
+    """The worst schedule for the plain-ORM snippet: holder A claims and reads the
+    row, pauses; B (a newer fence) claims, reads and sells; A wakes and writes.
+    A's write is refused, and only B's sale is recorded."""
+    from django.db.models import F
+
+    pk = _row().pk
+
+    class _Objects:
+        filter = staticmethod(Product.objects.filter)
+
+        @staticmethod
+        def get(**kwargs: Any) -> Any:
+            item = Product.objects.get(**kwargs)  # A has read the row ...
+            newer = item.fence + 1                # ... and B claims it, reads and sells
+            Product.objects.filter(pk=item.pk, fence__lt=newer).update(fence=newer)
+            Product.objects.filter(pk=item.pk, fence=newer).update(stock=F("stock") - 1)
+            return item
+
+    class _Item:
+        objects = _Objects
+
+    with pytest.raises(FencedWriteRejected):
+        _run("quickstart-plain", pk=pk, Item=_Item)
+    assert Product.objects.get(pk=pk).stock == 9  # B's sale only: A's stale 9 never landed
+
+
+@pytest.mark.django_db
 def test_snippet_testing() -> None:
     item = _row()
     ns = _run("testing")
