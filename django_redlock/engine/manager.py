@@ -499,9 +499,7 @@ class LockManager:
         requests = rounds.orphan_hand_on_requests(
             len(self.nodes), node, key, fence_key(name).encode(), waiters_key(name).encode(),
             token.decode(errors="replace"))
-        gone = RuntimeError("handed to a waiter that is gone")
-        self._send_later(requests, [gone if r is not None else None for r in requests],
-                         ORPHAN_HAND_ON_S)
+        self._send_again(requests, ORPHAN_HAND_ON_S)
 
     def _reset_after_fork(self) -> None:
         """In a forked child: forget the parent's threads; its locks are not ours."""
@@ -567,14 +565,20 @@ class LockManager:
         or clean-up that did not arrive would keep the lock busy until the
         key's lease ends. Both flavours' drivers call this."""
         again = failed_requests(requests, replies)
-        if again is None or self._closed:
+        if again is not None:
+            self._send_again(again, lasts)
+
+    def _send_again(self, requests: Sequence[Any], lasts: float) -> None:
+        """Give ``requests`` (per node; None: not that node) to the late sender,
+        started at the first use, for up to ``lasts`` seconds."""
+        if self._closed:
             return
         if self._leftovers is None:
             with self._lazy_lock:
                 if self._leftovers is None:
                     self._leftovers = Leftovers(self.transport.round, len(self.nodes),
                                                     self.clock)
-        self._leftovers.add(again, lasts)
+        self._leftovers.add(requests, lasts)
 
     def _acquire_round(self, key: bytes, fkey: bytes, wkey: bytes, token: str, ttl_ms: int,
                        owner: str, fencing: bool, ttl: float, *, lock_name: str,
