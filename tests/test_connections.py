@@ -194,3 +194,66 @@ def test_a_node_that_speaks_http_does_not_stop_the_release_listener(
         releaser.join(timeout=5)
     time.sleep(0.2)  # the listener's next connect attempt to the HTTP node
     assert mgr.notifier._thread is not None and mgr.notifier._thread.is_alive()
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_a_cold_burst_waits_its_turn_for_slow_first_connections(
+        flavour: str, redis_nodes_factory: Callable[..., RedisNodes],
+        fault_proxy_factory: Callable[..., FaultProxy], make_manager: MakeManager) -> None:
+    """Issue 25 (seen in CI, asyncio): on a fresh process, a burst of
+    acquisitions waits for the first connections; once a node accepted one,
+    a round waits its turn in line up to its caller's deadline, not only the
+    connect bound, and is never reported unavailable while every node is up.
+
+    Each node is 0.25 s away each way (a round trip 0.5 s), so a set-up
+    (the TCP connect, redis-py's handshake, then the scripts: 4 round trips
+    through the proxy, measured) takes about 2 s of the 2.25 s connect bound,
+    and the first reply comes at about 2.5 s. The asyncio transport capped
+    every wait for a connection at the connect bound and set up one
+    connection at a time: all 10 rounds ended at 2.25 s with "no connection
+    yet" on every node, before any node had answered anybody, and raised
+    QuorumUnavailable (10 of 10, checked). The lease is long (30 s): in line
+    behind set-ups of 2 s, a round may take several seconds, and that time
+    counts against its validity."""
+    from django_redlock import QuorumUnavailable
+
+    nodes = redis_nodes_factory(3)
+    proxies = [fault_proxy_factory(node) for node in nodes]
+    for proxy in proxies:
+        proxy.set_latency(0.25)
+    mgr = make_manager([p.url for p in proxies], node_timeout=0.8, connect_timeout=2.25)
+    burst = 10
+    outcomes: list[str] = []
+
+    async def one_async(k: int) -> None:
+        try:
+            async with mgr.alock(f"cold:{k}", ttl=30, timeout=25, auto_renew=False):
+                outcomes.append("ok")
+        except QuorumUnavailable as e:
+            outcomes.append(str(e))
+
+    async def burst_async() -> None:
+        await asyncio.gather(*(one_async(k) for k in range(burst)))
+
+    def one_sync(k: int) -> None:
+        try:
+            with mgr.lock(f"cold:{k}", ttl=30, timeout=25, auto_renew=False):
+                outcomes.append("ok")
+        except QuorumUnavailable as e:
+            outcomes.append(str(e))
+
+    started = time.monotonic()
+    if flavour == "asyncio":
+        asyncio.run(burst_async())
+    else:
+        threads = [threading.Thread(target=one_sync, args=(k,)) for k in range(burst)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(timeout=50)
+        assert not any(thread.is_alive() for thread in threads)
+    took = time.monotonic() - started
+    failed = [o for o in outcomes if o != "ok"]
+    assert not failed, (len(failed), failed[:2])
+    assert len(outcomes) == burst
+    assert took < 25, took

@@ -80,6 +80,7 @@ from .sync import (
     ALSO_GRACE,
     NODE_DOWN_ERRORS,
     NOT_AWAITED,
+    PARALLEL_SETUPS,
     NodeClient,
     NodeError,
     Request,
@@ -180,17 +181,28 @@ class _NodeConns:
     """The idle connections of one node in one event loop, and its set-ups.
 
     Connection set-up is shared, as in the sync transport
-    (:meth:`NodeClient.wait_connection`): a round that finds no idle
-    connection waits for the first to come free, one set up for it or for
-    another round, or one given back; a node has one set-up in flight at a
-    time (a task, bounded by the node's connect timeout). A burst of rounds on
-    a cold loop thus opens a few connections in turn instead of one per round
-    and node at once (50 concurrent acquisitions opened 250 and timed out,
-    issue 25). A failed set-up ends every wait at once with its reason.
+    (:meth:`NodeClient.wait_connection`, whose rules these are): a round that
+    finds no idle connection waits in line for the first to come free, one
+    set up for it or for another round, or one given back. A burst of rounds
+    on a cold loop thus opens a few connections at a time instead of one per
+    round and node at once (50 concurrent acquisitions opened 250 and timed
+    out, issue 25). A failed set-up ends every wait at once with its reason.
+
+    * Until a set-up succeeded in this loop (``accepting``), one runs at a
+      time (each a task bounded by the node's connect timeout), and a round
+      waits at most the connect timeout: the node may be down or
+      black-holed, and one probe tells every waiter.
+    * Once one succeeded, up to :data:`PARALLEL_SETUPS` run at once, and a
+      round waits its turn up to its caller's deadline: that is queueing, not
+      an outage. With one set-up at a time and waits capped at 1 s, 200
+      acquisitions on a fresh loop and a starved CPU had 45 rounds time out
+      in line on every node while each node served the others, and a
+      healthy quorum was reported unavailable (issue 25, seen in CI); the
+      sync transport had been fixed so, and this one had not followed.
     """
 
-    __slots__ = ("behind", "cls", "idle", "inflight", "kwargs", "later", "later_tags", "max_idle",
-                 "open", "setting_up", "waiters", "tasks")
+    __slots__ = ("accepting", "behind", "cls", "idle", "inflight", "kwargs", "later",
+                 "later_tags", "max_idle", "open", "setting_up", "waiters", "tasks")
 
     def __init__(self, cls: type, kwargs: dict[str, Any], max_idle: int) -> None:
         self.cls = cls
@@ -199,6 +211,8 @@ class _NodeConns:
         self.idle: list[Any] = []
         self.open: weakref.WeakSet[Any] = weakref.WeakSet()
         self.setting_up = 0
+        #: A set-up succeeded in this loop, and none failed since (see above).
+        self.accepting = False
         self.waiters: deque[asyncio.Future[Any]] = deque()
         self.tasks: set[asyncio.Task[None]] = set()
         #: Releases to send first on the connection being set up (see
@@ -243,19 +257,27 @@ class _NodeConns:
         self.idle.append(conn)
         return True
 
-    async def wait(self, node: NodeClient, deadline: float, clock: Callable[[], float]) -> Any:
-        """A connected connection by ``deadline``, or a :class:`NodeError` (returned)."""
+    async def wait(self, node: NodeClient, start: float, until: float,
+                   clock: Callable[[], float]) -> Any:
+        """A connected connection for a round that started at ``start``, or a
+        :class:`NodeError` (returned) when none came in time
+        (:func:`connection_wait`; ``until``: the caller's deadline)."""
         waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.waiters.append(waiter)
-        if not self.setting_up:
-            self._start_setup(node)
+        self._grow(node)
         got = None
         try:
-            async with _timeout(max(deadline - clock(), 0.0)):
-                got = await waiter
-        except asyncio.TimeoutError:  # not the builtin one on Python 3.10
-            return NodeError(node.name, "no connection yet (connecting, up to "
-                             f"{node.connect_timeout:g} s)", sent=False)
+            while True:
+                # Recomputed on every wake: whether the node accepts may change.
+                left = start + connection_wait(node, start, until,
+                                               accepting=self.accepting) - clock()
+                if left <= 0:
+                    return NodeError(node.name, "no connection yet (connecting, up to "
+                                     f"{node.connect_timeout:g} s)", sent=False)
+                done, _ = await asyncio.wait([waiter], timeout=min(left, 1.0))
+                if done:
+                    got = waiter.result()
+                    return got
         finally:
             if got is None:
                 if waiter.done() and not waiter.cancelled() and not isinstance(
@@ -265,7 +287,16 @@ class _NodeConns:
                         await _disconnect(waiter.result())
                 else:
                     waiter.cancel()
-        return got
+
+    def _grow(self, node: NodeClient) -> None:
+        """Start set-ups while more rounds wait than set-ups are under way (one
+        at a time until the node accepts, then up to PARALLEL_SETUPS)."""
+        limit = PARALLEL_SETUPS if self.accepting else 1
+        if self.setting_up >= limit:
+            return
+        waiting = sum(1 for w in self.waiters if not w.done())
+        while self.setting_up < limit and waiting > self.setting_up:
+            self._start_setup(node)
 
     def _start_setup(self, node: NodeClient) -> None:
         self.setting_up += 1
@@ -320,9 +351,11 @@ class _NodeConns:
             await _disconnect(conn)
             raise
         self.setting_up -= 1
-        self.later = []
-        self.later_tags = []
+        if not self.setting_up:
+            self.later = []  # no set-up left to carry them
+            self.later_tags = []
         if error is not None:
+            self.accepting = False
             await _disconnect(conn)
             node.mark_failed(time.monotonic())
             waiters, self.waiters = self.waiters, deque()
@@ -330,10 +363,10 @@ class _NodeConns:
                 if not waiter.done():
                     waiter.set_result(error)
             return
+        self.accepting = True
         if not self.give(conn):  # pragma: no cover - only with max_connections reached
             await _disconnect(conn)
-        if any(not w.done() for w in self.waiters) and not self.setting_up:
-            self._start_setup(node)  # more rounds wait than there are connections
+        self._grow(node)  # more rounds wait than there are connections
 
 
 class _LoopConns:
@@ -476,7 +509,19 @@ async def _response(conn: Any) -> Any:
 async def _write(conn: Any, packed: bytes) -> None:
     """Send ``packed`` on ``conn``: redis-py's ``send_packed_command`` without
     its layers (:func:`_direct`); the stream's flow control is waited for
-    only when the socket took less than all of it."""
+    only when the socket took less than all of it.
+
+    A connection closed meanwhile is an error, never connected again here
+    (redis-py's ``send_packed_command`` would reconnect it): a request sent
+    behind another (:meth:`AsyncTransport._behind`) found the connection
+    closed by that one's deadline, and the reconnect's handshake read the
+    stream while that task still read it ("read() called while another
+    coroutine is already waiting", seen under a starved CPU). A connection
+    comes only from a set-up, which loads the scripts and sends the
+    releases handed to it first; a silent reconnect skips both."""
+    if not conn.is_connected:
+        raise RedisConnectionError(f"Error while writing to {conn._host_error()}: "
+                                   "connection closed")
     writer = conn._writer if _direct(conn) else None
     if writer is None:
         await conn.send_packed_command(packed, check_health=False)
@@ -753,7 +798,8 @@ class AsyncTransport:
         if after is not None:
             # Bounded as a wait for a connection is: that request is waiting
             # for one too (or this round's caller has no time left).
-            done, _ = await asyncio.wait([after], timeout=connection_wait(node, start, until))
+            done, _ = await asyncio.wait([after], timeout=connection_wait(
+                node, start, until, accepting=state.nodes[i].accepting))
             if not done:
                 return NodeError(node.name, "no connection yet for an earlier request of "
                                  "this lock", sent=False)
@@ -764,8 +810,7 @@ class AsyncTransport:
             await _disconnect(conn)
             conn = None
         if conn is None:
-            got = await state.nodes[i].wait(node, start + connection_wait(node, start, until),
-                                            self.clock)
+            got = await state.nodes[i].wait(node, start, until, self.clock)
             if isinstance(got, NodeError):
                 if (isinstance(request, Call) and request.script.releases
                         and state.nodes[i].setting_up):
