@@ -22,6 +22,7 @@ waiter was in line (docs/safety.rst, "A lock handed over by its release").
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 from typing import Any, Callable
 
@@ -134,3 +135,97 @@ def test_a_handed_over_lease_never_exceeds_the_ttl_on_a_stepped_node(
         assert mine.owned(), "not handed over"
         assert mine.validity <= 10.0, f"a 10 s lease believed {mine.validity:.2f} s"
         mine.release()
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_the_validity_after_a_slow_round_counts_the_round_once(
+        nodes3: RedisNodes, make_manager: Callable[..., Any],
+        fault_proxy_factory: Callable[..., FaultProxy], flavour: str) -> None:
+    """Redlock's validity is what is left of the lease at the round's end,
+    ``ttl - elapsed - drift``: the lease ends at ``start + ttl - drift``.
+    The deadline used to be ``start + validity``, which counted the round's
+    time twice: with every link 0.3 s away each way (a round of 0.6 s) a
+    2 s lock was given 0.78 s instead of 1.38 s, and a round that waited
+    8 s in line for connections (a cold burst, issue 25) got a 10 s lock
+    already past its deadline: reported lost while every node held it.
+
+    Both sides are checked on the real nodes: the holder counts on the lease
+    from the round's start (no less), and never on more than any node that
+    holds the key still has (read before the validity: no slack needed, the
+    drift allowance is the margin)."""
+    mgr, proxies = _slow_manager(nodes3, make_manager, fault_proxy_factory)
+    ttl, drift = 2.0, 2.0 * mgr.drift_factor + 0.002
+    latency = 0.3
+
+    def check(lock: Any, started: float) -> None:
+        left_on_nodes = [s.client().pttl(lock.key) / 1000.0 for s in nodes3]
+        validity = lock.validity
+        assert validity >= started + ttl - drift - time.monotonic() - 0.05, validity
+        holding = [left for left in left_on_nodes if left > 0]
+        assert len(holding) >= 2 and validity <= min(holding), (validity, left_on_nodes)
+
+    if flavour == "sync":
+        warm = mgr.lock("slow-round-warm", auto_renew=False)  # connections set up first
+        assert warm.acquire(timeout=0)
+        warm.release()
+        for p in proxies:
+            p.set_latency(latency)
+        lock = mgr.lock("slow-round", ttl=ttl, auto_renew=False)
+        started = time.monotonic()
+        assert lock.acquire(timeout=0)
+        check(lock, started)
+        for p in proxies:
+            p.set_latency(0.0)
+        lock.release()
+        return
+
+    async def scenario() -> None:
+        warm = mgr.alock("slow-round-warm", auto_renew=False)
+        assert await warm.acquire(timeout=0)
+        await warm.release()
+        for p in proxies:
+            p.set_latency(latency)
+        lock = mgr.alock("slow-round", ttl=ttl, auto_renew=False)
+        started = time.monotonic()
+        assert await lock.acquire(timeout=0)
+        check(lock, started)
+        for p in proxies:
+            p.set_latency(0.0)
+        await lock.release()
+
+    asyncio.run(scenario())
+
+
+def test_a_lock_that_starts_with_less_than_its_ttl_is_renewed_in_time(
+        nodes3: RedisNodes, make_manager: Callable[..., Any],
+        fault_proxy_factory: Callable[..., FaultProxy]) -> None:
+    """The first renewal comes a third of the lease *left* after the grant,
+    not a third of the ttl: a round that took long leaves less than the ttl.
+
+    Every link 0.55 s away each way (round trips of 1.1 s), ttl 3 s: the grant
+    leaves 3 - 1.1 - drift = 1.87 s. A renewal a third of the ttl (1 s) later
+    ends 2.1 s after the grant, past the lease: ``owned()`` was False for a
+    quarter of a second with every node up and the holder renewing (seen
+    before the fix). A third of what is left (0.62 s) ends at 1.72 s, in time.
+    Sampled every 10 ms for 4 s (bounded)."""
+    proxies = [fault_proxy_factory(server) for server in nodes3]
+    mgr = make_manager([p.url for p in proxies], node_timeout=2.0)
+    warm = mgr.lock("renew-in-time-warm", auto_renew=False)
+    assert warm.acquire(timeout=0)
+    warm.release()
+    for p in proxies:
+        p.set_latency(0.55)
+    lock = mgr.lock("renew-in-time", ttl=3.0, auto_renew=True)
+    assert lock.acquire(timeout=0)
+    try:
+        lapses = 0
+        until = time.monotonic() + 4.0
+        while time.monotonic() < until:
+            if not lock.owned():
+                lapses += 1
+            time.sleep(0.01)
+        assert lapses == 0, f"owned() was False in {lapses} samples of 10 ms"
+    finally:
+        for p in proxies:
+            p.set_latency(0.0)
+        lock.release()

@@ -630,7 +630,11 @@ class LockBase:
         return mgr.clock() + max(0.01, min(ttl / 10, left / 3))
 
     def _next_renewal(self, now: float) -> float:
-        return now + self.ttl / 3.0
+        """A third of the lease after ``now``: of the lease still left, when
+        that is shorter than the ttl. A lock whose round waited long in line
+        (a cold burst: seconds for connections) starts with less than its
+        ttl, and a renewal a third of the ttl later came after its lease."""
+        return now + max(0.0, min(self.ttl, self._valid_until - now)) / 3.0
 
     def _mark_lost_plan(self, reason: str) -> HoldPlan:
         if self._state != _HELD:

@@ -577,7 +577,16 @@ def busy_at_gate(reply: Any, start: float, node_name: str = "", key: bytes = b""
 
 def granted(tally: AcquireTally, *, n_nodes: int, start: float, elapsed: float, ttl: float,
             drift_factor: float) -> AcquireResult | None:
-    """The acquired result when the round won the lock, else None."""
+    """The acquired result when the round won the lock, else None.
+
+    ``valid`` is what is left of the lease *now*, at the round's end: it
+    started, at the latest, at the round's ``start`` (no node set its expiry
+    before the request left), so the lease ends at ``start + ttl - drift``,
+    i.e. ``now + valid``. Adding ``valid`` to ``start`` instead counted the
+    round's time twice: harmless for a round of a millisecond, but a round
+    that waited 8 s in line for connections (a cold burst, issue 25) got a
+    10 s lock whose deadline had already passed, and its holder was told
+    the lock was lost although every node still held it for 2 s."""
     valid = q.validity(ttl, elapsed, drift_factor)
     if tally.ok >= q.quorum(n_nodes) and valid > 0:
         # Where the waiter may still stand in line: every node whose grant it
@@ -587,7 +596,7 @@ def granted(tally: AcquireTally, *, n_nodes: int, start: float, elapsed: float, 
         # the lock to a waiter that is gone, blocking the line behind it for a
         # whole lease (tests/test_burst.py saw 30 s).
         leave = [queued or not ours for queued, ours in zip(tally.queued_at, tally.maybe_ours)]
-        return AcquireResult(True, fence=tally.fence, valid_until=start + valid,
+        return AcquireResult(True, fence=tally.fence, valid_until=start + elapsed + valid,
                              queued_at=leave if any(leave) else None, granted=tally.ok)
     return None
 
@@ -842,8 +851,9 @@ def tally_extend(replies: Sequence[Any], *, start: float, elapsed: float, ttl: f
     A node that applied the new lease no longer keeps the old one: when the
     new lease is shorter than what was left, the holder's quorum may now end
     sooner than its old deadline, whether or not the round counts as an
-    extension. So any applied round bounds the lease by ``start + validity``
-    (the caller keeps the earlier of that and its old deadline). Timeline of
+    extension. So any applied round bounds the lease by ``start + ttl -
+    drift`` (the round's end plus its validity; the caller keeps the earlier
+    of that and its old deadline). Timeline of
     what this stops (``extend`` with a lease shorter than the round)::
 
         t0  A holds "x" until t10 by its clock; it extends with a 1 ms lease
@@ -859,11 +869,11 @@ def tally_extend(replies: Sequence[Any], *, start: float, elapsed: float, ttl: f
     not_ours = replies.count(0)
     valid = q.validity(ttl, elapsed, drift_factor)
     if ok >= need and valid > 0:
-        return ExtendResult(True, valid_until=start + valid)
+        return ExtendResult(True, valid_until=start + elapsed + valid)
     # A node whose replicas did not confirm the new lease (ReplicasShort) does
     # not count, but its master applied it: it bounds the lease all the same.
     applied = ok or any(isinstance(r, ReplicasShort) for r in replies)
-    bound = start + valid if applied else 0.0
+    bound = start + elapsed + valid if applied else 0.0
     if not_ours > n - need:
         return ExtendResult(False, valid_until=bound, lost=True, reason=(
             f"{not_ours} of {n} nodes no longer have this holder's key (it expired or was taken)"))
