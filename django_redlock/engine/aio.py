@@ -582,7 +582,7 @@ class AsyncLock(LockBase):
     def _on_acquired(self, token: str, fence: int, valid_until: float) -> None:
         self._enter_hold(token, fence, valid_until)
         if self.auto_renew:
-            self._schedule_renewal(self._next_renewal(self._acquired_at))
+            self._schedule_renewal(self._first_renewal())
 
     def _schedule_renewal(self, due: float) -> None:
         # A timer, not a sleeping task: nothing to create or tear down per

@@ -188,7 +188,7 @@ class Lock(LockBase):
         with self._io:
             self._enter_hold(token, fence, valid_until)
         if self.auto_renew:
-            mgr.watchdog.schedule(self, self._next_renewal(self._acquired_at))
+            mgr.watchdog.schedule(self, self._first_renewal())
         if events.lock_acquired.receivers:  # none: sending does nothing, skip its arguments
             events.send(events.lock_acquired, Lock, lock=self, name=self.name, fence=fence,
                          wait=self._acquired_at - started)

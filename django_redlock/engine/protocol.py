@@ -630,10 +630,16 @@ class LockBase:
         return mgr.clock() + max(0.01, min(ttl / 10, left / 3))
 
     def _next_renewal(self, now: float) -> float:
-        """A third of the lease after ``now``: of the lease still left, when
-        that is shorter than the ttl. A lock whose round waited long in line
-        (a cold burst: seconds for connections) starts with less than its
-        ttl, and a renewal a third of the ttl later came after its lease."""
+        return now + self.ttl / 3.0
+
+    def _first_renewal(self) -> float:
+        """A third of the lease left at the grant, when that is shorter than
+        the ttl: a lock whose round waited long in line (a cold burst:
+        seconds for connections) starts with less than its ttl, and a renewal
+        a third of the ttl later came after its lease. (Later renewals keep a
+        third of the ttl: a renewal leaves the ttl, unless MAX_HOLD capped it,
+        and then the next tick reports the cap.)"""
+        now = self._acquired_at
         return now + max(0.0, min(self.ttl, self._valid_until - now)) / 3.0
 
     def _mark_lost_plan(self, reason: str) -> HoldPlan:
