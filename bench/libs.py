@@ -117,6 +117,94 @@ class RawFloor:
             s.close()
 
 
+def loop_op(loop: Any, once: Callable[[], Any]) -> Callable[[], None]:
+    """``op()`` running coroutine ``once()`` in ``loop``, carrying
+    ``timed_chunk(count, warmup, lat, on_error)``, which times a batch inside
+    the running loop, as an ASGI server's one long-lived loop runs them (see
+    ``bench.uncontended.timed_chunk``)."""
+    run = loop.run_until_complete
+
+    def op() -> None:
+        run(once())
+
+    async def batch(count: int, warmup: int, lat: list[int],
+                    on_error: Callable[[Exception], None]) -> None:
+        clock = time.perf_counter_ns
+        for i in range(warmup + count):
+            t0 = clock()
+            try:
+                await once()
+            except Exception as e:  # noqa: BLE001 - counted and reported, not fatal
+                on_error(e)
+                continue
+            if i >= warmup:
+                lat.append(clock() - t0)
+
+    def timed_chunk(count: int, warmup: int, lat: list[int],
+                    on_error: Callable[[Exception], None]) -> int:
+        begin = time.perf_counter_ns()
+        run(batch(count, warmup, lat, on_error))
+        return time.perf_counter_ns() - begin
+
+    op.timed_chunk = timed_chunk  # type: ignore[attr-defined]
+    return op
+
+
+class AsyncRawFloor:
+    """The asyncio floor (issue 23's "asyncio within 1.1x of sync"): the raw
+    floor's two commands, hand-encoded, on asyncio streams, timed inside one
+    running loop as ``drl-async-1`` is. Its ratio to ``raw-1`` is what asyncio
+    itself costs per round trip on this machine (the event loop's wake-up
+    and a task step per reply), which no asyncio client can go below."""
+
+    def __init__(self, urls: list[str], key: str) -> None:
+        import asyncio
+
+        sync = RawFloor(urls, key)  # the script's SHA and the encodings
+        sync.close()
+        self.enc = sync
+        self.loop = asyncio.new_event_loop()
+
+        async def connect() -> list[tuple[Any, Any]]:
+            streams = []
+            for url in urls:
+                parts = urlsplit(url)
+                reader, writer = await asyncio.open_connection(
+                    parts.hostname or "127.0.0.1", parts.port or 6379)
+                writer.get_extra_info("socket").setsockopt(
+                    socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                streams.append((reader, writer))
+            return streams
+
+        self.streams = self.loop.run_until_complete(connect())
+
+    def make_op(self) -> Callable[[], None]:
+        enc, streams = self.enc, self.streams
+
+        async def once() -> None:
+            enc.count += 1
+            token = _bulk(b"%s%d" % (enc.prefix, enc.count))
+            cmd = enc._set_head + token + enc._set_tail
+            for _, writer in streams:
+                writer.write(cmd)
+            for reader, _ in streams:
+                if await reader.readuntil(b"\r\n") != b"+OK\r\n":
+                    raise BenchError("asyncio floor: SET NX failed")
+            cmd = enc._del_head + token
+            for _, writer in streams:
+                writer.write(cmd)
+            for reader, _ in streams:
+                if await reader.readuntil(b"\r\n") != b":1\r\n":
+                    raise BenchError("asyncio floor: compare-and-delete failed")
+
+        return loop_op(self.loop, once)
+
+    def close(self) -> None:
+        for _, writer in self.streams:
+            writer.close()
+        self.loop.close()
+
+
 class RedisPyFloor:
     """The same two commands through redis-py (hiredis parser when installed).
 
@@ -257,33 +345,11 @@ class DjangoRedlockAsync(DjangoRedlock):
                 raise BenchError(f"{self.label}: uncontended acquire failed")
             await lock.release()
 
-        def op() -> None:
-            run(once())
-
         if self.per_call:
+            def op() -> None:
+                run(once())
             return op
-
-        async def batch(count: int, warmup: int, lat: list[int],
-                        on_error: Callable[[Exception], None]) -> None:
-            clock = time.perf_counter_ns
-            for i in range(warmup + count):
-                t0 = clock()
-                try:
-                    await once()
-                except Exception as e:  # noqa: BLE001 - counted and reported, not fatal
-                    on_error(e)
-                    continue
-                if i >= warmup:
-                    lat.append(clock() - t0)
-
-        def timed_chunk(count: int, warmup: int, lat: list[int],
-                        on_error: Callable[[Exception], None]) -> int:
-            begin = time.perf_counter_ns()
-            run(batch(count, warmup, lat, on_error))
-            return time.perf_counter_ns() - begin
-
-        op.timed_chunk = timed_chunk  # type: ignore[attr-defined]
-        return op
+        return loop_op(self.loop, once)
 
     def close(self) -> None:
         transport = getattr(self.manager, "_async_transport", None)
@@ -393,6 +459,9 @@ def contestant_op(cid: str, urls: list[str], key: str) -> tuple[Callable[[], Non
     """One acquire + release (or floor operation) of contestant ``cid`` on the
     nodes ``urls``, and how to close it: a floor (``raw-*``, ``redispy-floor-*``)
     or a library of :data:`LIBRARIES`."""
+    if cid.startswith("raw-async-"):
+        async_floor = AsyncRawFloor(urls, key)
+        return async_floor.make_op(), async_floor.close
     if cid.startswith("raw-"):
         floor: RawFloor | RedisPyFloor = RawFloor(urls, key)
         return floor.op, floor.close

@@ -19,6 +19,7 @@ from .stats import median, percentile
 ONE_NODE = [
     ("raw-1", "floor: raw sockets, hand-encoded RESP", 1),
     ("redispy-floor-1", "floor: redis-py client", 1),
+    ("raw-async-1", "floor: raw asyncio streams, hand-encoded RESP, in one running loop", 1),
     ("drl-1", "django-redlock (fencing + owner)", 1),
     ("drl-renew-1", "django-redlock (fencing + owner, auto_renew on)", 1),
     ("drl-async-1", "django-redlock asyncio (fencing + owner), in one running loop", 1),
