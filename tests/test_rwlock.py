@@ -54,6 +54,28 @@ def test_readers_share_and_the_writer_holds_alone(nodes: RedisNodes,
     assert not any(server.client().exists(mgr.key("doc")) for server in nodes)
 
 
+def test_the_keys_expiry_covers_its_longest_holder(nodes: RedisNodes,
+                                                  make_manager: MakeManager) -> None:
+    """The hash's own expiry is its latest field's: a reader that joins with a
+    short lease must not cut the key's expiry under a reader with a long one
+    (rw_acquire computes it from the fields it read), and the release of one
+    reader leaves the other's field, and the key, in place."""
+    mgr = make_manager(nodes)
+    long_reader = mgr.read_lock("cover", ttl=30, auto_renew=False)
+    short_reader = mgr.read_lock("cover", ttl=2, auto_renew=False)
+    assert long_reader.acquire(timeout=1) and short_reader.acquire(timeout=1)
+    key = mgr.key("cover")
+    for server in nodes:
+        assert server.client().pttl(key) > 25_000  # the long reader's, not 2 s
+    long_reader.release()
+    for server in nodes:
+        client = server.client()
+        assert client.hlen(key) == 1 and client.pttl(key) > 0
+    assert mgr.write_lock("cover").acquire(timeout=0) is False
+    short_reader.release()
+    assert not any(server.client().exists(key) for server in nodes)
+
+
 def test_a_waiting_writer_stops_new_readers_and_is_woken_by_the_last_release(
         nodes: RedisNodes, make_manager: MakeManager) -> None:
     # Waiters poll every 3-6 s here: only a release notice serves them sooner.

@@ -20,20 +20,28 @@ if kind ~= 'none' and kind ~= 'hash' then
 end
 local writer = string.sub(token, 1, 1) == 'w'
 local mine, busy_until, holders_until = nil, 0, 0
-local all = redis.call('HGETALL', key)
-for i = 1, #all, 2 do
-  local field, value = all[i], all[i + 1]
-  local expiry = rw_expiry(value)
-  if expiry <= now then
-    redis.call('HDEL', key, field)
-  elseif field == token then
-    mine = value
-  else
-    if expiry > holders_until then holders_until = expiry end
-    if writer or string.sub(field, 1, 1) == 'w' then
-      if expiry > busy_until then busy_until = expiry end
+if kind == 'hash' then  -- (no key: nobody holds it, nothing to read)
+  local all = redis.call('HGETALL', key)
+  for i = 1, #all, 2 do
+    local field, value = all[i], all[i + 1]
+    local expiry = rw_expiry(value)
+    if expiry <= now then
+      redis.call('HDEL', key, field)
+    elseif field == token then
+      mine = value
+    else
+      if expiry > holders_until then holders_until = expiry end
+      if writer or string.sub(field, 1, 1) == 'w' then
+        if expiry > busy_until then busy_until = expiry end
+      end
     end
   end
+end
+-- The key's expiry covers its latest field: the other holders' (read above,
+-- the expired ones dropped) or this one's, now + lease (rw_cover without
+-- reading the hash again).
+local function cover()
+  redis.call('PEXPIRE', key, string.format('%.0f', math.max(holders_until, now + lease) - now))
 end
 if mine then
   -- Ours already: an earlier attempt of this acquire whose reply was lost.
@@ -50,7 +58,7 @@ if mine then
     rest = fence .. '|' .. ARGV[3]
   end
   redis.call('HSET', key, token, string.format('%.0f', now + lease) .. '|' .. rest)
-  rw_cover(key, now, lease)
+  cover()
   return {1, fence}
 end
 if not writer and busy_until == 0 and queue ~= '2' then
@@ -83,5 +91,5 @@ if ARGV[4] == '1' then
   fence = issue_fence(KEYS[2], ARGV[5])
 end
 redis.call('HSET', key, token, string.format('%.0f', now + lease) .. '|' .. fence .. '|' .. ARGV[3])
-rw_cover(key, now, lease)
+cover()
 return {1, fence}

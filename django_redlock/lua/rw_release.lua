@@ -70,14 +70,16 @@ if rw_expiry(value) <= now then
 end
 write_back_fence(KEYS[2], ARGV[2], ARGV[3])
 local holders = 0
-local all = redis.call('HGETALL', key)
-for i = 1, #all, 2 do
-  if rw_expiry(all[i + 1]) > now then
-    holders = holders + 1
+if redis.call('HLEN', key) > 0 then  -- (the last field gone, Redis dropped the key)
+  local all = redis.call('HGETALL', key)
+  for i = 1, #all, 2 do
+    if rw_expiry(all[i + 1]) > now then
+      holders = holders + 1
+    end
   end
-end
-if holders == 0 then
-  redis.call('DEL', key)
+  if holders == 0 then
+    redis.call('DEL', key)
+  end
 end
 if ARGV[4] ~= '1' or holders > 0 then
   return 1
