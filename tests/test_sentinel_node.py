@@ -389,3 +389,58 @@ def cache_alias_follows(own_group: SentinelGroup, make_manager: MakeManager, set
 
     lock_on(own_group.master)
     lock_on(own_group.failover())  # the demoted master refuses; the call goes on to the new
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_sentinel_that_names_a_dead_master_is_asked_last(
+        make_manager: MakeManager, flavour: str) -> None:
+    """One sentinel of three names a master that is down while the other two
+    name the live one. The chaos run's failover schedule met it (a forced
+    failover's leader stays in its failover, naming the promoted replica, when
+    that replica dies before the failover ends; its peers elect another
+    master and it does not follow them). The node asked the first sentinel
+    that answered, which was that one again after every refused connection:
+    every call failed for as long as it stayed stale (7 s in the chaos run,
+    25 s and more in isolation). Now the sentinel whose master could not be
+    reached is asked last at the next resolve: the call that met the dead
+    master gets the typed error (its one node refused it), and the next
+    calls are granted by the master the two others name."""
+    from django_redlock.testing import _free_port
+
+    with SentinelGroup(replicas=1, sentinels=3) as group:
+        stale = group.sentinels[0]  # the first the node asks
+        dead = _free_port()
+        stale.execute("SENTINEL", "REMOVE", group.service)
+        stale.execute("SENTINEL", "MONITOR", group.service, "127.0.0.1", str(dead), "2")
+        assert wait_until(lambda: stale.master_address() == ("127.0.0.1", dead), timeout=5)
+        mgr = make_manager([group.node_setting()])
+        master = group.master
+        outcomes: list[str] = []
+
+        def once() -> bool:
+            try:
+                if flavour == "sync":
+                    with mgr.lock("stale-sentinel", timeout=0, auto_renew=False) as lock:
+                        got = master.execute("EXISTS", lock.key)
+                else:
+                    async def scenario() -> Any:
+                        async with mgr.alock("stale-sentinel", timeout=0,
+                                             auto_renew=False) as lock:
+                            return master.execute("EXISTS", lock.key)
+
+                    got = asyncio.run(scenario())
+            except QuorumUnavailable as e:
+                outcomes.append(str(e))
+                return False
+            outcomes.append("ok" if got == 1 else f"granted, but not on the master: {got}")
+            return True
+
+        # Bounded: 20 calls, 5 s. A failed node backs off for a moment.
+        deadline = time.monotonic() + 5.0
+        for _ in range(20):
+            if once() or time.monotonic() > deadline:
+                break
+            time.sleep(0.1)
+        assert outcomes[-1] == "ok", outcomes
+        assert len(outcomes) <= 3, outcomes  # the dead master met once (and its back-off)
+        assert node_of(mgr).address == (master.host, master.port)

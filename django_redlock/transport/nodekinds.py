@@ -192,6 +192,8 @@ class SentinelNode(NodeClient):
         self._stale = True
         self._resolving = threading.Lock()
         self._sentinel: Any = None
+        #: The sentinel client that named ``address`` (see :meth:`_named_unreachable`).
+        self._named_by: Any = None
         self._checked = 0.0
         self._checking = False
 
@@ -245,6 +247,7 @@ class SentinelNode(NodeClient):
                                                f"the sentinels: {e}", sent=False) from e
             self._checked = time.monotonic()
             self._stale = False
+            self._named_by = self.sentinel().sentinels[0]  # the one that answered
             address = (str(host), int(port))
             if address != self.address:
                 if self.address is not None:
@@ -261,6 +264,34 @@ class SentinelNode(NodeClient):
         if not self._stale:
             self._stale = True
             self._forget_connections()
+
+    def _named_unreachable(self) -> None:
+        """The master a sentinel named could not be reached, or said it is
+        not the master: that sentinel is asked last at the next resolve.
+
+        Otherwise the first sentinel that answers is asked first every time
+        (redis-py's order, kept by :func:`discover_master`), and one that
+        names a dead master keeps every call failing while the others name a
+        live one. Timeline (the chaos run's failover schedule, seen in CI)::
+
+            t0  sentinel S1 forces a failover: R is promoted; S1's failover
+                is still on (it reconfigures the other replicas)
+            t1  R dies before S1's failover ends: S1 keeps naming R, and does
+                not end its failover while R is down
+            t2  S2 and S3 call R down, elect S2, promote M; they name M
+            t2+ every resolve asked S1 first (it answered last time): R,
+                connection refused, QuorumUnavailable, for as long as S1
+                stayed so (7 s in that run; more than 25 s in isolation)
+
+        A sentinel that names the right master costs nothing here: the
+        order changes only after a failure, and all sentinels are equal."""
+        named_by, self._named_by = self._named_by, None
+        sentinel = self._sentinel
+        if named_by is None or sentinel is None:
+            return
+        clients = list(sentinel.sentinels)
+        if len(clients) > 1 and clients[0] is named_by:
+            sentinel.sentinels = [*clients[1:], named_by]
 
     def _forget_connections(self) -> None:
         # Not under _pool_lock: the first resolve may run inside _build_pool.
@@ -332,6 +363,7 @@ class SentinelNode(NodeClient):
 
     def mark_failed(self, now: float) -> None:
         super().mark_failed(now)
+        self._named_unreachable()
         self.distrust()
 
     @staticmethod
@@ -343,6 +375,7 @@ class SentinelNode(NodeClient):
 
     def note_reply(self, result: Any) -> None:
         if self.moved_away(result):
+            self._named_unreachable()
             self.distrust()
 
 
