@@ -107,6 +107,24 @@ def _state(group: SentinelGroup) -> str:
     return f"sentinels' masters {sentinels}; roles {roles}"
 
 
+def test_a_master_named_by_a_majority_of_the_sentinels_is_found_with_majority(
+        group: SentinelGroup) -> None:
+    """``wait_master(majority=True)`` (the chaos run's kill-master) takes the
+    master a majority of the sentinels names; the default waits for every
+    sentinel. One sentinel made to name a dead address stands for a leader
+    stuck in a failover whose promoted replica died."""
+    from django_redlock.testing import _free_port
+
+    stale, master = group.sentinels[0], group.master
+    stale.execute("SENTINEL", "REMOVE", group.service)
+    stale.execute("SENTINEL", "MONITOR", group.service, "127.0.0.1", str(_free_port()), "2")
+    assert wait_until(lambda: stale.master_address() != (master.host, master.port), timeout=5)
+    assert group._agreed_master() is None
+    assert group._agreed_master(majority=True) is master
+    other = next(s for s in group.servers if s is not master)
+    assert group.wait_master(other_than=other, timeout=5, majority=True) is master
+
+
 def test_a_cluster_starts_with_every_slot_served(cluster: RedisClusterGroup) -> None:
     for server in cluster:
         info = server.execute("CLUSTER", "INFO").decode()

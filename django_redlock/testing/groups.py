@@ -284,14 +284,19 @@ class SentinelGroup:
 
         _wait("sentinels that know each other and the replicas", known, timeout, 0.1)
 
-    def _agreed_master(self) -> RedisServer | None:
-        addresses = set()
-        for sentinel in self.sentinels:
-            if sentinel.is_running() and not sentinel.paused:
-                addresses.add(sentinel.master_address())
-        if len(addresses) != 1:
+    def _agreed_master(self, *, majority: bool = False) -> RedisServer | None:
+        """The master every live sentinel names (``majority``: that a majority
+        of all the sentinels name), if it answers as master; else None."""
+        named = [sentinel.master_address() for sentinel in self.sentinels
+                 if sentinel.is_running() and not sentinel.paused]
+        if majority:
+            top = max(set(named), key=named.count, default=None)
+            address = top if named.count(top) > len(self.sentinels) // 2 else None
+        else:
+            address = named[0] if named and named.count(named[0]) == len(named) else None
+        if address is None:
             return None
-        server = self._by_address(addresses.pop())
+        server = self._by_address(address)
         if server is None or not server.is_running() or server.paused:
             return None
         role = server.execute("ROLE", timeout=1.0)
@@ -326,11 +331,19 @@ class SentinelGroup:
         master.kill()
         return master
 
-    def wait_master(self, *, other_than: RedisServer, timeout: float = 20.0) -> RedisServer:
+    def wait_master(self, *, other_than: RedisServer, timeout: float = 20.0,
+                    majority: bool = False) -> RedisServer:
         """Wait until the sentinels agree on a master other than ``other_than``
-        and it answers as master; return it."""
+        and it answers as master; return it.
+
+        ``majority``: a majority of the sentinels is enough. A sentinel that led
+        a failover whose promoted replica died before that failover ended stays
+        in it, naming the dead replica, until the replica is back, while its
+        peers elect another master (Redis Sentinel's own behaviour, seen in
+        the chaos run's failover schedule): waiting for every sentinel then
+        waits for the dead server's restart."""
         def moved() -> RedisServer | None:
-            server = self._agreed_master()
+            server = self._agreed_master(majority=majority)
             return server if server is not None and server is not other_than else None
 
         found: RedisServer = _wait("a new master", moved, timeout, 0.05)

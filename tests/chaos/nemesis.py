@@ -537,7 +537,7 @@ class Nemesis:
         begin = time.monotonic()
         try:
             new = group.wait_master(other_than=old, timeout=FRESH_PAUSE_MAX if stopped
-                                    else ELECT_WAIT)
+                                    else ELECT_WAIT, majority=True)
             if stopped:
                 self._stop.wait(max(0.0, min(FRESH_AFTER,
                                              begin + FRESH_PAUSE_MAX - time.monotonic())))
@@ -550,7 +550,7 @@ class Nemesis:
                 self._cont(pid)
                 self.event("worker-pause", "end", f"w{w}")
         if new is None:
-            new = group.wait_master(other_than=old, timeout=ELECT_WAIT)
+            new = group.wait_master(other_than=old, timeout=ELECT_WAIT, majority=True)
         self.event(kind, "elected", f"n{i}", new=new.port)
 
     def _stop_workers(self, workers: Sequence[int], reason: str) -> list[tuple[int, int]]:
