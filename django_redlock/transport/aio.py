@@ -651,11 +651,12 @@ class AsyncTransport:
             if requests[i] is None:
                 continue
             if skip[i]:
-                results[i] = NodeError(nodes[i].name, "skipped: failed recently", sent=False)
+                results[i] = NodeError(nodes[i].name, "skipped: failed recently", sent=False,
+                                       skipped=True)
                 continue
             if tag is not None and tag in state.nodes[i].later_tags:
                 results[i] = NodeError(nodes[i].name, "an earlier attempt's clean-up is "
-                                       "still on its way", sent=False)
+                                       "still on its way", sent=False, skipped=True)
                 continue
             asked.append(i)
         if not asked:

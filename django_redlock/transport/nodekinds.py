@@ -366,6 +366,31 @@ class SentinelNode(NodeClient):
         self._named_unreachable()
         self.distrust()
 
+    def unreached(self, result: Any) -> bool:
+        """Whether ``result`` says this round could not reach the master the
+        node trusted, and nothing was sent: the connection set-up failed
+        (refused, no answer), and :meth:`mark_failed` has the master
+        distrusted and its sentinel asked last. Worth once more in the same
+        call: the next set-up asks the sentinels again, and the first of them
+        names the new master when a failover has moved it. Timeline (the
+        chaos run's failover schedule)::
+
+            t0  the node trusts R, named by sentinel S1
+            t1  R dies; S2 and S3 promote M; S1 stays in its own failover,
+                naming R
+            t2  a call: connecting to R is refused -> R distrusted, S1 last;
+                before: the call failed (its only node refused it)
+                now: once more, a set-up that asks S2 -> M; granted
+
+        A round that skipped the node (its back-off) learnt nothing: not
+        again. Nor when the request left (a timeout): it may have run; nor
+        before a first master is known (a cold node's set-up is still on).
+        The second round waits for its connection as any round does (the
+        node timeout, or up to the caller's deadline), so a call whose
+        sentinels all name a dead master fails after two tries."""
+        return (isinstance(result, NodeError) and not result.sent and not result.skipped
+                and self._stale and self.address is not None)
+
     @staticmethod
     def moved_away(result: Any) -> bool:
         """Whether a reply says this server is no longer (or not yet) the master."""
@@ -742,10 +767,13 @@ def route(nodes: Sequence[NodeClient], requests: Sequence[Any]) -> list[NodeClie
 
 
 def follow_redirects(nodes: Sequence[NodeClient], targets: list[NodeClient],
-                     requests: Sequence[Any], sent: Sequence[Any], results: list[Any]
+                     requests: Sequence[Any], sent: Sequence[Any], results: list[Any],
+                     asked_again: set[int] | None = None
                      ) -> tuple[list[NodeClient], list[Any]] | None:
     """The round to send again for the requests a Cluster redirected
-    (``MOVED``/``ASK``/``TRYAGAIN``) or a demoted Sentinel master refused:
+    (``MOVED``/``ASK``/``TRYAGAIN``), a demoted Sentinel master refused, or
+    a Sentinel node could not deliver because its master was unreachable
+    (once per node and call: ``asked_again`` holds the nodes that had theirs):
     (node clients, requests) with None for the others; None when there is
     none. ``requests``: the originals; ``sent``: what went out last (None:
     nothing, this time)."""
@@ -764,6 +792,14 @@ def follow_redirects(nodes: Sequence[NodeClient], targets: list[NodeClient],
             # Refused by a demoted master (a write refused runs nothing): again,
             # on a connection to the master the sentinels name now.
             node.distrust()
+            again[i] = requests[i]
+            found = True
+        elif (isinstance(node, SentinelNode) and node.moves and asked_again is not None
+              and i not in asked_again and node.unreached(results[i])):
+            # Its master could not be reached (nothing sent): once more in this
+            # call, through a set-up that asks the sentinels again, the one that
+            # named the unreachable master last (SentinelNode.unreached).
+            asked_again.add(i)
             again[i] = requests[i]
             found = True
     return (new_targets, again) if found else None
@@ -811,8 +847,9 @@ def routed_round(transport: Any, requests: Sequence[Any], **kwargs: Any) -> list
     targets = route(nodes, requests)
     results = _view(transport, targets).round(requests, **kwargs)
     sent: list[Any] = list(requests)
+    asked_again: set[int] = set()
     for _ in range(MAX_REDIRECTS):
-        hop = follow_redirects(nodes, targets, requests, sent, results)
+        hop = follow_redirects(nodes, targets, requests, sent, results, asked_again)
         if hop is None:
             break
         targets, sent = hop
@@ -833,8 +870,9 @@ async def async_routed_round(transport: Any, requests: Sequence[Any], **kwargs: 
     targets = route(nodes, requests)
     results = await _view(transport, targets).round(requests, **kwargs)
     sent: list[Any] = list(requests)
+    asked_again: set[int] = set()
     for _ in range(MAX_REDIRECTS):
-        hop = follow_redirects(nodes, targets, requests, sent, results)
+        hop = follow_redirects(nodes, targets, requests, sent, results, asked_again)
         if hop is None:
             break
         targets, sent = hop

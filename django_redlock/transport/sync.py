@@ -98,10 +98,13 @@ class NodeError(Exception):
     """One node's failure in a round: unreachable, timed out, or skipped (back-off)."""
 
     def __init__(self, node: str, reason: str, *, sent: bool = True,
-                 closed: bool = False) -> None:
+                 closed: bool = False, skipped: bool = False) -> None:
         super().__init__(f"{node}: {reason}")
         self.node = node
         self.reason = reason
+        #: The round did not try the node (its back-off, or an earlier
+        #: attempt's clean-up still on its way): nothing was learnt of it.
+        self.skipped = skipped
         #: The node had closed the connection (a restart): worth one new one.
         self.closed = closed
         #: False when the request never left (the node was skipped or the connect
@@ -818,7 +821,8 @@ class SyncTransport:
                     continue
                 node = nodes[i]
                 if skip[i]:
-                    results[i] = NodeError(node.name, "skipped: failed recently", sent=False)
+                    results[i] = NodeError(node.name, "skipped: failed recently", sent=False,
+                                           skipped=True)
                     continue
                 try:
                     conns[i], expects[i] = node.checkout(start, tag)
