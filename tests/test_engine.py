@@ -580,7 +580,7 @@ def test_renewal_thread_does_not_wake_once_per_dropped_lock(
     del lock
     time.sleep(1.0)  # every renewal of the loop would have been due by now
     assert waits[0] < 20, f"the renewal thread woke {waits[0]} times for 200 dropped locks"
-    assert not watchdog._heap
+    assert not len(watchdog._queue)
 
 
 def test_step_back_entries_of_keys_never_acquired_again_are_swept(

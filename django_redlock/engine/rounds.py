@@ -27,7 +27,7 @@ import functools
 import logging
 import zlib
 from dataclasses import dataclass, field
-from typing import Any, Callable, Generator, NamedTuple, Protocol, Sequence, TypeVar
+from typing import Any, Callable, Generator, Iterable, NamedTuple, Protocol, Sequence, TypeVar
 
 from ..core import quorum as q
 from ..exceptions import LockKindConflict, QuorumUnavailable
@@ -136,7 +136,7 @@ class ReleaseResult:
     woken: int = 0
 
 
-@dataclass
+@dataclass(frozen=True)
 class ExtendResult:
     extended: bool
     #: Extended: the new end of the lease. Not extended: where some node did
@@ -1193,10 +1193,23 @@ def extend_many_steps(mgr: RoundContext, items: Sequence[Extension]
             replies = [_confirm_batch(r, mgr.replica_acks, mgr.nodes[i])
                        for i, r in enumerate(replies)]
         elapsed = mgr.clock() - start
-        for k, item in enumerate(chunk):
-            own = [r[k] if isinstance(r, list) and k < len(r) else r for r in replies]
-            results[at[k]] = tally_extend(own, start=start, elapsed=elapsed, ttl=item.ttl,
-                                          drift_factor=mgr.drift_factor)
+        # The locks of a call share its start and elapsed time, and most share
+        # their replies (1 on every node) and ttl: each distinct (replies, ttl)
+        # is counted once (a result is frozen, so the locks may share it).
+        tallied: dict[tuple[tuple[Any, ...], float], ExtendResult] = {}
+        size = len(chunk)
+        if all(type(r) is list and len(r) == size for r in replies):
+            columns: Iterable[tuple[Any, ...]] = zip(*replies)  # each lock's replies
+        else:  # a node failed for every lock of the call (an error, not a list)
+            columns = (tuple([r[k] if isinstance(r, list) and k < len(r) else r
+                              for r in replies]) for k in range(size))
+        for k, (item, own) in enumerate(zip(chunk, columns)):
+            result = tallied.get((own, item.ttl))
+            if result is None:
+                result = tallied[(own, item.ttl)] = tally_extend(
+                    own, start=start, elapsed=elapsed, ttl=item.ttl,
+                    drift_factor=mgr.drift_factor)
+            results[at[k]] = result
     return results
 
 
