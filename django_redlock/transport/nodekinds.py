@@ -116,8 +116,9 @@ class MasterUnknown(NodeError, RedisConnectionError):
     ``ConnectionError`` (what the pub/sub listener and asyncio set-ups catch)."""
 
 
-def discover_master(sentinel: Any, service: str) -> tuple[str, int]:
-    """Where the sentinels say ``service``'s master is: ``SENTINEL
+def discover_master(sentinel: Any, service: str) -> tuple[str, int, Any]:
+    """Where the sentinels say ``service``'s master is, and which sentinel
+    said so: ``(host, port, that sentinel's client)``. ``SENTINEL
     GET-MASTER-ADDR-BY-NAME`` of the first sentinel (of redis-py's ``Sentinel``
     ``sentinel``, in its order; the one that answered is asked first next time)
     that names one, as the Sentinel client guidelines ask. Not redis-py's ``discover_master``: that reads ``SENTINEL
@@ -142,7 +143,7 @@ def discover_master(sentinel: Any, service: str) -> tuple[str, int]:
             if k:  # asked first next time (as redis-py does): a dead one costs once
                 sentinel.sentinels = [client, *clients[:k], *clients[k + 1:]]
             host, port = reply[0], reply[1]
-            return (host.decode() if isinstance(host, bytes) else str(host)), int(port)
+            return (host.decode() if isinstance(host, bytes) else str(host)), int(port), client
         reasons.append("does not know the service")
     raise MasterNotFoundError(f"No master found for {service!r}"
                               + (f" ({'; '.join(reasons)})" if reasons else ""))
@@ -241,13 +242,13 @@ class SentinelNode(NodeClient):
             if not self._stale and self.address is not None:
                 return self.address
             try:
-                host, port = discover_master(self.sentinel(), self.service)
+                host, port, named_by = discover_master(self.sentinel(), self.service)
             except (RedisError, OSError) as e:
                 raise MasterUnknown(self.name, f"no master for {self.service!r} from "
                                                f"the sentinels: {e}", sent=False) from e
             self._checked = time.monotonic()
             self._stale = False
-            self._named_by = self.sentinel().sentinels[0]  # the one that answered
+            self._named_by = named_by
             address = (str(host), int(port))
             if address != self.address:
                 if self.address is not None:
@@ -316,7 +317,7 @@ class SentinelNode(NodeClient):
 
     def _recheck(self) -> None:
         try:
-            host, port = discover_master(self.sentinel(), self.service)
+            host, port, _ = discover_master(self.sentinel(), self.service)
             if (str(host), int(port)) != self.address:
                 self.distrust()
         except (RedisError, OSError):
