@@ -494,3 +494,43 @@ def test_an_error_reply_says_what_the_node_said_and_what_it_means(
             asyncio.run(mgr.alock("error-reply", timeout=1).acquire())
     message = str(info.value)
     assert said in message and means in message, message
+
+
+def test_a_node_that_dies_after_running_an_acquire_gets_its_clean_up(
+        redis_nodes_factory: Callable[..., RedisNodes], make_manager: MakeManager,
+        fault_proxy_factory: Callable[..., FaultProxy]) -> None:
+    """A node runs an acquire and its connection closes before the reply is
+    read (it died, or was killed: a Sentinel master in the bench's failover).
+    The round tries once more on a new connection, which is refused. The
+    request must still count as sent, so the attempt's clean-up goes to the
+    node (and, refused too, waits to be sent again): before, the round said
+    "not sent", nothing was cleaned up, and the key blocked everyone for its
+    whole lease once the node (or its promoted replica) was back. Schedule:
+    the proxy delays each way by 0.3 s; it is stopped at 0.45 s, after the
+    node ran the request and before its reply came back."""
+    import threading
+
+    from .polling import wait_until
+
+    server = redis_nodes_factory(1)[0]
+    proxy = fault_proxy_factory(server)
+    port = proxy.port
+    mgr = make_manager([proxy.url], node_timeout=2.0)
+    with mgr.lock("warm"):
+        pass  # a pooled connection: the next round reuses it
+    proxy.set_latency(0.3)
+    lock = mgr.lock("ran-then-died", ttl=30, auto_renew=False)
+    stopper = threading.Timer(0.45, proxy.stop)
+    stopper.start()
+    try:
+        with pytest.raises(QuorumUnavailable):
+            lock.acquire(timeout=0)
+    finally:
+        stopper.join(5)
+    assert server.execute("EXISTS", lock.key) == 1  # the node ran it: the schedule happened
+    back = FaultProxy.for_server(server, listen_port=port).start()  # the node answers again
+    try:
+        # The clean-up arrives within seconds, not at the end of the 30 s lease.
+        assert wait_until(lambda: server.execute("EXISTS", lock.key) == 0, timeout=5)
+    finally:
+        back.stop()

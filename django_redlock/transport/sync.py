@@ -868,6 +868,13 @@ class SyncTransport:
                     if results[i] is None:
                         results[i] = self._read_up_to_mine(i, conns[i], expects[i],
                                                            deadlines[i])
+                    again = results[i]
+                    if result.sent and isinstance(again, NodeError) and not again.sent:
+                        # The first copy left: the node may have run it before
+                        # it closed the connection (see _read_next). Said so,
+                        # or the engine would take a grant for a request that
+                        # never ran, and leave it on the node for a lease.
+                        again.sent = True
         finally:
             for i in range(n):
                 conn = conns[i]
@@ -1025,7 +1032,20 @@ class SyncTransport:
                                        f"no answer within {node.timeout:g} s")) from e
         except NODE_DOWN_ERRORS as e:
             done = self._fail(node, conn, expect, _short(e))
-            # Closed by the node before it read anything of ours: a restart.
+            # Closed by the node: before it read anything of ours (a restart
+            # closed this idle connection), and then the round sends the
+            # request once more on a new connection; or after it ran it (the
+            # node died before its reply was read), and then the request
+            # stays "sent" whatever the second try gives. The two look the
+            # same from here. Timeline of the second (a Sentinel master killed
+            # in CI's bench, 2 of 6 failovers)::
+            #
+            #   t0  the acquire goes out on the master's pooled connection
+            #   t0  the master runs it (its replica gets the key) and dies
+            #   t0  the read finds the connection closed; the second try is
+            #       refused: "not sent", so no clean-up was sent anywhere
+            #   t2  the replica is promoted with the key: every acquire is
+            #       refused as busy until the lease ends (10 s)
             done.closed = mine and isinstance(e, RedisConnectionError)
             raise _NodeDone(done) from e
         except InvalidResponse as e:  # not Redis speaking there (issue 26)
