@@ -18,6 +18,7 @@ from django_redlock.testing import SentinelGroup
 from django_redlock.transport.nodekinds import SentinelNode
 from tests.testapp.models import Product
 
+from .conftest import TEST_NODE_TIMEOUT
 from .polling import wait_until
 
 pytestmark = pytest.mark.slow
@@ -447,3 +448,43 @@ def test_a_sentinel_that_names_a_dead_master_is_asked_last(
         assert node_of(mgr).address == (master.host, master.port)
         sentinels = node_of(mgr).sentinel().sentinels
         assert sentinels[-1].connection_pool.connection_kwargs["port"] == stale.port
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_dead_master_that_every_sentinel_names_fails_the_call_in_bounded_time(
+        make_manager: MakeManager, flavour: str) -> None:
+    """The other side of asking the sentinels again within the call: when
+    every sentinel names the dead master (its failover not begun), the second
+    try fails as the first did, and the call gets the typed error within one
+    more connection wait, not a hang: ``QuorumUnavailable`` naming the
+    node. The master is killed (refused) after the node has connected to
+    it, so the first round meets it on a pooled connection, the second on a
+    new set-up."""
+    from django_redlock.testing import _free_port
+
+    with SentinelGroup(replicas=1, sentinels=3) as group:
+        mgr = make_manager([group.node_setting()], connect_timeout=0.5)
+        master = group.master
+        with mgr.lock("every-sentinel-stale", timeout=0, auto_renew=False):
+            pass  # connected to the live master
+        dead = _free_port()
+        for sentinel in group.sentinels:  # no failover will follow: nobody monitors the master
+            sentinel.execute("SENTINEL", "REMOVE", group.service)
+            sentinel.execute("SENTINEL", "MONITOR", group.service, "127.0.0.1", str(dead), "2")
+        master.kill()
+
+        async def in_a_loop() -> None:
+            async with mgr.alock("every-sentinel-stale", timeout=0, auto_renew=False):
+                pass
+
+        started = time.monotonic()
+        with pytest.raises(QuorumUnavailable) as raised:
+            if flavour == "sync":
+                with mgr.lock("every-sentinel-stale", timeout=0, auto_renew=False):
+                    pass
+            else:
+                asyncio.run(in_a_loop())
+        took = time.monotonic() - started
+        # Two connection waits (0.5 s each) and a node timeout, with room for a slow CI
+        assert took < 2 * 0.5 + TEST_NODE_TIMEOUT + 1.0, took
+        assert node_of(mgr).name in str(raised.value)
