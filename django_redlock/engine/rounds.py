@@ -1180,9 +1180,13 @@ def extend_many_steps(mgr: RoundContext, items: Sequence[Extension]
     for at, chunk in _extend_batches(mgr, items):
         keys: list[bytes] = []
         args: list[Any] = [_FENCE_GRACE_B]
-        for item in chunk:
-            keys += (item.key, item.fkey)
-            args += (item.token, max(1, int(item.ttl * 1000)), item.fence)
+        add_key, add_arg = keys.append, args.append
+        for item in chunk:  # appends, not a tuple per lock: see engine.watchdog._Lane
+            add_key(item.key)
+            add_key(item.fkey)
+            add_arg(item.token)
+            add_arg(max(1, int(item.ttl * 1000)))
+            add_arg(item.fence)
         call = Call(EXTEND_MANY, tuple(keys), tuple(args))
         requests: list[Any] = [call] * n
         if mgr.replica_acks:
@@ -1196,7 +1200,7 @@ def extend_many_steps(mgr: RoundContext, items: Sequence[Extension]
         # The locks of a call share its start and elapsed time, and most share
         # their replies (1 on every node) and ttl: each distinct (replies, ttl)
         # is counted once (a result is frozen, so the locks may share it).
-        tallied: dict[tuple[tuple[Any, ...], float], ExtendResult] = {}
+        tallied: dict[float, dict[tuple[Any, ...], ExtendResult]] = {}
         size = len(chunk)
         if all(type(r) is list and len(r) == size for r in replies):
             columns: Iterable[tuple[Any, ...]] = zip(*replies)  # each lock's replies
@@ -1204,9 +1208,12 @@ def extend_many_steps(mgr: RoundContext, items: Sequence[Extension]
             columns = (tuple([r[k] if isinstance(r, list) and k < len(r) else r
                               for r in replies]) for k in range(size))
         for k, (item, own) in enumerate(zip(chunk, columns)):
-            result = tallied.get((own, item.ttl))
+            by_replies = tallied.get(item.ttl)
+            if by_replies is None:
+                by_replies = tallied[item.ttl] = {}
+            result = by_replies.get(own)
             if result is None:
-                result = tallied[(own, item.ttl)] = tally_extend(
+                result = by_replies[own] = tally_extend(
                     own, start=start, elapsed=elapsed, ttl=item.ttl,
                     drift_factor=mgr.drift_factor)
             results[at[k]] = result

@@ -56,25 +56,42 @@ class Renewable(Protocol):
 #: entries of more ttls go to its heap.
 LANES_MAX = 8
 
+class _Lane:
+    """One ttl's entries in due order: due times and references side by
+    side, so an entry adds no object of its own (a ``(due, ref)`` tuple per
+    renewal, 10,000 a second, lived long enough to be promoted to the old
+    generation and made the garbage collector's full passes come sooner:
+    each one walks every object of the process, in the renewal thread)."""
+
+    __slots__ = ("dues", "refs")
+
+    def __init__(self) -> None:
+        self.dues: deque[float] = deque()
+        self.refs: deque[weakref.ref[Renewable]] = deque()
+
+    def __len__(self) -> int:
+        return len(self.dues)
+
+
 class DueQueue:
     """The locks to renew, in due order: a FIFO lane per ttl, and a heap.
 
     A held lock is scheduled again a third of its ttl after each renewal, so
     the entries of one ttl arrive in the order they fall due, and a lane
-    (a deque) takes and gives them without comparing anything, as Node.js
-    keeps one timer list per duration. A heap of 10,000 entries cost about
-    2 µs per renewal in pushes and pops (cold caches: each entry is touched
-    once a period), of the 9 µs a renewal cost the thread in all. An entry
-    that would land before its lane's last (the first renewal of a lock
-    granted with less than its ttl left, a retry after a failed round, a
-    lock whose ``MAX_HOLD`` cut its lease), and the entries of ttls beyond
+    takes and gives them without comparing anything, as Node.js keeps one
+    timer list per duration. A heap of 10,000 entries cost about 2 µs per
+    renewal in pushes and pops (cold caches: each entry is touched once a
+    period), of the 9 µs a renewal cost the thread in all. An entry that
+    would land before its lane's last (the first renewal of a lock granted
+    with less than its ttl left, a retry after a failed round, a lock whose
+    ``MAX_HOLD`` cut its lease), and the entries of ttls beyond
     :data:`LANES_MAX` lanes, go to the heap. Not thread-safe: the watchdog
     holds its condition around every use.
     """
 
     def __init__(self) -> None:
         self._heap: list[tuple[float, int, weakref.ref[Renewable]]] = []
-        self._lanes: dict[float, deque[tuple[float, weakref.ref[Renewable]]]] = {}
+        self._lanes: dict[float, _Lane] = {}
         self._seq = itertools.count()
 
     def __len__(self) -> int:
@@ -84,9 +101,10 @@ class DueQueue:
         """Add ``ref`` due at ``due``; ``period``: its lock's ttl (its lane)."""
         lane = self._lanes.get(period)
         if lane is None and len(self._lanes) < LANES_MAX:
-            lane = self._lanes[period] = deque()
-        if lane is not None and (not lane or lane[-1][0] <= due):
-            lane.append((due, ref))
+            lane = self._lanes[period] = _Lane()
+        if lane is not None and (not lane.dues or lane.dues[-1] <= due):
+            lane.dues.append(due)
+            lane.refs.append(ref)
         else:
             heapq.heappush(self._heap, (due, next(self._seq), ref))
 
@@ -103,21 +121,23 @@ class DueQueue:
             first = heap[0][0]
         emptied = False
         for lane in self._lanes.values():
-            while lane and lane[0][1]() is None:
-                lane.popleft()
-            if not lane:
+            dues, refs = lane.dues, lane.refs
+            while refs and refs[0]() is None:
+                dues.popleft()
+                refs.popleft()
+            if not dues:
                 emptied = True
-            elif first is None or lane[0][0] < first:
-                first = lane[0][0]
+            elif first is None or dues[0] < first:
+                first = dues[0]
         if emptied:
-            self._lanes = {period: lane for period, lane in self._lanes.items() if lane}
+            self._lanes = {period: lane for period, lane in self._lanes.items() if lane.dues}
         return first
 
     def pop_due(self, now: float) -> list[weakref.ref[Renewable]]:
         """Every live entry due by ``now``, and those due a little later
         (:data:`BATCH_AHEAD_SHARE` of their ttl, at most
         :data:`BATCH_AHEAD_MAX` s), in no particular order."""
-        refs: list[weakref.ref[Renewable]] = []
+        out: list[weakref.ref[Renewable]] = []
         heap = self._heap
         while heap:
             due, _, ref = heap[0]
@@ -127,18 +147,21 @@ class DueQueue:
                 break
             heapq.heappop(heap)
             if lock is not None:
-                refs.append(ref)
+                out.append(ref)
+        emptied = False
         for period, lane in self._lanes.items():
             # One ttl per lane: one horizon for the whole lane.
             horizon = now + min(BATCH_AHEAD_MAX, period * BATCH_AHEAD_SHARE)
-            popleft, append = lane.popleft, refs.append
-            while lane and lane[0][0] <= horizon:
-                ref = popleft()[1]
+            dues, refs, append = lane.dues, lane.refs, out.append
+            while dues and dues[0] <= horizon:
+                dues.popleft()
+                ref = refs.popleft()
                 if ref() is not None:
                     append(ref)
-        if not all(self._lanes.values()):
-            self._lanes = {period: lane for period, lane in self._lanes.items() if lane}
-        return refs
+            emptied = emptied or not dues
+        if emptied:
+            self._lanes = {period: lane for period, lane in self._lanes.items() if lane.dues}
+        return out
 
     def clear(self) -> None:
         self._heap.clear()
@@ -226,13 +249,15 @@ class Watchdog:
     def _renew(self, locks: list[Renewable | None]) -> list[float | None]:
         """Renew ``locks`` (None: dropped); the next due time of each."""
         dues: list[float | None] = [None] * len(locks)
-        live = [(i, lock) for i, lock in enumerate(locks) if lock is not None]
-        if len(live) == 1 or self._extend_many is None:
-            for i, lock in live:
-                dues[i] = self._tick(lock)
+        if sum(lock is not None for lock in locks) == 1 or self._extend_many is None:
+            for i, lock in enumerate(locks):
+                if lock is not None:
+                    dues[i] = self._tick(lock)
             return dues
         batch = []
-        for i, lock in live:
+        for i, lock in enumerate(locks):
+            if lock is None:
+                continue
             try:
                 begun = lock._renewal_begin()
             except Exception:  # noqa: BLE001 - one lock's failure must not stop the others' renewal
