@@ -26,75 +26,19 @@ from __future__ import annotations
 
 import argparse
 import random
-import socket
 import statistics
 import sys
 import time
 from collections.abc import Callable
 from typing import Any
-from urllib.parse import urlsplit
 
 import redis
 
-from .libs import RawFloor
+from .libs import RawFloor, ScriptsFloor
 from .nodes import running_nodes
 
 KEY, FKEY, WKEY = b"redlock:layers", b"{redlock:layers}:fence", b"{redlock:layers}:waiters"
 
-
-class _RawScripts:
-    """Our acquire and release scripts over raw sockets, replies parsed by hiredis."""
-
-    def __init__(self, urls: list[str]) -> None:
-        import hiredis
-
-        from django_redlock.core.owner import owner_json
-        from django_redlock.transport.resp import PRELOAD, PRELOAD_SCRIPTS
-
-        self.owner = owner_json(None)
-        self.socks = []
-        self.readers = []
-        for url in urls:
-            parts = urlsplit(url)
-            sock = socket.create_connection((parts.hostname or "127.0.0.1", parts.port or 6379))
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            self.socks.append(sock)
-            self.readers.append(hiredis.Reader())
-        self.buf = bytearray(65536)
-        for i, sock in enumerate(self.socks):
-            sock.sendall(PRELOAD)
-            for _ in PRELOAD_SCRIPTS:
-                self._reply(i)
-
-    def _reply(self, i: int) -> Any:
-        reader, sock, buf = self.readers[i], self.socks[i], self.buf
-        while True:
-            reply = reader.gets()
-            if reply is not False:
-                return reply
-            n = sock.recv_into(buf)
-            if not n:
-                raise ConnectionError("closed")
-            reader.feed(buf, 0, n)
-
-    def _round(self, packed: bytes) -> list[Any]:
-        for sock in self.socks:
-            sock.sendall(packed)
-        return [self._reply(i) for i in range(len(self.socks))]
-
-    def op(self) -> None:
-        from django_redlock.core.owner import new_token
-        from django_redlock.engine import rounds
-
-        token = new_token()
-        replies = self._round(
-            rounds.acquire_call(KEY, FKEY, WKEY, token, 10000, self.owner, True).packed)
-        fence = max(int(r[1]) for r in replies)
-        self._round(rounds.release_requests(1, KEY, FKEY, WKEY, token, fence, None)[0].packed)
-
-    def close(self) -> None:
-        for sock in self.socks:
-            sock.close()
 
 
 def _measure(ops: dict[str, Callable[[], None]], rounds: int, per: int) -> dict[str, list[float]]:
@@ -159,7 +103,7 @@ def run(n: int, rounds: int, per: int) -> None:
 
     with running_nodes(n) as urls:
         floor = RawFloor(urls, "bench:layers:floor")
-        raw = _RawScripts(urls)
+        raw = ScriptsFloor(urls, "layers")
         mgr = LockManager(urls, auto_renew=False)
         owner = owner_json(None)
 
@@ -198,7 +142,7 @@ def run(n: int, rounds: int, per: int) -> None:
 def _server_time_line(url: str) -> str:
     """Server µs per call: the floor's SET and compare-and-delete, then our two scripts."""
     floor = RawFloor([url], "bench:layers:server")
-    raw = _RawScripts([url])
+    raw = ScriptsFloor([url], "layers")
     client = redis.Redis.from_url(url)
     try:
         client.config_resetstat()

@@ -117,6 +117,72 @@ class RawFloor:
             s.close()
 
 
+class ScriptsFloor:
+    """Our own floor: django-redlock's acquire and release scripts, with the
+    arguments the engine sends (fencing and owner on), over raw sockets with a
+    ``hiredis`` reader, every node sent to before any reply is read. What the
+    scripts cost with no client code at all: issue 23's uncontended goal is
+    within 1.15x of it (``bench.layers`` takes the rest apart)."""
+
+    def __init__(self, urls: list[str], name: str) -> None:
+        import hiredis
+
+        from django_redlock.core.keys import fence_key, lock_key, waiters_key
+        from django_redlock.core.owner import owner_json
+        from django_redlock.transport.resp import PRELOAD, PRELOAD_SCRIPTS
+
+        key = lock_key("redlock", name)
+        self.keys = (key.encode(), fence_key(key).encode(), waiters_key(key).encode())
+        self.owner = owner_json(None)
+        self.socks = []
+        self.readers = []
+        for url in urls:
+            sock = _connect(url)
+            self.socks.append(sock)
+            self.readers.append(hiredis.Reader())
+        self.buf = bytearray(65536)
+        for i, sock in enumerate(self.socks):
+            sock.sendall(PRELOAD)
+            for _ in PRELOAD_SCRIPTS:
+                self._reply(i)
+
+    def _reply(self, i: int) -> Any:
+        reader, sock, buf = self.readers[i], self.socks[i], self.buf
+        while True:
+            reply = reader.gets()
+            if reply is not False:
+                return reply
+            n = sock.recv_into(buf)
+            if not n:
+                raise ConnectionError("closed")
+            reader.feed(buf, 0, n)
+
+    def _round(self, packed: bytes) -> list[Any]:
+        for sock in self.socks:
+            sock.sendall(packed)
+        return [self._reply(i) for i in range(len(self.socks))]
+
+    def op(self) -> None:
+        from django_redlock.core.owner import new_token
+        from django_redlock.engine import rounds
+
+        key, fkey, wkey = self.keys
+        token = new_token()
+        replies = self._round(
+            rounds.acquire_call(key, fkey, wkey, token, TTL_MS, self.owner, True).packed)
+        if not all(isinstance(r, list) and r[0] == 1 for r in replies):
+            raise BenchError(f"scripts floor: not granted: {replies!r}")
+        fence = max(int(r[1]) for r in replies)
+        released = self._round(
+            rounds.release_requests(1, key, fkey, wkey, token, fence, None)[0].packed)
+        if not all(r == 1 for r in released):
+            raise BenchError(f"scripts floor: not released: {released!r}")
+
+    def close(self) -> None:
+        for sock in self.socks:
+            sock.close()
+
+
 def loop_op(loop: Any, once: Callable[[], Any]) -> Callable[[], None]:
     """``op()`` running coroutine ``once()`` in ``loop``, carrying
     ``timed_chunk(count, warmup, lat, on_error)``, which times a batch inside
@@ -463,7 +529,10 @@ def contestant_op(cid: str, urls: list[str], key: str) -> tuple[Callable[[], Non
         async_floor = AsyncRawFloor(urls, key)
         return async_floor.make_op(), async_floor.close
     if cid.startswith("raw-"):
-        floor: RawFloor | RedisPyFloor = RawFloor(urls, key)
+        floor: RawFloor | RedisPyFloor | ScriptsFloor = RawFloor(urls, key)
+        return floor.op, floor.close
+    if cid.startswith("scripts-raw-"):
+        floor = ScriptsFloor(urls, key)
         return floor.op, floor.close
     if cid.startswith("redispy-floor-"):
         floor = RedisPyFloor(urls, key)

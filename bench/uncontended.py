@@ -20,6 +20,7 @@ ONE_NODE = [
     ("raw-1", "floor: raw sockets, hand-encoded RESP", 1),
     ("redispy-floor-1", "floor: redis-py client", 1),
     ("raw-async-1", "floor: raw asyncio streams, hand-encoded RESP, in one running loop", 1),
+    ("scripts-raw-1", "floor: our acquire and release scripts on raw sockets (hiredis)", 1),
     ("drl-1", "django-redlock (fencing + owner)", 1),
     ("drl-renew-1", "django-redlock (fencing + owner, auto_renew on)", 1),
     ("drl-async-1", "django-redlock asyncio (fencing + owner), in one running loop", 1),
@@ -34,6 +35,7 @@ ONE_NODE = [
 FIVE_NODES = [
     ("raw-5", "floor: raw sockets, 5 nodes in parallel", 5),
     ("redispy-floor-5", "floor: redis-py, 5 nodes in parallel", 5),
+    ("scripts-raw-5", "floor: our scripts on raw sockets, 5 nodes in parallel (hiredis)", 5),
     ("drl-5", "django-redlock (fencing + owner)", 5),
     ("drl-renew-5", "django-redlock (fencing + owner, auto_renew on)", 5),
     ("drl-async-5", "django-redlock asyncio (fencing + owner), in one running loop", 5),
@@ -125,11 +127,14 @@ class Uncontended:
                         "ops_s": len(us) / (span[cid] / 1e9)}
         for cid, _, n in CONTESTANTS:
             raw, rpy = res.get(f"raw-{n}", {}), res.get(f"redispy-floor-{n}", {})
+            scripts = res.get(f"scripts-raw-{n}", {})
             if "p50_us" in res.get(cid, {}):
                 if "p50_us" in raw:
                     res[cid]["x_raw"] = res[cid]["p50_us"] / raw["p50_us"]
                 if "p50_us" in rpy:
                     res[cid]["x_redispy"] = res[cid]["p50_us"] / rpy["p50_us"]
+                if "p50_us" in scripts:
+                    res[cid]["x_scripts"] = res[cid]["p50_us"] / scripts["p50_us"]
         self.rounds.append(res)
         return res
 
@@ -139,7 +144,7 @@ class Uncontended:
             per = [r[cid] for r in self.rounds if cid in r]
             ok = [p for p in per if "p50_us" in p]
             row: dict[str, Any] = {"label": label, "nodes": n, "rounds": len(ok)}
-            for field in ("p50_us", "p99_us", "ops_s", "x_raw", "x_redispy"):
+            for field in ("p50_us", "p99_us", "ops_s", "x_raw", "x_redispy", "x_scripts"):
                 row[field] = median(p[field] for p in ok if field in p)
             row["per_round_p50_us"] = [round(p["p50_us"], 1) for p in ok]
             row["per_round_x_raw"] = [round(p["x_raw"], 3) for p in ok if "x_raw" in p]
