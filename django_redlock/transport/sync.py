@@ -569,7 +569,7 @@ class NodeClient:
         """
         if self._later_tags and tag is not None and tag in self._later_tags:
             raise NodeError(self.name, "an earlier attempt's clean-up is still on its way",
-                            sent=False)  # see deliver_later
+                            sent=False, skipped=True)  # see deliver_later
         if self._owed and self._pid == getpid():
             with self._owed_lock:
                 owed = self._take_owed(now, tag)
