@@ -227,7 +227,7 @@ HoldPlan = Generator[HoldStep, Any, Any]
 AcquirePlan = Generator[Step, Any, "AcquireResult | None"]
 
 
-def run_to_round(plan: HoldPlan) -> "tuple[list[Report], tuple[HoldPlan, ExtendRound] | Any]":
+def run_to_round(plan: HoldPlan) -> "tuple[Sequence[Report], tuple[HoldPlan, ExtendRound] | Any]":
     """Run a renewal plan up to its extension round, without I/O (a batched
     renewal's first half: ``Lock._renewal_begin``, ``AsyncLock._renewal_begin``).
 
@@ -236,7 +236,7 @@ def run_to_round(plan: HoldPlan) -> "tuple[list[Report], tuple[HoldPlan, ExtendR
     time; None: stop renewing). A renewal plan reports only on the paths that
     end without a round (a loss), so sending them afterwards keeps their order.
     """
-    reports: list[Report] = _NO_REPORTS  # a list of its own at the first report
+    reports: Sequence[Report] = ()  # a list of its own at the first report (most have none)
     answer: Any = None
     while True:
         try:
@@ -247,15 +247,8 @@ def run_to_round(plan: HoldPlan) -> "tuple[list[Report], tuple[HoldPlan, ExtendR
             return reports, (plan, step)
         if type(step) is not Report:  # pragma: no cover - a renewal releases nothing
             raise AssertionError(f"unexpected renewal step {step!r}")
-        if reports is _NO_REPORTS:
-            reports = []
-        reports.append(step)
+        reports = [*reports, step]
         answer = None
-
-
-#: run_to_round's reports when there are none (most renewals): shared, never
-#: appended to, so a renewal allocates no list for them.
-_NO_REPORTS: list[Report] = []
 
 
 @functools.lru_cache(maxsize=1024)

@@ -1038,7 +1038,7 @@ class SyncTransport:
             # node died before its reply was read), and then the request
             # stays "sent" whatever the second try gives. The two look the
             # same from here. Timeline of the second (a Sentinel master killed
-            # in CI's bench, 2 of 6 failovers)::
+            # in the bench's failover section, 2 of 6 kills)::
             #
             #   t0  the acquire goes out on the master's pooled connection
             #   t0  the master runs it (its replica gets the key) and dies
