@@ -376,6 +376,8 @@ class NodeClient:
                     if self._closed:
                         raise NodeError(self.name, "closed", sent=False)
                     self._grow()
+                    if self._idle or self._setup_failures != failures:
+                        continue  # a set-up ran in this thread (interpreter shutdown)
                     # Recomputed on every wake: whether the node accepts may change.
                     left = start + connection_wait(self, start, until,
                                                          accepting=self._accepting) - clock()
@@ -443,16 +445,25 @@ class NodeClient:
         limit = PARALLEL_SETUPS if self._accepting else 1
         while (self._setting_up < limit and not self._closed
                and self._waiting > len(self._idle) + self._setting_up):
-            self._start_setup()
+            if not self._start_setup():
+                # None in flight (one ran in this thread, at interpreter
+                # shutdown): the waiter looks at its outcome. Looping on
+                # would set up again and again while the node fails, a
+                # connect timeout each time (a black-holed node held the exit
+                # hook of a 60-lock process for more than 30 s on Python 3.12).
+                break
 
-    def _start_setup(self) -> None:
+    def _start_setup(self) -> bool:
         """Under ``_cond``: one more set-up in flight, in a daemon thread (only
-        a cold node pays for it; a round never creates a thread)."""
+        a cold node pays for it; a round never creates a thread). False when
+        no thread could be started and the set-up ran in the
+        calling thread instead."""
         self._setting_up += 1
         thread = threading.Thread(target=self._setup, name=f"redlock-connect {self.name}",
                                   daemon=True)
         try:
             thread.start()
+            return True
         except RuntimeError:
             # "can't create new thread at interpreter shutdown" (Python 3.12):
             # the exit hook's releases (engine/held.py) set the connection up
@@ -463,6 +474,7 @@ class NodeClient:
                 self._setup()
             finally:
                 self._cond.acquire()
+            return False
 
     def _setup(self) -> None:
         conn: Any = None
