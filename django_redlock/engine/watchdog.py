@@ -56,6 +56,7 @@ class Renewable(Protocol):
 #: entries of more ttls go to its heap.
 LANES_MAX = 8
 
+
 class _Lane:
     """One ttl's entries in due order: due times and references side by
     side, so an entry adds no object of its own (a ``(due, ref)`` tuple per
@@ -130,7 +131,7 @@ class DueQueue:
             elif first is None or dues[0] < first:
                 first = dues[0]
         if emptied:
-            self._lanes = {period: lane for period, lane in self._lanes.items() if lane.dues}
+            self._drop_empty_lanes()
         return first
 
     def pop_due(self, now: float) -> list[weakref.ref[Renewable]]:
@@ -160,8 +161,13 @@ class DueQueue:
                     append(ref)
             emptied = emptied or not dues
         if emptied:
-            self._lanes = {period: lane for period, lane in self._lanes.items() if lane.dues}
+            self._drop_empty_lanes()
         return out
+
+    def _drop_empty_lanes(self) -> None:
+        """Let an emptied lane go: its ttl's next entry starts a new one, and
+        a lane kept empty would hold one of the :data:`LANES_MAX` places."""
+        self._lanes = {period: lane for period, lane in self._lanes.items() if lane.dues}
 
     def clear(self) -> None:
         self._heap.clear()
