@@ -377,7 +377,9 @@ class NodeClient:
                         raise NodeError(self.name, "closed", sent=False)
                     self._grow()
                     if self._idle or self._setup_failures != failures:
-                        continue  # a set-up ran in this thread (interpreter shutdown)
+                        # A set-up ran in this thread (interpreter shutdown), or
+                        # a connection was given back (put() takes no lock).
+                        continue
                     # Recomputed on every wake: whether the node accepts may change.
                     left = start + connection_wait(self, start, until,
                                                          accepting=self._accepting) - clock()
@@ -456,8 +458,8 @@ class NodeClient:
     def _start_setup(self) -> bool:
         """Under ``_cond``: one more set-up in flight, in a daemon thread (only
         a cold node pays for it; a round never creates a thread). False when
-        no thread could be started and the set-up ran in the
-        calling thread instead."""
+        no thread could be started and the set-up ran in the calling thread
+        instead."""
         self._setting_up += 1
         thread = threading.Thread(target=self._setup, name=f"redlock-connect {self.name}",
                                   daemon=True)
