@@ -12,6 +12,8 @@ fresh spawned processes that put that variant's tree first on ``sys.path``
 
 ``uncontended``
     one process, acquire + release in a loop on 1 or 5 nodes: p50 µs;
+``asyncio``
+    the same with ``alock()``, timed inside one running event loop;
 ``contended``
     four processes, one lock on 1 or 5 nodes (``--nodes``), a GET/SET counter
     inside (as in ``python -m bench``): acquisitions per second, client CPU
@@ -46,8 +48,9 @@ WORKERS = 4
 START_DELAY = 1.5  # spawned workers import Django and connect before the start
 
 
-def _load(root: str, variant: str, urls: list[str]) -> Any:
-    """The contestant for ``variant``, built from the tree at ``root``."""
+def _load(root: str, variant: str, urls: list[str], flavour: str = "drl-renew") -> Any:
+    """The contestant for ``variant``, built from the tree at ``root``
+    (``flavour``: the benchmark's contestant id without its node count)."""
     sys.path.insert(0, root)
     from bench.libs import build, quiet_loggers
 
@@ -59,13 +62,22 @@ def _load(root: str, variant: str, urls: list[str]) -> Any:
     where = str(Path(django_redlock.__file__).resolve())
     if not where.startswith(root):
         raise RuntimeError(f"django_redlock came from {where}, not from {root}")
-    return build("drl-renew-1" if len(urls) == 1 else "drl-renew-5", urls, urls)
+    return build(f"{flavour}-{1 if len(urls) == 1 else 5}", urls, urls)
 
 
-def _uncontended(root: str, variant: str, urls: list[str], ops: int, out: Any) -> None:
-    lib = _load(root, variant, urls)
+def _uncontended(root: str, variant: str, urls: list[str], ops: int, flavour: str,
+                 out: Any) -> None:
+    lib = _load(root, variant, urls, flavour)
     try:
-        lat = []
+        lat: list[int] = []
+        if flavour == "drl-async":
+            # Timed inside one running loop, as python -m bench times it.
+            def failed(e: Exception) -> None:
+                raise e
+
+            lib.make_op("bench:ab:u").timed_chunk(ops, ops // 5, lat, failed)
+            out.put(statistics.median(lat) / 1000.0)
+            return
         for i in range(ops + ops // 5):
             lock = lib.new("bench:ab:u")
             t0 = time.perf_counter_ns()
@@ -203,7 +215,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m bench.ab", description=__doc__.split("\n")[0])
     p.add_argument("--base", required=True, help="the git revision to compare against")
     p.add_argument("--only", default="uncontended,contended",
-                   help="sections: uncontended, contended, handoff "
+                   help="sections: uncontended, asyncio, contended, handoff "
                         "(default: uncontended,contended)")
     p.add_argument("--rounds", type=int, default=8)
     p.add_argument("--nodes", type=int, default=1,
@@ -223,7 +235,10 @@ def main(argv: list[str] | None = None) -> int:
     roots = {here: str(ROOT), base: base_tree}
     rng = random.Random()
     try:
-        if "uncontended" in sections:
+        for section, flavour, what in (("uncontended", "drl-renew", "acquire + release"),
+                                       ("asyncio", "drl-async", "asyncio acquire + release")):
+            if section not in sections:
+                continue
             lat: dict[str, list[float]] = {here: [], base: []}
             with running_nodes(args.nodes) as urls:
                 for rnd in range(args.rounds):
@@ -231,11 +246,12 @@ def main(argv: list[str] | None = None) -> int:
                     rng.shuffle(order)
                     for variant in order:
                         [p50] = _run_procs(ctx, _uncontended,
-                                           [(roots[variant], variant, urls, args.ops)], 120)
+                                           [(roots[variant], variant, urls, args.ops, flavour)],
+                                           120)
                         lat[variant].append(p50)
-                    print(f"uncontended round {rnd + 1}: " + ", ".join(
+                    print(f"{section} round {rnd + 1}: " + ", ".join(
                         f"{v} {lat[v][-1]:.0f} µs" for v in lat), flush=True)
-            _summary(f"uncontended acquire + release p50, {args.nodes} node(s)", lat, base,
+            _summary(f"uncontended {what} p50, {args.nodes} node(s)", lat, base,
                      "µs", higher_is_better=False)
         if "contended" in sections:
             rate: dict[str, list[float]] = {here: [], base: []}
