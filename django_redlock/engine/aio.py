@@ -197,7 +197,7 @@ def _complete(aw: Coroutine[Any, Any, T]) -> Awaitable[tuple[T, bool]]:
     back): a cancellation of the task is deferred until the future ``aw``
     waits on is done, then noted. So every wait of ``aw`` must be bounded
     without cancelling the task (the transport's rounds are: their deadlines
-    abort connections, ``transport.aio._Deadline``; waits for their tasks
+    abort connections, ``transport.aio._Deadlines``; waits for their tasks
     and ``asyncio.wait`` have timeouts of their own), and only the loop
     shutting down can cut ``aw`` short.
     """
