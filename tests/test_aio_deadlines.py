@@ -161,3 +161,27 @@ def test_many_deadlines_ended_at_random_none_late_none_after_its_end() -> None:
                 assert -0.005 <= late < SLACK, (delay, late)
 
     _run(main())
+
+
+def test_an_abort_that_fails_does_not_keep_the_other_deadlines_from_passing() -> None:
+    """Two deadlines pass in the same firing and the first connection's abort
+    raises: the second is still aborted (a round waiting on it would
+    otherwise never end)."""
+    class _Broken(_Transport):
+        def abort(self) -> None:
+            raise RuntimeError("transport gone")
+
+    async def main() -> None:
+        watch = _Deadlines(asyncio.get_running_loop())
+        broken, fine = _Conn(), _Conn()
+        broken._writer.transport = _Broken()
+        first = _Deadline(broken, 0.0, watch)
+        second = _Deadline(fine, 0.0, watch)
+        for _ in range(50):
+            if second.passed:
+                break
+            await asyncio.sleep(0.01)
+        assert first.passed and second.passed
+        assert fine._writer.transport.aborts == 1
+
+    _run(main())

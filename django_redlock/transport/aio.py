@@ -509,7 +509,10 @@ class _Deadlines:
             self._at = min(self.entries.values())
             self._handle = self.loop.call_at(self._at, self._fire)
         for deadline in passed:
-            deadline.expire()
+            try:
+                deadline.expire()
+            except Exception:  # noqa: BLE001 - the other deadlines must still pass
+                logger.exception("aborting a connection whose deadline passed failed")
 
 
 #: redis-py's own write and read of a connection (see :func:`_direct`).
