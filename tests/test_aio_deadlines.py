@@ -49,6 +49,23 @@ def _run(coro: Any) -> Any:
     return asyncio.run(asyncio.wait_for(coro, 20))
 
 
+def _two(first: float, second: float) -> tuple[float, list[_Conn], list[_Deadline]]:
+    """Two deadlines of ``first`` and ``second`` seconds, set in that order
+    in the running loop: (when they were set, their connections, them)."""
+    watch = _Deadlines(asyncio.get_running_loop())
+    conns = [_Conn(), _Conn()]
+    start = time.monotonic()
+    return start, conns, [_Deadline(conns[0], first, watch), _Deadline(conns[1], second, watch)]
+
+
+async def _until_passed(deadline: _Deadline, within: float = 2.0) -> None:
+    """Wait until ``deadline`` passed, ``within`` seconds at most (bounded)."""
+    for _ in range(int(within / 0.01)):
+        if deadline.passed:
+            return
+        await asyncio.sleep(0.01)
+
+
 def test_a_deadline_ended_before_it_passes_never_aborts() -> None:
     async def main() -> None:
         watch = _Deadlines(asyncio.get_running_loop())
@@ -67,16 +84,9 @@ def test_a_deadline_fires_on_time_after_an_earlier_one_was_ended() -> None:
     """The timer was set for the first deadline; ending that one leaves the
     timer early, and the second still fires at its own time."""
     async def main() -> None:
-        watch = _Deadlines(asyncio.get_running_loop())
-        first, second = _Conn(), _Conn()
-        start = time.monotonic()
-        d1 = _Deadline(first, 0.05, watch)
-        d2 = _Deadline(second, 0.15, watch)
+        start, (first, second), (d1, d2) = _two(0.05, 0.15)
         d1.end()
-        for _ in range(100):  # bounded: at most 2 s
-            if d2.passed:
-                break
-            await asyncio.sleep(0.02)
+        await _until_passed(d2)
         assert d2.passed and not d1.passed
         at = second._writer.transport.aborted_at
         assert at is not None and 0.15 <= at - start + 0.005 < 0.15 + SLACK
@@ -89,19 +99,12 @@ def test_an_earlier_deadline_added_later_moves_the_timer() -> None:
     """A 1 s deadline set the timer; a 0.05 s one added after it must not wait
     for that timer."""
     async def main() -> None:
-        watch = _Deadlines(asyncio.get_running_loop())
-        slow, fast = _Conn(), _Conn()
-        start = time.monotonic()
-        d_slow = _Deadline(slow, 1.0, watch)
-        d_fast = _Deadline(fast, 0.05, watch)
-        for _ in range(100):
-            if d_fast.passed:
-                break
-            await asyncio.sleep(0.01)
+        start, (_, fast), (d_slow, d_fast) = _two(1.0, 0.05)
+        await _until_passed(d_fast, within=1.0)
         at = fast._writer.transport.aborted_at
         assert d_fast.passed and at is not None and at - start < 0.05 + SLACK
         assert not d_slow.passed  # and the later one is still kept
-        assert d_slow in watch.entries
+        assert d_slow in d_slow._watch.entries
         d_slow.end()
 
     _run(main())
@@ -177,10 +180,7 @@ def test_an_abort_that_fails_does_not_keep_the_other_deadlines_from_passing() ->
         broken._writer.transport = _Broken()
         first = _Deadline(broken, 0.0, watch)
         second = _Deadline(fine, 0.0, watch)
-        for _ in range(50):
-            if second.passed:
-                break
-            await asyncio.sleep(0.01)
+        await _until_passed(second, within=0.5)
         assert first.passed and second.passed
         assert fine._writer.transport.aborts == 1
 
