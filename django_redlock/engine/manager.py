@@ -335,14 +335,17 @@ class LockManager:
         return cls(self, name, label=label, **kwargs)
 
     def _async(self) -> Any:
-        """The asyncio transport, made on first use."""
-        from ..transport.aio import AsyncTransport
+        """The asyncio transport, made on first use (and imported then: a
+        process that never uses asyncio never loads it)."""
+        transport = self._async_transport
+        if transport is None:
+            from ..transport.aio import AsyncTransport
 
-        if self._async_transport is None:
             with self._lazy_lock:
                 if self._async_transport is None:
                     self._async_transport = AsyncTransport(self.nodes, clock=self.clock)
-        return self._async_transport
+                transport = self._async_transport
+        return transport
 
     def multi_lock(self, names: Iterable[str], *, ttl: float | EllipsisType = ...,
                    timeout: float | None | EllipsisType = ...,
