@@ -204,7 +204,7 @@ _RECEIVERS = (
 
 def _connect() -> None:
     """Connect the collectors to the signals (done on import; idempotent)."""
-    signals.connect_receivers(_RECEIVERS, "django_redlock.metrics")
+    signals.connect_receivers(_RECEIVERS, "django_redlock.metrics", loop_safe=True)
 
 
 def _disconnect() -> None:

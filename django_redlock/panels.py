@@ -101,7 +101,7 @@ _RECEIVERS = ((signals.lock_acquired, _on_acquired),
 
 def _connect() -> None:
     """Connect the panel's receivers (done on import; idempotent)."""
-    signals.connect_receivers(_RECEIVERS, "django_redlock.panels")
+    signals.connect_receivers(_RECEIVERS, "django_redlock.panels", loop_safe=True)
 
 
 def _disconnect() -> None:

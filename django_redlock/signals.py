@@ -36,6 +36,14 @@ other) integration can connect to them the same way.
 
 A receiver that raises does not break the lock: exceptions are logged.
 
+From an :class:`~django_redlock.AsyncLock` the signals go through Django's
+``asend_robust``: an ``async def`` receiver is awaited, a plain one runs in a
+worker thread (``sync_to_async``), so a receiver that blocks (the ORM, a
+file) never stalls the event loop. While the package's own receivers are the
+only ones connected (:mod:`django_redlock.metrics`, the debug-toolbar panel:
+a counter, a record in memory), they are called in the loop's thread
+instead, with no thread hop (``connect_receivers(..., loop_safe=True)``).
+
 The engine sends every signal but ``fenced_write_rejected``, so they are
 defined below it, in ``django_redlock/engine/events.py`` (the engine imports
 nothing above it); this module is their public place and re-exports the very
@@ -58,6 +66,7 @@ from .engine.events import (
     lock_released,
     lock_waiter_woken,
     logger,
+    mark_loop_safe,
     send,
 )
 
@@ -79,14 +88,23 @@ __all__ = [
 fenced_write_rejected = Signal()
 
 
-def connect_receivers(receivers: Any, uid_prefix: str) -> None:
+def connect_receivers(receivers: Any, uid_prefix: str, *, loop_safe: bool = False) -> None:
     """Connect ``(signal, receiver)`` pairs, idempotently (one ``dispatch_uid``
-    per receiver: ``<uid_prefix>.<name>``); for metrics and the debug panel."""
+    per receiver: ``<uid_prefix>.<name>``); for metrics and the debug panel.
+
+    ``loop_safe``: the receivers never block, so the asyncio flavour may call
+    them in the event loop's thread while no other receiver listens
+    (``engine.events.only_loop_safe``)."""
     for signal, receiver in receivers:
-        signal.connect(receiver, dispatch_uid=f"{uid_prefix}.{receiver.__name__}")
+        uid = f"{uid_prefix}.{receiver.__name__}"
+        signal.connect(receiver, dispatch_uid=uid)
+        if loop_safe:
+            mark_loop_safe(signal, uid)
 
 
 def disconnect_receivers(receivers: Any, uid_prefix: str) -> None:
     """Undo :func:`connect_receivers`."""
     for signal, receiver in receivers:
-        signal.disconnect(receiver, dispatch_uid=f"{uid_prefix}.{receiver.__name__}")
+        uid = f"{uid_prefix}.{receiver.__name__}"
+        signal.disconnect(receiver, dispatch_uid=uid)
+        mark_loop_safe(signal, uid, safe=False)

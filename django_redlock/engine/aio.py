@@ -210,8 +210,16 @@ async def _send(signal: Signal, **kwargs: Any) -> None:
     Django 5's ``asend_robust`` is used when present: ``send_robust`` would call
     async receivers through ``async_to_sync``, which refuses to run inside a loop.
     """
-    if not signal.receivers or not signal.has_listeners(Lock):
-        return  # the first test is free; has_listeners() walks the receivers
+    if not signal.receivers:
+        return  # free; has_listeners() below walks the receivers
+    if events.only_loop_safe(signal):
+        # The package's own receivers only (metrics, the debug panel): called
+        # here, in the loop's thread; asend_robust would run each through
+        # sync_to_async, a worker thread's round trip (events._loop_safe).
+        events.send(signal, Lock, **kwargs)
+        return
+    if not signal.has_listeners(Lock):
+        return
     asend = getattr(signal, "asend_robust", None)
     if asend is None:
         events.send(signal, Lock, **kwargs)

@@ -13,6 +13,7 @@ Only ``django.dispatch`` is used, which needs no settings.
 from __future__ import annotations
 
 import logging
+import threading
 from typing import Any
 
 from django.dispatch import Signal
@@ -36,3 +37,44 @@ def send(signal: Signal, sender: Any, **kwargs: Any) -> None:
     for receiver, result in signal.send_robust(sender, **kwargs):
         if isinstance(result, Exception):
             logger.error("receiver %r of %s failed", receiver, kwargs.get("name"), exc_info=result)
+
+
+#: The ``dispatch_uid`` of each receiver known never to block (the package's
+#: own metrics and debug-toolbar panel: a counter, a record in memory), per
+#: signal. When a signal has no other receiver, the asyncio flavour calls them
+#: in the event loop's thread (:func:`only_loop_safe`) instead of through
+#: Django's ``asend_robust``, which runs every sync receiver through
+#: ``sync_to_async``: a hop to a worker thread and back for each signal. With
+#: the metrics connected, an uncontended ``alock`` acquire + release took 813
+#: µs against 254 µs without them, and turned the event loop 16 times instead
+#: of 4.
+_loop_safe: dict[Signal, set[str]] = {}
+_loop_safe_guard = threading.Lock()
+
+
+def mark_loop_safe(signal: Signal, dispatch_uid: str, safe: bool = True) -> None:
+    """Say that the receiver connected to ``signal`` under ``dispatch_uid``
+    never blocks (``safe=False``: forget it again, when it is disconnected)."""
+    with _loop_safe_guard:
+        uids = set(_loop_safe.get(signal, ()))
+        if safe:
+            uids.add(dispatch_uid)
+        else:
+            uids.discard(dispatch_uid)
+        _loop_safe[signal] = uids  # a new set: readers iterate without the guard
+
+
+def only_loop_safe(signal: Signal) -> bool:
+    """Whether every receiver connected to ``signal`` was marked as never
+    blocking. A receiver connected without a ``dispatch_uid``, or by anyone
+    else, makes it False (so does a dead receiver Django has not swept yet),
+    and the signal then goes through ``asend_robust`` as before."""
+    uids = _loop_safe.get(signal)
+    if not uids:
+        return False
+    try:
+        # Django keeps each connection as a tuple whose first item is its
+        # lookup key, (dispatch_uid, sender id) when a dispatch_uid was given.
+        return all(entry[0][0] in uids for entry in signal.receivers)
+    except (TypeError, IndexError, KeyError):  # another layout: not known to be safe
+        return False
