@@ -508,40 +508,11 @@ def test_uncontended_acquire_release_waits_once_per_round_trip(
     event loop turns twice for each (the reply's read event, then the task's
     wake-up): no turn to start a task for the release, or to hand its result
     back (it took 7 turns, 3 of them for the release's task)."""
-    import selectors
+    from tests.loopturns import alock_turns, turns_per_op
 
-    one = redis_nodes_factory(1)
-    mgr = make_manager(one)
-
-    class CountingSelector(selectors.DefaultSelector):  # type: ignore[misc, valid-type]
-        calls = 0
-
-        def select(self, timeout: float | None = None) -> Any:
-            CountingSelector.calls += 1
-            return super().select(timeout)
-
-    async def ops(count: int) -> None:
-        for _ in range(count):
-            lock = mgr.alock("turns", ttl=5)
-            assert await lock.acquire(timeout=1)
-            await lock.release()
-
-    loop = asyncio.SelectorEventLoop(CountingSelector())
-    try:
-        loop.run_until_complete(ops(5))  # connections open, scripts loaded
-        before = CountingSelector.calls
-        loop.run_until_complete(ops(20))
-        turns = CountingSelector.calls - before
-    finally:
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.close()
-    # redis-py before ``can_read`` (5.x) checks an idle connection with a read
-    # under a zero timeout (``can_read_destructive``, transport/aio.py's
-    # _stale): one more turn per round there, two per acquire + release.
-    from redis.asyncio.connection import AbstractConnection
-
-    per_op = 4 if hasattr(AbstractConnection, "can_read") else 6
-    assert turns <= 20 * per_op + 2, turns / 20
+    mgr = make_manager(redis_nodes_factory(1))
+    turns = alock_turns(mgr, "turns", count=20)
+    assert turns <= 20 * turns_per_op() + 2, turns / 20
 
 
 @pytest.mark.parametrize("count", [1, 3])

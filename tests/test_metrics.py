@@ -256,46 +256,27 @@ def test_async_locks_with_the_metrics_connected_turn_the_loop_as_without(
     worker thread), an uncontended acquire + release turned the event loop 16
     times instead of 4, and took 924 µs against 271 µs without the metrics.
     The counts are still made, in that loop's thread."""
-    import asyncio
-    import selectors
+    from tests.loopturns import alock_turns, turns_per_op
 
-    manager = make_manager(redis_nodes_factory(1), auto_renew=False)  # 1 node: 4 turns
+    manager = make_manager(redis_nodes_factory(1), auto_renew=False)
     threads: set[int] = set()
-
-    class CountingSelector(selectors.DefaultSelector):  # type: ignore[misc, valid-type]
-        calls = 0
-
-        def select(self, timeout: float | None = None) -> Any:
-            CountingSelector.calls += 1
-            return super().select(timeout)
-
-    async def ops(count: int) -> None:
-        for _ in range(count):
-            lock = manager.alock("turns:metrics", ttl=5)
-            assert await lock.acquire(timeout=1)
-            await lock.release()
-
     real = metrics.HOLD.labels
 
     def labels(*args: Any, **kwargs: Any) -> Any:  # where the receiver runs
         threads.add(threading.get_ident())
         return real(*args, **kwargs)
 
-    loop = asyncio.SelectorEventLoop(CountingSelector())
     metrics.HOLD.labels = labels
     try:
-        loop.run_until_complete(ops(5))  # connections open, scripts loaded
-        before, d = CountingSelector.calls, Delta()
-        loop.run_until_complete(ops(20))
-        turns = CountingSelector.calls - before
+        d = Delta()
+        turns = alock_turns(manager, "turns:metrics", count=20, warm=5)
     finally:
         del metrics.HOLD.labels
-        loop.run_until_complete(loop.shutdown_asyncgens())
-        loop.close()
-    assert d.of("redlock_acquire_wait_seconds_count", lock="turns", outcome="acquired") == 20
-    assert d.of("redlock_hold_seconds_count", lock="turns") == 20
+    # Counted for the 5 that open the connections too, and for the 20 timed.
+    assert d.of("redlock_acquire_wait_seconds_count", lock="turns", outcome="acquired") == 25
+    assert d.of("redlock_hold_seconds_count", lock="turns") == 25
     assert threads == {threading.get_ident()}  # the loop's thread: no hop
-    assert turns <= 20 * 4 + 2, turns / 20  # as tests/test_aio.py's bound without metrics
+    assert turns <= 20 * turns_per_op() + 2, turns / 20  # test_aio.py's bound, no metrics
 
 
 def test_a_receiver_of_the_users_beside_the_metrics_still_runs_off_the_loop(
