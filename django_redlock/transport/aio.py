@@ -189,19 +189,20 @@ class _NodeConns:
     out, issue 25). A failed set-up ends every wait at once with its reason.
 
     * Until a set-up succeeded in this loop (``accepting``), one runs at a
-      time (each a task bounded by the node's connect timeout), and a round
-      waits at most the connect timeout: the node may be down or
-      black-holed, and one probe tells every waiter.
-    * Once one succeeded, up to :data:`PARALLEL_SETUPS` run at once, and a
-      round waits its turn up to its caller's deadline: that is queueing, not
-      an outage. With one set-up at a time and waits capped at 1 s, 200
+      time (a task each of whose steps waits at most the node's connect
+      timeout): the node may be down or black-holed, and one probe tells
+      every waiter.
+    * Once one succeeded, up to :data:`PARALLEL_SETUPS` run at once.
+    * A round waits up to its caller's deadline either way
+      (:func:`connection_wait`): while a set-up is in flight the node has not
+      failed, and waiting in line is queueing, not an outage. With one set-up at a time and waits capped at 1 s, 200
       acquisitions on a fresh loop and a starved CPU had 45 rounds time out
       in line on every node while each node served the others, and a
       healthy quorum was reported unavailable (issue 25, seen in CI); the
       sync transport had been fixed so, and this one had not followed.
     """
 
-    __slots__ = ("accepting", "behind", "cls", "idle", "inflight", "kwargs", "later",
+    __slots__ = ("accepting", "behind", "cls", "failed", "idle", "inflight", "kwargs", "later",
                  "later_tags", "max_idle", "open", "setting_up", "waiters", "tasks")
 
     def __init__(self, cls: type, kwargs: dict[str, Any], max_idle: int) -> None:
@@ -213,6 +214,9 @@ class _NodeConns:
         self.setting_up = 0
         #: A set-up succeeded in this loop, and none failed since (see above).
         self.accepting = False
+        #: The last failed set-up: (when, on time.monotonic; its error). A
+        #: round that began before it takes it as its answer (:meth:`wait`).
+        self.failed: tuple[float, NodeError] | None = None
         self.waiters: deque[asyncio.Future[Any]] = deque()
         self.tasks: set[asyncio.Task[None]] = set()
         #: Releases to send first on the connection being set up (see
@@ -258,19 +262,25 @@ class _NodeConns:
         return True
 
     async def wait(self, node: NodeClient, start: float, until: float,
-                   clock: Callable[[], float]) -> Any:
-        """A connected connection for a round that started at ``start``, or a
-        :class:`NodeError` (returned) when none came in time
-        (:func:`connection_wait`; ``until``: the caller's deadline)."""
+                   clock: Callable[[], float], asked: float) -> Any:
+        """A connected connection for a round whose wait for it starts at
+        ``start``, or a :class:`NodeError` (returned) when none came in time
+        (:func:`connection_wait`; ``until``: the caller's deadline).
+        ``asked``: when the round began (``start``, or earlier when it waited
+        for an earlier request first)."""
+        if self.failed is not None and self.failed[0] >= asked and not self.idle:
+            # A set-up failed since this round began (it waited for an
+            # earlier request meanwhile): that is the node's answer, as in
+            # the sync transport; a new set-up would cost another connect
+            # timeout on a node that is down or paused.
+            return self.failed[1]
         waiter: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
         self.waiters.append(waiter)
         self._grow(node)
         got = None
         try:
             while True:
-                # Recomputed on every wake: whether the node accepts may change.
-                left = start + connection_wait(node, start, until,
-                                               accepting=self.accepting) - clock()
+                left = start + connection_wait(node, start, until) - clock()
                 if left <= 0:
                     return NodeError(node.name, "no connection yet (connecting, up to "
                                      f"{node.connect_timeout:g} s)", sent=False)
@@ -308,10 +318,19 @@ class _NodeConns:
         conn = self.cls(**self.kwargs)
         self.open.add(conn)
         error: NodeError | None = None
+        waiting_for, bound = "master address", node.connect_timeout  # what a TimeoutError means
         try:
-            async with _timeout(node.connect_timeout):
-                if node.moves:  # a Sentinel node: where its master is now (nodekinds)
+            if node.moves:  # a Sentinel node: where its master is now (nodekinds)
+                async with _timeout(bound):
                     conn.host, conn.port = await asyncio.to_thread(node.resolve)  # type: ignore[attr-defined]
+            # Each step (the TCP connect, each handshake reply, the scripts)
+            # waits at most the connect timeout for the node, as in the sync
+            # set-up (NodeClient.connect): a bound on the node, not on this
+            # loop's CPU. One bound on the whole set-up failed a live node
+            # whose steps all answered in time on a starved loop or a distant
+            # link (connection_wait).
+            conn.socket_timeout = node.connect_timeout
+            try:
                 if hasattr(conn, "connect_check_health"):  # no retries: one bound
                     await conn.connect_check_health(check_health=False,
                                                     retry_socket_connect=False)
@@ -326,10 +345,13 @@ class _NodeConns:
                         await conn.read_response()
                     except ResponseError:  # SCRIPT denied by an ACL: EVAL after NOSCRIPT
                         pass
+            finally:
+                conn.socket_timeout = None  # exchanges have the round's deadlines
+            waiting_for, bound = "reply to a release sent first", node.timeout
             while self.later:
                 later, self.later = self.later, []
                 try:
-                    async with _timeout(node.timeout):
+                    async with _timeout(bound):
                         await conn.send_packed_command([packed for packed, _ in later],
                                                        check_health=False)
                         for _ in later:
@@ -342,7 +364,7 @@ class _NodeConns:
                         if tag is not None and tag in self.later_tags:
                             self.later_tags.remove(tag)
         except asyncio.TimeoutError:  # not the builtin one on Python 3.10
-            error = NodeError(node.name, f"no connection within {node.connect_timeout:g} s",
+            error = NodeError(node.name, f"no {waiting_for} within {bound:g} s",
                               sent=False)
         except (*NODE_DOWN_ERRORS, RedisError) as e:
             error = NodeError(node.name, not_redis_reason(e), sent=False)
@@ -356,8 +378,9 @@ class _NodeConns:
             self.later_tags = []
         if error is not None:
             self.accepting = False
+            self.failed = (time.monotonic(), error)
             await _disconnect(conn)
-            node.mark_failed(time.monotonic())
+            node.mark_failed(self.failed[0])
             waiters, self.waiters = self.waiters, deque()
             for waiter in waiters:
                 if not waiter.done():
@@ -848,11 +871,11 @@ class AsyncTransport:
         node = self.nodes[i]
         if until is None:
             until = call_deadline.get()
+        asked = start
         if after is not None:
             # Bounded as a wait for a connection is: that request is waiting
             # for one too (or this round's caller has no time left).
-            done, _ = await asyncio.wait([after], timeout=connection_wait(
-                node, start, until, accepting=state.nodes[i].accepting))
+            done, _ = await asyncio.wait([after], timeout=connection_wait(node, start, until))
             if not done:
                 return NodeError(node.name, "no connection yet for an earlier request of "
                                  "this lock", sent=False)
@@ -863,7 +886,7 @@ class AsyncTransport:
             await _disconnect(conn)
             conn = None
         if conn is None:
-            got = await state.nodes[i].wait(node, start, until, self.clock)
+            got = await state.nodes[i].wait(node, start, until, self.clock, asked)
             if isinstance(got, NodeError):
                 if (isinstance(request, Call) and request.script.releases
                         and state.nodes[i].setting_up):
