@@ -362,3 +362,49 @@ def test_asyncio_a_set_up_that_failed_during_the_round_is_that_nodes_answer(
         await got.disconnect()
 
     asyncio.run(scenario())
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+@pytest.mark.parametrize("fault", ["paused", "black-holed"])
+def test_a_gone_majority_ends_a_long_wait_by_its_set_ups(
+        flavour: str, fault: str, redis_nodes_factory: Callable[..., RedisNodes],
+        fault_proxy_factory: Callable[..., FaultProxy], make_manager: MakeManager) -> None:
+    """The worst schedule for waiting on set-ups while the caller has time: a
+    cold manager, a majority paused (TCP still connects, no handshake reply)
+    or black-holed (the proxy takes the connection, nothing answers), and a
+    caller with 20 s. The wait is not bounded by the connect timeout any more
+    but by the set-ups in flight: each fails at its first step past the 0.5 s
+    connect timeout, which ends the wait, and the call raises
+    QuorumUnavailable within about one connect timeout and a node timeout,
+    not its 20 s."""
+    from django_redlock import QuorumUnavailable
+
+    nodes = redis_nodes_factory(3)
+    proxies = [fault_proxy_factory(nodes[i]) for i in (0, 1)]
+    mgr = make_manager([proxies[0].url, proxies[1].url, nodes.urls[2]], node_timeout=0.2,
+                       connect_timeout=0.5)
+    for i in (0, 1):
+        if fault == "paused":
+            nodes[i].pause()
+        else:
+            proxies[i].cut()
+
+    async def attempt_async() -> None:
+        await mgr.alock("gone", timeout=20).acquire()
+
+    try:
+        started = time.monotonic()
+        with pytest.raises(QuorumUnavailable) as info:
+            if flavour == "sync":
+                mgr.lock("gone", timeout=20).acquire()
+            else:
+                asyncio.run(attempt_async())
+        took = time.monotonic() - started
+        assert "Timeout" in str(info.value), info.value  # the set-ups' own failures
+        assert took < 0.5 + 0.2 + 1.0, took  # slack: the shared machine
+    finally:
+        for i in (0, 1):
+            if fault == "paused":
+                nodes[i].resume()
+            else:
+                proxies[i].heal()

@@ -60,7 +60,8 @@ RETRY_DELAY_MIN, RETRY_DELAY_MAX = 0.001, 60.0
 #: ``node_timeout`` (seconds): a round's deadline per node; above 30 s one
 #: slow node would stall every acquire.
 NODE_TIMEOUT_MIN, NODE_TIMEOUT_MAX = 0.001, 30.0
-#: ``connect_timeout`` (seconds): one connection set-up to a node.
+#: ``connect_timeout`` (seconds): how long each step of a connection set-up to
+#: a node may wait for it (transport.sync.NodeClient.connect).
 CONNECT_TIMEOUT_MIN, CONNECT_TIMEOUT_MAX = 0.001, 60.0
 
 

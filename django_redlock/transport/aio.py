@@ -282,8 +282,8 @@ class _NodeConns:
             while True:
                 left = start + connection_wait(node, start, until) - clock()
                 if left <= 0:
-                    return NodeError(node.name, "no connection yet (connecting, up to "
-                                     f"{node.connect_timeout:g} s)", sent=False)
+                    return NodeError(node.name, "no connection yet (set-up under way, up to "
+                                     f"{node.connect_timeout:g} s per step)", sent=False)
                 done, _ = await asyncio.wait([waiter], timeout=min(left, 1.0))
                 if done:
                     got = waiter.result()

@@ -395,8 +395,8 @@ class NodeClient:
                         continue
                     left = start + connection_wait(self, start, until) - clock()
                     if left <= 0:
-                        raise NodeError(self.name, "no connection yet (connecting, up to "
-                                        f"{self.connect_timeout:g} s)", sent=False)
+                        raise NodeError(self.name, "no connection yet (set-up under way, up to "
+                                        f"{self.connect_timeout:g} s per step)", sent=False)
                     self._cond.wait(min(left, 1.0))
             finally:
                 self._waiting -= 1
