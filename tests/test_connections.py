@@ -134,6 +134,45 @@ def test_new_connections_to_several_nodes_are_opened_in_parallel(
         nodes[1].resume()
 
 
+def _acquire_with_a_majority_gone(
+        flavour: str, fault: str, redis_nodes_factory: Callable[..., RedisNodes],
+        fault_proxy_factory: Callable[..., FaultProxy], make_manager: MakeManager, *,
+        connect_timeout: float, timeout: float) -> tuple[Exception, float]:
+    """On a cold manager of three nodes, two of them paused (TCP still
+    connects, no reply) or black-holed (behind a proxy that takes the
+    connection and passes nothing): one acquire of ``flavour`` with
+    ``timeout``. Its QuorumUnavailable (required) and how long it took."""
+    from django_redlock import QuorumUnavailable
+
+    nodes = redis_nodes_factory(3)
+    proxies = [fault_proxy_factory(nodes[i]) for i in (0, 1)]
+    mgr = make_manager([proxies[0].url, proxies[1].url, nodes.urls[2]], node_timeout=0.2,
+                       connect_timeout=connect_timeout)
+    for i in (0, 1):
+        if fault == "paused":
+            nodes[i].pause()
+        else:
+            proxies[i].cut()
+
+    async def attempt_async() -> None:
+        await mgr.alock("majority-gone", timeout=timeout).acquire()
+
+    try:
+        started = time.monotonic()
+        with pytest.raises(QuorumUnavailable) as info:
+            if flavour == "sync":
+                mgr.lock("majority-gone", timeout=timeout).acquire()
+            else:
+                asyncio.run(attempt_async())
+        return info.value, time.monotonic() - started
+    finally:
+        for i in (0, 1):
+            if fault == "paused":
+                nodes[i].resume()
+            else:
+                proxies[i].heal()
+
+
 @pytest.mark.parametrize("flavour", ["sync", "asyncio"])
 @pytest.mark.parametrize("fault", ["paused", "black-holed"])
 def test_acquire_returns_by_its_timeout_plus_one_node_timeout(
@@ -143,37 +182,11 @@ def test_acquire_returns_by_its_timeout_plus_one_node_timeout(
     black-holed (nothing answers, connects included) on a cold manager,
     ``acquire(timeout=T)`` raises QuorumUnavailable by T plus one node
     timeout, however long a connection set-up may take (CONNECT_TIMEOUT 5 s)."""
-    from django_redlock import QuorumUnavailable
-
-    nodes = redis_nodes_factory(3)
-    proxies = [fault_proxy_factory(nodes[i]) for i in (0, 1)]
-    mgr = make_manager([proxies[0].url, proxies[1].url, nodes.urls[2]], node_timeout=0.2,
-                       connect_timeout=5.0)
     T = 0.6
-    for i in (0, 1):
-        if fault == "paused":
-            nodes[i].pause()
-        else:
-            proxies[i].cut()
-
-    async def attempt_async() -> None:
-        await mgr.alock("bounded", timeout=T).acquire()
-
-    try:
-        started = time.monotonic()
-        with pytest.raises(QuorumUnavailable):
-            if flavour == "sync":
-                mgr.lock("bounded", timeout=T).acquire()
-            else:
-                asyncio.run(attempt_async())
-        took = time.monotonic() - started
-        assert took < T + 0.2 + 0.3, took  # slack: the shared machine
-    finally:
-        for i in (0, 1):
-            if fault == "paused":
-                nodes[i].resume()
-            else:
-                proxies[i].heal()
+    _, took = _acquire_with_a_majority_gone(flavour, fault, redis_nodes_factory,
+                                            fault_proxy_factory, make_manager,
+                                            connect_timeout=5.0, timeout=T)
+    assert took < T + 0.2 + 0.3, took  # slack: the shared machine
 
 
 def test_a_node_that_speaks_http_does_not_stop_the_release_listener(
@@ -377,34 +390,8 @@ def test_a_gone_majority_ends_a_long_wait_by_its_set_ups(
     connect timeout, which ends the wait, and the call raises
     QuorumUnavailable within about one connect timeout and a node timeout,
     not its 20 s."""
-    from django_redlock import QuorumUnavailable
-
-    nodes = redis_nodes_factory(3)
-    proxies = [fault_proxy_factory(nodes[i]) for i in (0, 1)]
-    mgr = make_manager([proxies[0].url, proxies[1].url, nodes.urls[2]], node_timeout=0.2,
-                       connect_timeout=0.5)
-    for i in (0, 1):
-        if fault == "paused":
-            nodes[i].pause()
-        else:
-            proxies[i].cut()
-
-    async def attempt_async() -> None:
-        await mgr.alock("gone", timeout=20).acquire()
-
-    try:
-        started = time.monotonic()
-        with pytest.raises(QuorumUnavailable) as info:
-            if flavour == "sync":
-                mgr.lock("gone", timeout=20).acquire()
-            else:
-                asyncio.run(attempt_async())
-        took = time.monotonic() - started
-        assert "Timeout" in str(info.value), info.value  # the set-ups' own failures
-        assert took < 0.5 + 0.2 + 1.0, took  # slack: the shared machine
-    finally:
-        for i in (0, 1):
-            if fault == "paused":
-                nodes[i].resume()
-            else:
-                proxies[i].heal()
+    error, took = _acquire_with_a_majority_gone(flavour, fault, redis_nodes_factory,
+                                                fault_proxy_factory, make_manager,
+                                                connect_timeout=0.5, timeout=20)
+    assert "Timeout" in str(error), error  # the set-ups' own failures
+    assert took < 0.5 + 0.2 + 1.0, took  # slack: the shared machine
