@@ -12,6 +12,7 @@ hand-encoded over raw sockets and once through redis-py.
 
 from __future__ import annotations
 
+import collections
 import inspect
 import logging
 import math
@@ -266,8 +267,84 @@ class AsyncRawFloor:
         return loop_op(self.loop, once)
 
     def close(self) -> None:
-        for _, writer in self.streams:
-            writer.close()
+        async def closed() -> None:
+            for _, writer in self.streams:
+                writer.close()
+                await writer.wait_closed()
+
+        self.loop.run_until_complete(closed())
+        self.loop.close()
+
+
+class AsyncProtocolFloor:
+    """The same two commands through an ``asyncio.Protocol`` of our own: each
+    request gets a future, which ``data_received`` sets with its reply line;
+    timed inside one running loop as ``raw-async-1`` is.
+
+    What a transport of our own built on a protocol instead of redis-py's
+    streams could reach at best: set beside ``raw-async-1``, it says whether
+    the stream or the loop's wake-up is what asyncio costs per round trip."""
+
+    def __init__(self, urls: list[str], key: str) -> None:
+        import asyncio
+
+        sync = RawFloor(urls[:1], key)  # the script's SHA and the encodings
+        sync.close()
+        self.enc = sync
+        self.loop = loop = asyncio.new_event_loop()
+
+        class LineProtocol(asyncio.Protocol):
+            """Replies of one line each (+OK, :1), matched to requests in order."""
+
+            def __init__(self) -> None:
+                self.buffer = b""
+                self.waiting: collections.deque[Any] = collections.deque()
+                self.transport: Any = None
+
+            def connection_made(self, transport: Any) -> None:
+                self.transport = transport
+                transport.get_extra_info("socket").setsockopt(
+                    socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+
+            def data_received(self, data: bytes) -> None:
+                buffer = self.buffer + data
+                start = 0
+                while self.waiting:
+                    end = buffer.find(b"\r\n", start)
+                    if end < 0:
+                        break
+                    self.waiting.popleft().set_result(buffer[start:end + 2])
+                    start = end + 2
+                self.buffer = buffer[start:]
+
+            def ask(self, request: bytes) -> Any:
+                reply = loop.create_future()
+                self.waiting.append(reply)
+                self.transport.write(request)
+                return reply
+
+        parts = urlsplit(urls[0])
+        _, self.protocol = loop.run_until_complete(loop.create_connection(
+            LineProtocol, parts.hostname or "127.0.0.1", parts.port or 6379))
+
+    def make_op(self) -> Callable[[], None]:
+        enc, protocol = self.enc, self.protocol
+
+        async def once() -> None:
+            enc.count += 1
+            token = _bulk(b"%s%d" % (enc.prefix, enc.count))
+            if await protocol.ask(enc._set_head + token + enc._set_tail) != b"+OK\r\n":
+                raise BenchError("asyncio protocol floor: SET NX failed")
+            if await protocol.ask(enc._del_head + token) != b":1\r\n":
+                raise BenchError("asyncio protocol floor: compare-and-delete failed")
+
+        return loop_op(self.loop, once)
+
+    def close(self) -> None:
+        import asyncio
+
+        self.protocol.transport.close()
+        self.loop.run_until_complete(asyncio.sleep(0))  # its connection_lost runs
         self.loop.close()
 
 
@@ -528,6 +605,9 @@ def contestant_op(cid: str, urls: list[str], key: str) -> tuple[Callable[[], Non
     if cid.startswith("raw-async-"):
         async_floor = AsyncRawFloor(urls, key)
         return async_floor.make_op(), async_floor.close
+    if cid.startswith("raw-protocol-"):
+        protocol_floor = AsyncProtocolFloor(urls, key)
+        return protocol_floor.make_op(), protocol_floor.close
     if cid.startswith("raw-"):
         floor: RawFloor | RedisPyFloor | ScriptsFloor = RawFloor(urls, key)
         return floor.op, floor.close

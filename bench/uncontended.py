@@ -20,6 +20,7 @@ ONE_NODE = [
     ("raw-1", "floor: raw sockets, hand-encoded RESP", 1),
     ("redispy-floor-1", "floor: redis-py client", 1),
     ("raw-async-1", "floor: raw asyncio streams, hand-encoded RESP, in one running loop", 1),
+    ("raw-protocol-1", "floor: an asyncio Protocol, a future per reply, in one running loop", 1),
     ("scripts-raw-1", "floor: our acquire and release scripts on raw sockets (hiredis)", 1),
     ("drl-1", "django-redlock (fencing + owner)", 1),
     ("drl-renew-1", "django-redlock (fencing + owner, auto_renew on)", 1),

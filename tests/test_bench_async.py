@@ -57,3 +57,30 @@ def test_the_asyncio_row_is_timed_in_one_loop_run(
             lib.loop.run_until_complete = asyncio.BaseEventLoop.run_until_complete.__get__(
                 lib.loop)  # type: ignore[method-assign]
             lib.close()
+
+
+def test_the_asyncio_floors_send_both_commands_and_check_each_reply(
+        redis_nodes_factory: Callable[..., RedisNodes]) -> None:
+    """``raw-async-1`` (streams) and ``raw-protocol-1`` (a Protocol of our
+    own) do the floor's work on a real node, timed in one loop run; a SET NX
+    that finds the key taken is an error, not a fast no-op."""
+    import pytest
+
+    from bench.libs import BenchError, contestant_op
+
+    one = redis_nodes_factory(1)
+    for cid in ("raw-async-1", "raw-protocol-1"):
+        key = f"bench:test:{cid}"
+        op, close = contestant_op(cid, one.urls, key)
+        try:
+            errors: list[Exception] = []
+            lat: list[int] = []
+            assert hasattr(op, "timed_chunk")
+            timed_chunk(op, 20, 3, lat, errors.append)
+            assert not errors and len(lat) == 20
+            assert not one[0].client().exists(key)  # each op deleted its own key
+            one[0].client().set(key, "someone else")
+            with pytest.raises(BenchError):
+                op()
+        finally:
+            close()
