@@ -321,32 +321,44 @@ def test_a_first_set_up_longer_than_the_connect_timeout_is_waited_for(
     assert 1.0 < took < 15, took  # the set-up outlasted the connect timeout, and was waited for
 
 
+@pytest.mark.parametrize("offset", [0.0, 1e6, -1e6], ids=["monotonic", "ahead", "behind"])
 def test_a_set_up_that_failed_during_the_round_is_that_nodes_answer(
-        redis_nodes_factory: Callable[..., RedisNodes],
+        offset: float, redis_nodes_factory: Callable[..., RedisNodes],
         fault_proxy_factory: Callable[..., FaultProxy], make_manager: MakeManager) -> None:
     """A round that waits for two cold nodes' set-ups, one after the other,
     takes the second's failure, come while it waited for the first, as that
-    node's answer, and does not set it up again.
+    node's answer, and does not set it up again; the next round sets it up.
 
     Node 0 is distant (each set-up step 0.5 s, its set-up about 2 s), node 1
     black-holed (its set-up fails at the 1 s connect timeout, while the round
     still waits for node 0). Waiting for node 1 next, the round used to start a
     new set-up, and the black hole cost it a second connect timeout: seen as
     a flaky ``test_partitioned_node_behind_a_proxy`` (2.2 s against 1.2 s)
-    once rounds wait for a cold node's set-up while the caller has time."""
+    once rounds wait for a cold node's set-up while the caller has time.
+
+    The same on a manager given a clock of its own, ahead of or behind
+    ``time.monotonic`` (a set-up's failure is stamped on the latter):
+    compared as they were, a clock ahead never saw the failure (a second
+    set-up), and one behind took every later round for one after it (the
+    node never set up again)."""
     nodes = redis_nodes_factory(2)
     distant, black_hole = (fault_proxy_factory(node) for node in nodes)
     distant.set_latency(0.25)
     black_hole.cut()
-    mgr = make_manager([distant.url, black_hole.url], node_timeout=0.8, connect_timeout=1.0)
+    mgr = make_manager([distant.url, black_hole.url], node_timeout=0.8, connect_timeout=1.0,
+                       clock=lambda: time.monotonic() + offset)
     started = time.monotonic()
     results = mgr.transport.round([Command(b"PING"), Command(b"PING")], skip_backoff=False,
-                                  until=started + 15)
+                                  until=mgr.clock() + 15)
     took = time.monotonic() - started
     assert results[0] in (True, b"PONG"), results[0]
     assert "Timeout" in results[1].reason, results[1]
     assert mgr.nodes[1].errors == 1  # one set-up, failed
     assert took < 2.0 + 0.8 + 0.5, took  # the distant set-up, its PING; not another 1 s
+    black_hole.heal()
+    results = mgr.transport.round([None, Command(b"PING")], skip_backoff=False,
+                                  until=mgr.clock() + 15)
+    assert results[1] in (True, b"PONG"), results[1]
 
 
 def test_asyncio_a_set_up_that_failed_during_the_round_is_that_nodes_answer(

@@ -91,6 +91,7 @@ from .sync import (
     connection_wait,
     nodes_to_skip,
     not_redis_reason,
+    round_began,
     router_of,
 )
 
@@ -195,11 +196,12 @@ class _NodeConns:
     * Once one succeeded, up to :data:`PARALLEL_SETUPS` run at once.
     * A round waits up to its caller's deadline either way
       (:func:`connection_wait`): while a set-up is in flight the node has not
-      failed, and waiting in line is queueing, not an outage. With one set-up at a time and waits capped at 1 s, 200
-      acquisitions on a fresh loop and a starved CPU had 45 rounds time out
-      in line on every node while each node served the others, and a
-      healthy quorum was reported unavailable (issue 25, seen in CI); the
-      sync transport had been fixed so, and this one had not followed.
+      failed, and waiting in line is queueing, not an outage. With one set-up
+      at a time and waits capped at 1 s, 200 acquisitions on a fresh loop and
+      a starved CPU had 45 rounds time out in line on every node while each
+      node served the others, and a healthy quorum was reported unavailable
+      (issue 25, seen in CI); the sync transport had been fixed so, and this
+      one had not followed.
     """
 
     __slots__ = ("accepting", "behind", "cls", "failed", "idle", "inflight", "kwargs", "later",
@@ -268,7 +270,8 @@ class _NodeConns:
         (:func:`connection_wait`; ``until``: the caller's deadline).
         ``asked``: when the round began (``start``, or earlier when it waited
         for an earlier request first)."""
-        if self.failed is not None and self.failed[0] >= asked and not self.idle:
+        if (self.failed is not None and not self.idle
+                and self.failed[0] >= round_began(asked, clock)):
             # A set-up failed since this round began (it waited for an
             # earlier request meanwhile): that is the node's answer, as in
             # the sync transport; a new set-up would cost another connect
@@ -329,6 +332,7 @@ class _NodeConns:
             # loop's CPU. One bound on the whole set-up failed a live node
             # whose steps all answered in time on a starved loop or a distant
             # link (connection_wait).
+            waiting_for = "answer to a set-up step"
             conn.socket_timeout = node.connect_timeout
             try:
                 if hasattr(conn, "connect_check_health"):  # no retries: one bound

@@ -269,7 +269,6 @@ class NodeClient:
         self._cond = threading.Condition(threading.Lock())
         self._waiting = 0
         self._setting_up = 0
-        self._setup_failures = 0
         self._setup_error = ""
         #: When the last set-up failed (time.monotonic), or -inf: a round that
         #: began before it takes that failure as its answer (wait_connection).
@@ -356,9 +355,8 @@ class NodeClient:
         round waits (one at a time while the node is not known to accept,
         more once it is: :meth:`_grow`; each in a thread of its own, each of
         its steps bounded by :attr:`connect_timeout`, apart from the node
-        timeout), and the rounds
-        that need a connection wait in line, first come first served, for a
-        connection set up for them or given back. A burst of rounds on a cold
+        timeout), and the rounds that need a connection wait in line, first
+        come first served, for a connection set up for them or given back. A burst of rounds on a cold
         process thus opens connections a few at a time instead of one per
         round and node at once (250 concurrent handshakes timed out under
         load, issue 25). A set-up that fails ends every wait at once with its
@@ -369,27 +367,26 @@ class NodeClient:
         """
         if self._pid != getpid():
             self._after_fork()
+        began = round_began(start, clock)
         with self._cond:
             self._waiting += 1
             try:
-                if self._setup_failed_at >= start and not self._idle:
-                    # A set-up failed since this round began (the round waited
-                    # for another node meanwhile): that is this node's answer.
-                    # A new set-up would cost the round another connect
-                    # timeout on a node that is down or paused.
-                    raise NodeError(self.name, self._setup_error, sent=False)
-                failures = self._setup_failures
                 while True:
                     try:
                         return self._idle.pop()
                     except IndexError:
                         pass
-                    if self._setup_failures != failures:
+                    if self._setup_failed_at >= began:
+                        # A set-up failed since this round began, also before
+                        # the round came to wait for this node (it waited for
+                        # another meanwhile): that is this node's answer. A
+                        # new set-up would cost the round another connect
+                        # timeout on a node that is down or paused.
                         raise NodeError(self.name, self._setup_error, sent=False)
                     if self._closed:
                         raise NodeError(self.name, "closed", sent=False)
                     self._grow()
-                    if self._idle or self._setup_failures != failures:
+                    if self._idle or self._setup_failed_at >= began:
                         # A set-up ran in this thread (interpreter shutdown), or
                         # a connection was given back (put() takes no lock).
                         continue
@@ -509,7 +506,6 @@ class NodeClient:
                     self._later_tags = []
                 if error:
                     self._accepting = False
-                    self._setup_failures += 1
                     self._setup_error = error
                     self._setup_failed_at = time.monotonic()
                     self.mark_failed(self._setup_failed_at)
@@ -739,6 +735,13 @@ def nodes_to_skip(nodes: Sequence[NodeClient], requests: Sequence[Request], now:
 #: 0.0 (the default, or a past value) means no time to spare beyond the node
 #: timeout. See :func:`connection_wait`.
 call_deadline: ContextVar[float] = ContextVar("redlock_call_deadline", default=0.0)
+
+
+def round_began(start: float, clock: Callable[[], float]) -> float:
+    """When a round that began at ``start`` on the transport's ``clock`` began,
+    on ``time.monotonic`` (the clock a set-up's failure is stamped with): the
+    two agree whatever clock a manager was given."""
+    return time.monotonic() - max(clock() - start, 0.0)
 
 
 def connection_wait(node: NodeClient, start: float, until: float | None) -> float:
