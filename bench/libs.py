@@ -96,17 +96,22 @@ class RawFloor:
         self._set_tail = b"$2\r\nNX\r\n$2\r\nPX\r\n" + _bulk(b"%d" % TTL_MS)
         self._del_head = b"*5\r\n$7\r\nEVALSHA\r\n" + _bulk(self.sha) + b"$1\r\n1\r\n" + _bulk(self.key)
 
-    def op(self) -> None:
+    def commands(self) -> tuple[bytes, bytes]:
+        """A fresh token's ``SET NX PX`` and compare-and-delete, encoded (the
+        asyncio floors send the same bytes)."""
         self.count += 1
         token = _bulk(b"%s%d" % (self.prefix, self.count))
+        return self._set_head + token + self._set_tail, self._del_head + token
+
+    def op(self) -> None:
         socks = self.socks
-        cmd = self._set_head + token + self._set_tail
+        cmd, release = self.commands()
         for s in socks:
             s.sendall(cmd)
         for s in socks:
             if _read_reply(s) != b"+OK\r\n":
                 raise BenchError("raw floor: SET NX failed")
-        cmd = self._del_head + token
+        cmd = release
         for s in socks:
             s.sendall(cmd)
         for s in socks:
@@ -249,15 +254,13 @@ class AsyncRawFloor:
         enc, streams = self.enc, self.streams
 
         async def once() -> None:
-            enc.count += 1
-            token = _bulk(b"%s%d" % (enc.prefix, enc.count))
-            cmd = enc._set_head + token + enc._set_tail
+            cmd, release = enc.commands()
             for _, writer in streams:
                 writer.write(cmd)
             for reader, _ in streams:
                 if await reader.readuntil(b"\r\n") != b"+OK\r\n":
                     raise BenchError("asyncio floor: SET NX failed")
-            cmd = enc._del_head + token
+            cmd = release
             for _, writer in streams:
                 writer.write(cmd)
             for reader, _ in streams:
@@ -331,11 +334,10 @@ class AsyncProtocolFloor:
         enc, protocol = self.enc, self.protocol
 
         async def once() -> None:
-            enc.count += 1
-            token = _bulk(b"%s%d" % (enc.prefix, enc.count))
-            if await protocol.ask(enc._set_head + token + enc._set_tail) != b"+OK\r\n":
+            acquire, release = enc.commands()
+            if await protocol.ask(acquire) != b"+OK\r\n":
                 raise BenchError("asyncio protocol floor: SET NX failed")
-            if await protocol.ask(enc._del_head + token) != b":1\r\n":
+            if await protocol.ask(release) != b":1\r\n":
                 raise BenchError("asyncio protocol floor: compare-and-delete failed")
 
         return loop_op(self.loop, once)

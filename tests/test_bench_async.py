@@ -9,6 +9,8 @@ import asyncio
 from collections.abc import Callable
 from typing import Any
 
+import pytest
+
 from bench.libs import DjangoRedlockAsync, build
 from bench.uncontended import FIVE_NODES, ONE_NODE, timed_chunk
 from django_redlock.testing import RedisNodes
@@ -64,8 +66,6 @@ def test_the_asyncio_floors_send_both_commands_and_check_each_reply(
     """``raw-async-1`` (streams) and ``raw-protocol-1`` (a Protocol of our
     own) do the floor's work on a real node, timed in one loop run; a SET NX
     that finds the key taken is an error, not a fast no-op."""
-    import pytest
-
     from bench.libs import BenchError, contestant_op
 
     one = redis_nodes_factory(1)
