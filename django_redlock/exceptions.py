@@ -63,7 +63,12 @@ class QuorumUnavailable(RedlockError):
 
     ``answered`` and ``needed`` say how many; ``errors`` maps each failing node's
     masked name to a short reason. Raised within the configured node timeouts.
+    ``round_seconds``: how long the acquire round that missed the quorum took,
+    without the clean-up release that follows it (None when not an acquire's).
     """
+
+    #: See the class docstring.
+    round_seconds: float | None = None
 
     def __init__(self, message: str, *, lock_name: str | None = None, answered: int = 0,
                  needed: int = 0, errors: dict[str, str] | None = None, **context: Any) -> None:

@@ -495,9 +495,12 @@ def test_a_plan_that_may_not_wait_tries_once(plan_manager: tuple[Any, _PlanClock
 
 # -- the retry rule after a missed quorum (engine.protocol, I/O-free) ----------
 class _Counted:
-    def __init__(self, name: str, answers: int) -> None:
+    def __init__(self, name: str, answers: int, set_up: tuple[float, float] | None = None
+                 ) -> None:
         self.name = name
         self.answers = answers
+        if set_up is not None:  # when its newest set-up began, when a set-up answered
+            self.set_up_began, self.set_up_answered = set_up
 
 
 def test_a_missed_round_is_asked_again_only_while_a_quorum_shows_life() -> None:
@@ -529,3 +532,32 @@ def test_a_missed_round_is_asked_again_only_while_a_quorum_shows_life() -> None:
         "c": "answered with an error (it is a read-only replica): READONLY ..."})
     nodes = [_Counted("a", 6), _Counted("b", 6), _Counted("c", 6)]
     assert not _quorum_alive(readonly, nodes, before, 2)
+
+
+def test_a_set_up_that_answers_shows_life_only_for_a_round_missed_waiting_for_it() -> None:
+    """A single caller, one node of three down: the other live node missed
+    the round waiting for its new connection, whose set-up answered since it
+    began. That node lives, its set-up slower than the round; a paused node's
+    set-up never answers; and a node whose request came late, or that sat
+    out a back-off, is not alive for its set-ups' replies
+    (engine.protocol._quorum_alive)."""
+    from django_redlock.engine.protocol import _quorum_alive
+    from django_redlock.exceptions import QuorumUnavailable
+
+    def missed(reason: str) -> QuorumUnavailable:
+        return QuorumUnavailable("missed", answered=1, needed=2, errors={
+            "a": "Error 111 connecting to 127.0.0.1:1. Connection refused.", "b": reason})
+
+    before = [5, 5, 5]
+    answering = [_Counted("a", 5), _Counted("b", 5, (10.0, 10.1)), _Counted("c", 6)]
+    paused = [_Counted("a", 5), _Counted("b", 5, (10.0, 9.5)), _Counted("c", 6)]
+    never = [_Counted("a", 5), _Counted("b", 5), _Counted("c", 6)]  # no set-up stamps
+    waited = ["no connection yet (set-up under way, up to 1 s per step)",
+              "no connection yet for an earlier request of this lock",
+              "an earlier attempt's clean-up is still on its way"]
+    for reason in waited:
+        assert _quorum_alive(missed(reason), answering, before, 2), reason
+        assert not _quorum_alive(missed(reason), paused, before, 2), reason
+        assert not _quorum_alive(missed(reason), never, before, 2), reason
+    for reason in ("no answer within 0.2 s", "skipped: failed recently"):
+        assert not _quorum_alive(missed(reason), answering, before, 2), reason

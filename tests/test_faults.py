@@ -160,9 +160,10 @@ def test_a_node_down_for_long_stays_a_node_down(
 
 
 @pytest.mark.parametrize("flavour", ["sync", "async"])
+@pytest.mark.parametrize("link", ["healed", "distant"])
 def test_one_slow_reply_with_a_minority_down_is_not_an_outage(
         three: RedisNodes, make_manager: MakeManager,
-        fault_proxy_factory: Callable[..., FaultProxy], flavour: str) -> None:
+        fault_proxy_factory: Callable[..., FaultProxy], flavour: str, link: str) -> None:
     """Issue 25: one of three nodes is down, a second is slow for one reply.
 
     Timeline (node timeout 0.2 s)::
@@ -174,6 +175,17 @@ def test_one_slow_reply_with_a_minority_down_is_not_an_outage(
         t=0.2x  round 2 (the caller may wait 5 s): nodes 1 and 2 grant
 
     Before the fix the call ended with QuorumUnavailable at t=0.2.
+
+    ``distant``: the link heals to 60 ms each way, not to none. Node 1's
+    connection was dropped at t=0.2, and its new one takes four round trips
+    (two handshake steps, the scripts, round 1's clean-up), about 0.5 s,
+    each step well within the node timeout; round 2 waits for it no longer
+    than the node timeout. Before the fix every asyncio call ended with
+    ``QuorumUnavailable`` ("no connection yet"), though both live nodes
+    answered; the sync flavour's 5 times in 10 (round 1 ended the call:
+    its clean-up waited 0.5 s for that connection, and a 0.7 s round counted
+    as one that gave every node its chance). Now a node whose set-up answers
+    is alive, and a round's length is its attempt's.
     """
     import asyncio
     import threading
@@ -183,7 +195,8 @@ def test_one_slow_reply_with_a_minority_down_is_not_an_outage(
     with mgr.lock("warm"):
         pass
     three[0].kill()
-    heal = threading.Timer(NODE_TIMEOUT / 2, proxy.set_latency, (0.0,))
+    heal = threading.Timer(NODE_TIMEOUT / 2, proxy.set_latency,
+                           (0.0 if link == "healed" else 0.06,))
 
     def slow_once(acquire: Callable[[], Any]) -> tuple[Any, float]:
         proxy.set_latency(0.5)
@@ -211,8 +224,43 @@ def test_one_slow_reply_with_a_minority_down_is_not_an_outage(
         heal.cancel()
         heal.join(5)
     assert ok and lock.owned()
-    assert took < 3 * NODE_TIMEOUT + 0.5
+    # distant: round 1, the new connection's four round trips, round 2's one
+    assert took < 3 * NODE_TIMEOUT + 0.5 + (0.0 if link == "healed" else 5 * 0.12)
     assert three[2].client().exists(lock.key) and three[1].client().exists(lock.key)
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_node_whose_every_reply_is_late_is_not_asked_forever(
+        three: RedisNodes, make_manager: MakeManager,
+        fault_proxy_factory: Callable[..., FaultProxy], flavour: str) -> None:
+    """The other side of the rule above: a node whose set-ups answer, each
+    step well within the connect timeout, but whose every request comes back
+    after the node timeout (150 ms each way, node timeout 0.2 s), with a
+    second node down. Its set-ups' replies must not make it alive for the
+    rounds it missed by a late reply, or the call would ask again until its
+    timeout, every time: it ends with ``QuorumUnavailable`` after a few
+    rounds, as with no set-up at all."""
+    import asyncio
+
+    proxy = fault_proxy_factory(three[1])
+    mgr = make_manager([three[0].url, proxy.url, three[2].url], node_timeout=NODE_TIMEOUT)
+    with mgr.lock("warm"):
+        pass
+    three[0].kill()
+    proxy.set_latency(0.15)
+    if flavour == "sync":
+        lock = mgr.lock("always-late", timeout=30)
+        _, took = timed(lambda: pytest.raises(QuorumUnavailable, lock.acquire))
+    else:
+        async def scenario() -> float:
+            lock = mgr.alock("always-late", timeout=30)
+            started = time.monotonic()
+            with pytest.raises(QuorumUnavailable):
+                await lock.acquire()
+            return time.monotonic() - started
+
+        took = asyncio.run(scenario())
+    assert took < 10.0  # a few rounds and set-ups of 0.3 s a step, not the 30 s timeout
 
 
 def test_busy_and_down_are_told_apart(three: RedisNodes, make_manager: MakeManager) -> None:

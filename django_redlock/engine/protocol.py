@@ -38,7 +38,7 @@ from ..core.owner import new_token, owner_json
 from ..core.pid import getpid
 from ..core.retry import jittered_delay
 from ..exceptions import LockLost, LockNotAcquired, LockNotOwned, QuorumUnavailable, RedlockError
-from ..transport.sync import call_deadline
+from ..transport.sync import call_deadline, round_began
 from . import events, held, rounds
 
 if TYPE_CHECKING:
@@ -124,15 +124,20 @@ class Pause(NamedTuple):
 
 #: How many rounds in a row that reached no quorum one acquire() asks again,
 #: when some node was asked and did not answer in time (a slow reply, not a
-#: refusal or a skipped node) and the round took at most ``SHORT_ROUND`` node
-#: timeouts (a round that already waited for connection set-ups, up to
-#: CONNECT_TIMEOUT, gave every node its chance). A round that reached a quorum
-#: (busy or not) starts the count again: a contended waiter makes many rounds,
-#: and each may meet one slow reply under load. The rounds asked again wait
-#: for a connection no longer than the node timeout, and a node that stopped
+#: refusal or a skipped node, and no set-up of it failed since: _slow_reply)
+#: and the round's attempt took at most ``SHORT_ROUND`` node timeouts (a
+#: round that already waited for connection set-ups, up to CONNECT_TIMEOUT,
+#: gave every node its chance). The clean-up release after the lost attempt
+#: is not counted: its wait for a late node's new connection gives the
+#: attempt no chance, and made a round of 0.2 s one of 0.7 s on a link 60 ms
+#: away, which then ended the call. A round that reached a quorum (busy or
+#: not) starts the count again: a contended waiter makes many rounds, and
+#: each may meet one slow reply under load. The rounds asked again wait for a
+#: connection no longer than the node timeout, and a node that stopped
 #: answering loses its connection on the first miss, so its next round says
-#: "no connection", not a slow reply: a majority that is really gone costs one
-#: round more, the bound in docs/reliability.rst.
+#: "no connection", not a slow reply, and its new set-up never answers (one
+#: that does is alive: _set_up_answers): a majority that is really gone costs
+#: one round more, the bound in docs/reliability.rst.
 UNAVAILABLE_RETRIES = 2
 SHORT_ROUND = 3.0
 
@@ -148,6 +153,10 @@ _SLOW_REPLY = "no answer within"
 _TRANSIENT = (_SLOW_REPLY, "no connection yet", "skipped: failed recently",
               "an earlier attempt's clean-up")
 
+#: The reasons of a node that missed a round waiting for a connection set-up
+#: (its own, or the one carrying an earlier request of the lock).
+_WAITED_FOR_SET_UP = ("no connection yet", "an earlier attempt's clean-up")
+
 
 def _answers(nodes: Sequence[Any]) -> list[int]:
     """Each node's count of replies read so far (``NodeClient.answers``)."""
@@ -157,8 +166,10 @@ def _answers(nodes: Sequence[Any]) -> list[int]:
 def _quorum_alive(exc: QuorumUnavailable, nodes: Sequence[Any], before: list[int],
                   quorum: int) -> bool:
     """Whether a quorum of nodes showed life during the round that ``exc``
-    ended: those that answered it, and those that missed it but answered
-    another round meanwhile (their reply count grew since ``before``).
+    ended: those that answered it, those that missed it but answered
+    another round meanwhile (their reply count grew since ``before``), and
+    those that missed it waiting for a connection whose set-up answers
+    (``_set_up_answers``).
 
     Only a miss for want of time counts (``_TRANSIENT``): a node that
     answered with an error (a replica's READONLY, OOM) answered, and its reply
@@ -179,13 +190,58 @@ def _quorum_alive(exc: QuorumUnavailable, nodes: Sequence[Any], before: list[int
             alive += 1  # it answered this round
         elif str(reason).startswith(_TRANSIENT) and getattr(node, "answers", 0) > count:
             alive += 1  # late for us, answering others
+        elif str(reason).startswith(_WAITED_FOR_SET_UP) and _set_up_answers(node):
+            alive += 1  # its connection's set-up answers, slower than the round
     return alive >= quorum
 
 
-def _slow_reply(exc: QuorumUnavailable) -> bool:
+def _set_up_answers(node: Any) -> bool:
+    """Whether ``node``'s connection set-up answered since the newest began
+    (``NodeClient.set_up_began``, ``NodeClient.set_up_answered``).
+
+    That is what a single caller has to tell a live node from a paused one
+    when a round missed it waiting for its connection: no other round of the
+    process answers. One node of three down, a second late with one reply
+    (its connection is dropped), and the round asked again waits for that
+    node's new connection no longer than the node timeout; the set-up takes
+    several round trips (the handshake, the scripts, the late attempt's
+    clean-up) and outlasts it on a distant link or a starved CPU::
+
+        t=0.00  round 1: node 0 refuses (down), node 2 grants, node 1 late
+        t=0.20  node 1 missed it: its connection dropped, a set-up begins
+        t=0.33  the set-up's first step answered (a link 60 ms away)
+        t=0.45  round 2 (node timeout 0.2 s) waits for node 1's connection
+        t=0.65  round 2 ends: "no connection yet", the set-up is still on
+                its scripts (their replies come at t=0.70)
+
+    Round 2 ended the call with ``QuorumUnavailable`` while both live nodes
+    answered (every asyncio call of ``tests/test_faults.py``'s
+    ``test_one_slow_reply_with_a_minority_down_is_not_an_outage[distant-*]``
+    failed).
+    A paused node's set-up connects (the kernel accepts) and never answers;
+    one that stops answering mid-way fails within ``CONNECT_TIMEOUT``, and
+    its failure is that node's answer. A set-up's replies count for a round
+    missed waiting for a connection only: a node whose every request comes
+    late answers its set-ups too, and its late replies stay bounded by
+    UNAVAILABLE_RETRIES.
+    """
+    return getattr(node, "set_up_answered", -math.inf) > getattr(node, "set_up_began", math.inf)
+
+
+def _slow_reply(exc: QuorumUnavailable, nodes: Sequence[Any], began: float) -> bool:
     """Whether a node was merely slow in ``exc``'s round (worth asking again),
-    rather than every failing node refusing, being skipped or erroring."""
-    return any(str(reason).startswith(_SLOW_REPLY) for reason in exc.errors.values())
+    rather than every failing node refusing, being skipped or erroring.
+
+    A node that was late and whose connection set-up then failed, before the
+    round ended (``began``: its start on time.monotonic), was not merely
+    slow: the clean-up release after the lost attempt waits for a late
+    node's new connection, and a black-holed node's set-up fails there after
+    ``CONNECT_TIMEOUT``. That failure is its answer: asking it again would
+    cost another round for nothing (``test_partitioned_node_behind_a_proxy``).
+    """
+    late = {name for name, reason in exc.errors.items() if str(reason).startswith(_SLOW_REPLY)}
+    return any(node.name in late and getattr(node, "set_up_failed", -math.inf) < began
+               for node in nodes)
 
 
 Step = Union[Attempt, Subscribe, Wait, Pause]
@@ -418,9 +474,11 @@ class LockBase:
                 remaining = None if deadline is None else deadline - now
                 if remaining is not None and remaining <= 0:
                     raise
+                took = exc.round_seconds if exc.round_seconds is not None else now - asked_at
                 if not _quorum_alive(exc, mgr.nodes, answers, mgr.quorum):
-                    if (unavailable_retries >= UNAVAILABLE_RETRIES or not _slow_reply(exc)
-                            or now - asked_at > SHORT_ROUND * mgr.node_timeout):
+                    if (unavailable_retries >= UNAVAILABLE_RETRIES
+                            or not _slow_reply(exc, mgr.nodes, round_began(asked_at, mgr.clock))
+                            or took > SHORT_ROUND * mgr.node_timeout):
                         raise
                     unavailable_retries += 1
                     call_deadline.set(0.0)  # no connection wait past the node timeout now

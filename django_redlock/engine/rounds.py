@@ -636,8 +636,10 @@ def refused(tally: AcquireTally, *, n_nodes: int, start: float, elapsed: float, 
             note = ("the value of another type is at " + " or ".join(
                 repr(k.decode(errors="backslashreplace")) for k in beside)
                 + " (a key no lock wrote: delete it once you know whose it is)")
-        raise quorum_error(f"cannot acquire lock {lock_name!r}", n_nodes, tally.answered,
-                           tally.errors, lock_name, tally.error_replies, note)
+        error = quorum_error(f"cannot acquire lock {lock_name!r}", n_nodes, tally.answered,
+                             tally.errors, lock_name, tally.error_replies, note)
+        error.round_seconds = elapsed  # the attempt's, not its clean-up's (engine.protocol)
+        raise error
     if tally.ok >= q.quorum(n_nodes) and not tally.guard and not tally.handed_first:
         logger.info("lock %r: quorum reached but the round took %.3f s of a %.3f s lease; "
                     "retrying", lock_name, elapsed, ttl)

@@ -318,6 +318,7 @@ class _NodeConns:
         task.add_done_callback(self.tasks.discard)
 
     async def _setup(self, node: NodeClient) -> None:
+        node.note_set_up_began()
         conn = self.cls(**self.kwargs)
         self.open.add(conn)
         error: NodeError | None = None
@@ -334,6 +335,16 @@ class _NodeConns:
             # link (connection_wait).
             waiting_for = "answer to a set-up step"
             conn.socket_timeout = node.connect_timeout
+            read = conn.read_response
+
+            async def read_counted(*args: Any, **kwargs: Any) -> Any:
+                reply = await read(*args, **kwargs)
+                node.note_set_up_reply()  # each step answered: the node is alive
+                return reply
+
+            # Also the handshake's replies, which redis-py reads itself (as
+            # the sync set-up counts them, NodeClient.connect).
+            conn.read_response = read_counted
             try:
                 if hasattr(conn, "connect_check_health"):  # no retries: one bound
                     await conn.connect_check_health(check_health=False,
@@ -351,6 +362,7 @@ class _NodeConns:
                         pass
             finally:
                 conn.socket_timeout = None  # exchanges have the round's deadlines
+                vars(conn).pop("read_response", None)
             waiting_for, bound = "reply to a release sent first", node.timeout
             while self.later:
                 later, self.later = self.later, []
@@ -361,6 +373,7 @@ class _NodeConns:
                         for _ in later:
                             try:
                                 await conn.read_response()
+                                node.note_set_up_reply()
                             except ResponseError:
                                 pass
                 finally:
@@ -383,6 +396,7 @@ class _NodeConns:
         if error is not None:
             self.accepting = False
             self.failed = (time.monotonic(), error)
+            node.note_set_up_failed(self.failed[0])
             await _disconnect(conn)
             node.mark_failed(self.failed[0])
             waiters, self.waiters = self.waiters, deque()

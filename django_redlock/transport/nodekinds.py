@@ -501,6 +501,18 @@ class _Shard(NodeClient):
         super().mark_ok()
         self.parent.answers += 1
 
+    def note_set_up_began(self) -> None:
+        super().note_set_up_began()
+        self.parent.note_set_up_began()
+
+    def note_set_up_reply(self) -> None:
+        super().note_set_up_reply()
+        self.parent.note_set_up_reply()
+
+    def note_set_up_failed(self, at: float) -> None:
+        super().note_set_up_failed(at)
+        self.parent.note_set_up_failed(at)
+
     def mark_failed(self, now: float) -> None:
         super().mark_failed(now)
         self.parent.errors += 1

@@ -251,6 +251,18 @@ class NodeClient:
         #: a node whose count grew while our round missed it is alive, merely
         #: late for us (engine.protocol: such a miss is asked again).
         self.answers = 0
+        #: When this node's newest connection set-up began, and when a set-up
+        #: of it last read a reply (each handshake step, the scripts, a release
+        #: handed to it), on time.monotonic: a node whose set-up answered since
+        #: its newest began is alive, its set-up merely slower than the round
+        #: that waited for it (engine.protocol._quorum_alive). A paused node's
+        #: set-up connects (the kernel accepts) and never answers.
+        self.set_up_began = -math.inf
+        self.set_up_answered = -math.inf
+        #: When a set-up of this node last failed (time.monotonic): a node
+        #: late for a round whose set-up then failed was not merely late
+        #: (engine.protocol._slow_reply).
+        self.set_up_failed = -math.inf
         #: Failures so far (no answer in time, refused, a set-up that failed),
         #: and the round trips of the replies read, bucketed by
         #: ROUND_TRIP_BUCKETS (the last count: above the last bound), with
@@ -489,6 +501,7 @@ class NodeClient:
     def _setup(self) -> None:
         conn: Any = None
         error = ""
+        self.note_set_up_began()
         while True:
             try:
                 if conn is None:
@@ -508,6 +521,7 @@ class NodeClient:
                     self._accepting = False
                     self._setup_error = error
                     self._setup_failed_at = time.monotonic()
+                    self.note_set_up_failed(self._setup_failed_at)
                     self.mark_failed(self._setup_failed_at)
                     self._cond.notify_all()
                     return
@@ -533,6 +547,7 @@ class NodeClient:
                 for _ in later:
                     try:
                         conn.read_response()
+                        self.note_set_up_reply()
                     except ResponseError:
                         pass
             except NODE_DOWN_ERRORS as e:
@@ -554,6 +569,18 @@ class NodeClient:
         thread runs). Raises :class:`NodeError` (``sent=False``)."""
         conn.socket_connect_timeout = self.connect_timeout
         conn.socket_timeout = self.connect_timeout  # the handshake's replies
+        read = conn.read_response
+
+        def read_counted(*args: Any, **kwargs: Any) -> Any:
+            reply = read(*args, **kwargs)
+            self.note_set_up_reply()  # each step answered: the node is alive
+            return reply
+
+        # Also the handshake's replies, which redis-py reads itself: on a
+        # starved CPU or a distant link, a set-up that outlasts the round that
+        # waits for it is the only sign a single caller gets that the node
+        # lives (see engine.protocol._quorum_alive).
+        conn.read_response = read_counted
         try:
             try:
                 if hasattr(conn, "connect_check_health"):  # no retries: one bound
@@ -568,6 +595,7 @@ class NodeClient:
                         pass
             finally:
                 conn.socket_timeout = self.timeout
+                vars(conn).pop("read_response", None)
             conn._sock.settimeout(self.timeout)
         except NODE_DOWN_ERRORS as e:
             conn.disconnect()
@@ -691,6 +719,20 @@ class NodeClient:
         self.errors += 1
         self._failures += 1
         self.down_until = now + backoff(self._failures, first=BACKOFF_FIRST, cap=BACKOFF_MAX)
+
+    def note_set_up_began(self) -> None:
+        """A connection set-up of this node begins (:attr:`set_up_began`)."""
+        self.set_up_began = time.monotonic()
+
+    def note_set_up_reply(self) -> None:
+        """A connection set-up read a reply (:attr:`set_up_answered`); unlike
+        a round's reply (:meth:`mark_ok`) it ends no back-off and counts in no
+        metric."""
+        self.set_up_answered = time.monotonic()
+
+    def note_set_up_failed(self, at: float) -> None:
+        """A connection set-up failed at ``at`` (:attr:`set_up_failed`)."""
+        self.set_up_failed = at
 
     def mark_ok(self) -> None:
         self.answers += 1
