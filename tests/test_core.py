@@ -495,12 +495,12 @@ def test_a_plan_that_may_not_wait_tries_once(plan_manager: tuple[Any, _PlanClock
 
 # -- the retry rule after a missed quorum (engine.protocol, I/O-free) ----------
 class _Counted:
-    def __init__(self, name: str, answers: int, set_up: tuple[float, float] | None = None
-                 ) -> None:
+    def __init__(self, name: str, answers: int,
+                 set_up: tuple[float, float, float] | None = None) -> None:
         self.name = name
         self.answers = answers
-        if set_up is not None:  # when its newest set-up began, when a set-up answered
-            self.set_up_began, self.set_up_answered = set_up
+        if set_up is not None:  # when its newest set-up began, answered, failed
+            self.set_up_began, self.set_up_answered, self.set_up_failed = set_up
 
 
 def test_a_missed_round_is_asked_again_only_while_a_quorum_shows_life() -> None:
@@ -538,9 +538,9 @@ def test_a_set_up_that_answers_shows_life_only_for_a_round_missed_waiting_for_it
     """A single caller, one node of three down: the other live node missed
     the round waiting for its new connection, whose set-up answered since it
     began. That node lives, its set-up slower than the round; a paused node's
-    set-up never answers; and a node whose request came late, or that sat
-    out a back-off, is not alive for its set-ups' replies
-    (engine.protocol._quorum_alive)."""
+    set-up never answers, one that failed after its last reply is not alive,
+    and a node whose request came late, or that sat out a back-off, is not
+    alive for its set-ups' replies (engine.protocol._quorum_alive)."""
     from django_redlock.engine.protocol import _quorum_alive
     from django_redlock.exceptions import QuorumUnavailable
 
@@ -549,8 +549,10 @@ def test_a_set_up_that_answers_shows_life_only_for_a_round_missed_waiting_for_it
             "a": "Error 111 connecting to 127.0.0.1:1. Connection refused.", "b": reason})
 
     before = [5, 5, 5]
-    answering = [_Counted("a", 5), _Counted("b", 5, (10.0, 10.1)), _Counted("c", 6)]
-    paused = [_Counted("a", 5), _Counted("b", 5, (10.0, 9.5)), _Counted("c", 6)]
+    answering = [_Counted("a", 5), _Counted("b", 5, (10.0, 10.1, 9.0)), _Counted("c", 6)]
+    paused = [_Counted("a", 5), _Counted("b", 5, (10.0, 9.5, 9.0)), _Counted("c", 6)]
+    # answered, then stopped mid-way: its set-up failed since
+    stopped = [_Counted("a", 5), _Counted("b", 5, (10.0, 10.1, 11.1)), _Counted("c", 6)]
     never = [_Counted("a", 5), _Counted("b", 5), _Counted("c", 6)]  # no set-up stamps
     waited = ["no connection yet (set-up under way, up to 1 s per step)",
               "no connection yet for an earlier request of this lock",
@@ -558,6 +560,7 @@ def test_a_set_up_that_answers_shows_life_only_for_a_round_missed_waiting_for_it
     for reason in waited:
         assert _quorum_alive(missed(reason), answering, before, 2), reason
         assert not _quorum_alive(missed(reason), paused, before, 2), reason
+        assert not _quorum_alive(missed(reason), stopped, before, 2), reason
         assert not _quorum_alive(missed(reason), never, before, 2), reason
     for reason in ("no answer within 0.2 s", "skipped: failed recently"):
         assert not _quorum_alive(missed(reason), answering, before, 2), reason

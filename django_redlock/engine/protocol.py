@@ -220,12 +220,15 @@ def _set_up_answers(node: Any) -> bool:
     failed).
     A paused node's set-up connects (the kernel accepts) and never answers;
     one that stops answering mid-way fails within ``CONNECT_TIMEOUT``, and
-    its failure is that node's answer. A set-up's replies count for a round
+    its failure is that node's answer (a set-up failed since the last reply:
+    not alive). A set-up's replies count for a round
     missed waiting for a connection only: a node whose every request comes
     late answers its set-ups too, and its late replies stay bounded by
     UNAVAILABLE_RETRIES.
     """
-    return getattr(node, "set_up_answered", -math.inf) > getattr(node, "set_up_began", math.inf)
+    answered = getattr(node, "set_up_answered", -math.inf)
+    return (answered > getattr(node, "set_up_began", math.inf)
+            and answered > getattr(node, "set_up_failed", -math.inf))
 
 
 def _slow_reply(exc: QuorumUnavailable, nodes: Sequence[Any], began: float) -> bool:

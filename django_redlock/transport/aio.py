@@ -313,12 +313,12 @@ class _NodeConns:
 
     def _start_setup(self, node: NodeClient) -> None:
         self.setting_up += 1
+        node.note_set_up_began()  # now, not when the task gets to run
         task = asyncio.get_running_loop().create_task(self._setup(node))
         self.tasks.add(task)
         task.add_done_callback(self.tasks.discard)
 
     async def _setup(self, node: NodeClient) -> None:
-        node.note_set_up_began()
         conn = self.cls(**self.kwargs)
         self.open.add(conn)
         error: NodeError | None = None

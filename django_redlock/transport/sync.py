@@ -481,6 +481,7 @@ class NodeClient:
         no thread could be started and the set-up ran in the calling thread
         instead."""
         self._setting_up += 1
+        self.note_set_up_began()  # now, not when the thread gets to run
         thread = threading.Thread(target=self._setup, name=f"redlock-connect {self.name}",
                                   daemon=True)
         try:
@@ -501,7 +502,6 @@ class NodeClient:
     def _setup(self) -> None:
         conn: Any = None
         error = ""
-        self.note_set_up_began()
         while True:
             try:
                 if conn is None:
