@@ -146,16 +146,15 @@ SHORT_ROUND = 3.0
 _SLOW_REPLY = "no answer within"
 
 
+#: The reasons of a node that missed a round waiting for a connection set-up
+#: (its own, or the one carrying an earlier request of the lock).
+_WAITED_FOR_SET_UP = ("no connection yet", "an earlier attempt's clean-up")
+
 #: The reasons of a node that missed a round for want of time (a reply, a
 #: connection, its back-off after such a miss), as the transports give them;
 #: an error reply (READONLY, OOM...), a refusal or a node that is not Redis is
 #: an answer, and is never asked again for it (_quorum_alive).
-_TRANSIENT = (_SLOW_REPLY, "no connection yet", "skipped: failed recently",
-              "an earlier attempt's clean-up")
-
-#: The reasons of a node that missed a round waiting for a connection set-up
-#: (its own, or the one carrying an earlier request of the lock).
-_WAITED_FOR_SET_UP = ("no connection yet", "an earlier attempt's clean-up")
+_TRANSIENT = (_SLOW_REPLY, "skipped: failed recently", *_WAITED_FOR_SET_UP)
 
 
 def _answers(nodes: Sequence[Any]) -> list[int]:
