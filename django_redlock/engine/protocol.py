@@ -217,13 +217,13 @@ def _set_up_answers(node: Any) -> bool:
     answered (every asyncio call of ``tests/test_faults.py``'s
     ``test_one_slow_reply_with_a_minority_down_is_not_an_outage[distant-*]``
     failed).
+
     A paused node's set-up connects (the kernel accepts) and never answers;
     one that stops answering mid-way fails within ``CONNECT_TIMEOUT``, and
     its failure is that node's answer (a set-up failed since the last reply:
-    not alive). A set-up's replies count for a round
-    missed waiting for a connection only: a node whose every request comes
-    late answers its set-ups too, and its late replies stay bounded by
-    UNAVAILABLE_RETRIES.
+    not alive). A set-up's replies count for a round missed waiting for a
+    connection only: a node whose every request comes late answers its
+    set-ups too, and its late replies stay bounded by UNAVAILABLE_RETRIES.
     """
     answered = getattr(node, "set_up_answered", -math.inf)
     return (answered > getattr(node, "set_up_began", math.inf)
