@@ -11,6 +11,9 @@ from __future__ import annotations
 
 import asyncio
 import http.server
+import os
+import signal
+import sys
 import threading
 import time
 from typing import Any, Callable, Iterator
@@ -132,6 +135,45 @@ def test_new_connections_to_several_nodes_are_opened_in_parallel(
     finally:
         nodes[0].resume()
         nodes[1].resume()
+
+
+def test_a_set_up_reply_its_starved_thread_did_not_read_shows_the_node_alive(
+        redis_nodes_factory: Callable[..., RedisNodes], make_manager: MakeManager) -> None:
+    """A round that waited for a node's connection and gave up at its node
+    timeout while the node's handshake reply sat unread in the set-up's
+    socket (the set-up's thread not yet run: a starved CPU, here the GIL this
+    thread keeps): the node answered, and the round that missed it says so
+    (``set_up_answered``; engine.protocol._set_up_answers counts it alive).
+
+    Before, only the set-up's thread stamped a reply, after reading it: a
+    single caller whose round ended first took a live node for a paused one,
+    and a live quorum for an outage."""
+    from django_redlock.engine.protocol import _set_up_answers
+    from django_redlock.transport.sync import NodeError
+
+    nodes = redis_nodes_factory(1)
+    mgr = make_manager(nodes, node_timeout=0.2, connect_timeout=5.0)
+    node = mgr.nodes[0]
+    nodes[0].pause()
+    switch = sys.getswitchinterval()
+    try:
+        node.want_connection()  # its thread connects (the kernel accepts) and sends
+        time.sleep(0.3)  # ... and waits for the handshake's reply
+        assert not _set_up_answers(node)
+        # From here this thread keeps the GIL: the set-up's thread, woken by
+        # the reply, cannot read it (no sleep, no I/O, and no switch asked
+        # for within 30 s; os.kill lets the GIL be).
+        sys.setswitchinterval(30.0)
+        os.kill(nodes[0].pid, signal.SIGCONT)
+        until = time.monotonic() + 0.3
+        while time.monotonic() < until:  # the node answers meanwhile
+            pass
+        with pytest.raises(NodeError, match="no connection yet"):
+            node.wait_connection(time.monotonic() - 1.0, None)  # its wait is over
+        assert _set_up_answers(node)
+    finally:
+        sys.setswitchinterval(switch)
+        nodes[0].resume()
 
 
 def _acquire_with_a_majority_gone(

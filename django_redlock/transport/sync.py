@@ -33,11 +33,14 @@ Settled rounds
 
 from __future__ import annotations
 
+import array
 import bisect
+import fcntl
 import inspect
 import logging
 import math
 import select
+import termios
 import threading
 import time
 from collections import deque
@@ -253,10 +256,12 @@ class NodeClient:
         self.answers = 0
         #: When this node's newest connection set-up began, and when a set-up
         #: of it last read a reply (each handshake step, the scripts, a release
-        #: handed to it), on time.monotonic: a node whose set-up answered since
-        #: its newest began is alive, its set-up merely slower than the round
-        #: that waited for it (engine.protocol._quorum_alive). A paused node's
-        #: set-up connects (the kernel accepts) and never answers.
+        #: handed to it; or a round that missed the node found one waiting
+        #: unread: _set_up_reply_waits), on time.monotonic: a node whose
+        #: set-up answered since its newest began is alive, its set-up merely
+        #: slower than the round that waited for it
+        #: (engine.protocol._quorum_alive). A paused node's set-up connects
+        #: (the kernel accepts) and never answers.
         self.set_up_began = -math.inf
         self.set_up_answered = -math.inf
         #: When a set-up of this node last failed (time.monotonic): a node
@@ -287,6 +292,8 @@ class NodeClient:
         self._setup_failed_at = -math.inf
         #: Whether the last set-up succeeded (see _grow).
         self._accepting = False
+        #: The connections being set up (see _set_up_reply_waits).
+        self._setting_up_conns: list[Any] = []
         #: Releases to send first on the connection being set up (deliver_later).
         self._later: list[tuple[bytes, Any]] = []
         #: The lock tokens (round tags) whose release is in ``_later`` or on its
@@ -342,6 +349,7 @@ class NodeClient:
         self._owed = []
         self._later = []
         self._later_tags = []
+        self._setting_up_conns = []  # the parent's set-ups: no thread here
         self._cond = threading.Condition(threading.Lock())
         self._waiting = self._setting_up = 0
         self._pid = getpid()
@@ -404,6 +412,8 @@ class NodeClient:
                         continue
                     left = start + connection_wait(self, start, until) - clock()
                     if left <= 0:
+                        if self._set_up_reply_waits():
+                            self.note_set_up_reply()
                         raise NodeError(self.name, "no connection yet (set-up under way, up to "
                                         f"{self.connect_timeout:g} s per step)", sent=False)
                     self._cond.wait(min(left, 1.0))
@@ -506,6 +516,7 @@ class NodeClient:
             try:
                 if conn is None:
                     conn = self.new_connection()
+                    self._setting_up_conns.append(conn)
                     self.connect(conn)
                 self._send_later(conn)
             except NodeError as e:
@@ -514,6 +525,8 @@ class NodeClient:
                 if not error and self._later and not self._closed:
                     continue  # a release handed over meanwhile goes first, too
                 self._setting_up -= 1
+                if conn is not None:
+                    self._setting_up_conns.remove(conn)
                 if not self._setting_up:
                     self._later = []  # no set-up left to carry them
                     self._later_tags = []
@@ -533,6 +546,42 @@ class NodeClient:
                 self._cond.notify()
                 self._grow()  # more rounds wait than there are connections
                 return
+
+    def _set_up_reply_waits(self) -> bool:
+        """Whether a reply waits unread in the socket of a connection being
+        set up: the node answered it, and only the set-up's thread has not
+        read it yet (:meth:`note_set_up_reply` is then stamped by the round
+        that missed the node, not only by that thread).
+
+        On a starved CPU the thread a reply woke may not run before the round
+        waiting for the connection ends, and a single caller has no other
+        sign that the node lives (engine.protocol._set_up_answers)::
+
+            t=0.00  round 2 waits for node 1's connection (node timeout 0.2 s)
+            t=0.15  node 1's handshake reply is in the set-up's socket; the
+                    set-up thread waits for the CPU (or the GIL)
+            t=0.20  round 2's wait ends first: "no connection yet", and no
+                    set-up reply read since the set-up began: the call ended
+                    with QuorumUnavailable while a quorum answered
+
+        The bytes are counted, not read (FIONREAD: the set-up's thread reads
+        its socket, and the kernel's count is never consumed by looking): a
+        reply of a paused node never comes, and a closed connection has none
+        (its end of file counts no byte). A TLS socket's count is of the
+        node's TLS bytes: still a reply.
+        """
+        count = array.array("i", [0])
+        for conn in list(self._setting_up_conns):
+            sock = getattr(conn, "_sock", None)
+            try:
+                fd = sock.fileno() if sock is not None else -1
+                if fd >= 0:
+                    fcntl.ioctl(fd, termios.FIONREAD, count, True)
+            except (OSError, ValueError):  # closed under us by its thread
+                continue
+            if count[0] > 0:
+                return True
+        return False
 
     def _send_later(self, conn: Any) -> None:
         """The releases handed to this set-up (:meth:`deliver_later`), each
@@ -620,6 +669,8 @@ class NodeClient:
         (:class:`NodeError`, raised here).
         """
         if self._later_tags and tag is not None and tag in self._later_tags:
+            if self._set_up_reply_waits():
+                self.note_set_up_reply()
             raise NodeError(self.name, "an earlier attempt's clean-up is still on its way",
                             sent=False, skipped=True)  # see deliver_later
         if self._owed and self._pid == getpid():
