@@ -176,6 +176,40 @@ def test_a_set_up_reply_its_starved_thread_did_not_read_shows_the_node_alive(
         nodes[0].resume()
 
 
+def test_a_set_up_reply_that_came_while_the_loop_was_blocked_shows_the_node_alive(
+        redis_nodes_factory: Callable[..., RedisNodes], make_manager: MakeManager) -> None:
+    """The asyncio twin of the test above: the event loop blocked (a
+    synchronous call in a coroutine) past the round's wait for a connection,
+    and the node's handshake reply came meanwhile. The loop queues the reply's
+    read before the timer that ends the wait, so the set-up reads it (and
+    stamps ``set_up_answered``) before the round gives up: the node is alive
+    for the round that missed it, with no look into the socket."""
+    from django_redlock.engine.protocol import _set_up_answers
+    from django_redlock.transport.sync import NodeError
+
+    nodes = redis_nodes_factory(1)
+    mgr = make_manager(nodes, node_timeout=0.5, connect_timeout=5.0)
+    node = mgr.nodes[0]
+
+    async def scenario() -> Any:
+        state = await mgr._async()._conns()
+        nodes[0].pause()
+        start = mgr.clock()
+        waiting = asyncio.ensure_future(state.nodes[0].wait(node, start, start, mgr.clock, start))
+        await asyncio.sleep(0.3)  # the set-up connects (the kernel accepts) and sends
+        assert not _set_up_answers(node)
+        os.kill(nodes[0].pid, signal.SIGCONT)
+        time.sleep(0.6)  # the loop blocked past the wait; the node answers meanwhile
+        return await waiting
+
+    try:
+        got = asyncio.run(scenario())
+    finally:
+        nodes[0].resume()
+    assert isinstance(got, NodeError) and got.reason.startswith("no connection yet"), got
+    assert _set_up_answers(node)
+
+
 def _acquire_with_a_majority_gone(
         flavour: str, fault: str, redis_nodes_factory: Callable[..., RedisNodes],
         fault_proxy_factory: Callable[..., FaultProxy], make_manager: MakeManager, *,
