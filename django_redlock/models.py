@@ -268,7 +268,9 @@ class LockingQuerySet(models.QuerySet[Any]):
         all the same; the newer holder's own claim overrides that); and when a
         row carries this very fence but this hold did not claim it: another
         holder with the same fence did, which only a node that lost its data
-        makes possible (docs/safety.rst, "Two holders with one fence").
+        makes possible (docs/safety.rst, "Two holders with one fence"). A claim
+        refused because such a holder claimed a row between its read and its
+        UPDATE counts none of its rows as this hold's: they stay refused to it.
         """
         fence = _check_fence(lock, "claim()")
         field = _fence_field(self.model)
@@ -283,7 +285,13 @@ class LockingQuerySet(models.QuerySet[Any]):
         lower = list(self.filter(**{f"{field.name}__lt": fence}).values_list("pk", flat=True))
         claimed = self.filter(pk__in=lower, **{f"{field.name}__lt": fence}).update(
             **{field.attname: fence}) if lower else 0
-        note_claimed_rows(lock, fence, [(label, pk) for pk in lower])
+        if claimed == len(lower):
+            # Only then are these rows known to be the ones this UPDATE moved.
+            # Fewer: another holder moved some of them between the read and
+            # the UPDATE, and a row recorded here that it claimed would pass
+            # this hold's next claim as its own (both holders would write):
+            # none is recorded, so every row at this fence stays foreign.
+            note_claimed_rows(lock, fence, [(label, pk) for pk in lower])
         newer = self.filter(**{f"{field.name}__gt": fence}).aggregate(
             newest=Max(field.name))["newest"]
         if newer is not None:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from typing import Any, Callable
 
 import pytest
+from django.db import connection
 
 from django_redlock.exceptions import FencedWriteRejected
 from django_redlock.testing import RedisNodes
@@ -87,3 +88,44 @@ def test_a_multi_row_claim_refuses_rows_another_holder_claimed_with_the_same_fen
     with pytest.raises(FencedWriteRejected):
         everything.fenced_update(b, stock=0)
     assert sorted(everything.values_list("stock", flat=True)) == [4, 4, 4]
+
+
+def test_a_claim_that_lost_a_race_to_the_same_fence_records_no_row_as_its_own(
+        nodes3: RedisNodes, make_manager: Callable[..., Any]) -> None:
+    """B's claim reads the rows below its fence, and A (same fence) claims one
+    of them before B's UPDATE runs::
+
+        B: SELECT pk WHERE fence < 501  -> [7]
+        A: UPDATE SET fence = 501 WHERE pk = 7 AND fence < 501  -> 1 (A's)
+        B: UPDATE ... WHERE pk IN (7) AND fence < 501  -> 0: "same fence"
+
+    B is refused. It used to record row 7 as its own all the same, so its
+    next claim (the docs say: read again) found the row at its fence,
+    "claimed by this hold", and passed, and both holders' writes landed: one
+    sale lost. A row whose claimer cannot be told stays foreign to B."""
+    product = Product.objects.create(name="p", stock=10)
+    a, b = _two_holders_one_fence(nodes3, make_manager, product.lock_name())
+    selects: list[str] = []
+    a_read: list[Any] = []
+
+    def a_claims_between_bs_read_and_its_update(execute: Any, sql: str, params: Any,
+                                                  many: bool, context: Any) -> Any:
+        result = execute(sql, params, many, context)
+        if sql.lstrip().upper().startswith("SELECT"):
+            selects.append(sql)
+            if len(selects) == 2 and not a_read:  # B's read of the rows below its fence
+                a_read.append(Product.objects.claim_and_get(a, pk=product.pk))
+        return result
+
+    with connection.execute_wrapper(a_claims_between_bs_read_and_its_update):
+        with pytest.raises(FencedWriteRejected, match="same fence"):
+            Product.objects.filter(pk=product.pk).claim(b)
+    assert a_read and a_read[0].stock == 10  # the race happened as drawn above
+    with pytest.raises(FencedWriteRejected, match="same fence"):
+        Product.objects.filter(pk=product.pk).claim(b)  # B reads again: still refused
+    with pytest.raises(FencedWriteRejected):
+        Product.objects.filter(pk=product.pk).fenced_update(b, stock=9)
+    mine = a_read[0]
+    mine.stock -= 1
+    mine.fenced_save(a, update_fields=["stock"])
+    assert Product.objects.get(pk=product.pk).stock == 9  # A's sale, and only A's write
