@@ -6,8 +6,10 @@ On real nodes (1 and 3), sync and asyncio. Every wait is bounded.
 from __future__ import annotations
 
 import asyncio
+import gc
 import threading
 import time
+import weakref
 from pathlib import Path
 from typing import Any, Callable
 
@@ -96,6 +98,85 @@ def test_async_reentrant_is_per_task(nodes3: RedisNodes, make_manager: MakeManag
         assert _holders(nodes3, outer.key) == 0
 
     asyncio.run(scenario())
+
+
+def test_a_reentrant_hold_whose_thread_ended_is_joined_by_no_new_thread(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """A hold taken in a thread that then ended (without releasing) belongs to
+    no thread that comes after it, also one the system gives the ended
+    thread's identifier again (``threading.get_ident()``): the table used to
+    be keyed by that number, and such a thread joined the hold at once, a
+    second holder inside the lock."""
+    mgr = make_manager(nodes3)
+    holder = mgr.lock("re-ended", reentrant=True, timeout=5)
+    first: list[int] = []
+
+    def take() -> None:
+        first.append(threading.get_ident())
+        assert holder.acquire()
+
+    thread = threading.Thread(target=take)
+    thread.start()
+    thread.join(10)
+    assert holder.owned()
+    joined: list[bool] = []
+    reused = 0
+
+    def try_it() -> None:
+        nonlocal reused
+        reused += threading.get_ident() == first[0]
+        joined.append(mgr.lock("re-ended", reentrant=True).acquire(blocking=False))
+
+    for _ in range(20):  # one after the other: the system hands the ended ids out again
+        later = threading.Thread(target=try_it)
+        later.start()
+        later.join(10)
+    assert reused, "no thread got the ended thread's identifier: the schedule did not happen"
+    assert joined == [False] * 20
+    holder.release()
+
+
+def test_a_reentrant_hold_whose_task_ended_is_joined_by_no_other_task(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """``await asyncio.wait_for(lock.acquire(), 5)`` runs the acquire in a
+    task of its own on Python 3.11, which ends with the hold still taken.
+    The table was keyed by ``id()`` of the task, and a later task given the
+    same address joined the hold at once (a helper's review found one in a
+    few hundred). The task itself is the owner now: no other task is it (the
+    table keeps it while the hold lives, so its address is nobody else's)."""
+    mgr = make_manager(nodes3)
+
+    async def scenario() -> list[bool]:
+        holder = mgr.alock("are-ended", reentrant=True, timeout=5)
+        first = asyncio.ensure_future(holder.acquire())  # a task that ends
+        assert await first
+        ended, kept = id(first), weakref.ref(first)
+        del first
+        await asyncio.sleep(0)  # out of the callback that woke us (its arguments hold it)
+        gc.collect()  # the task is freed unless something keeps it
+        # The table keeps it while its hold lives: no other task can have
+        # its address (and one may go on to get it, below, if it did not).
+        assert kept() is not None
+        got: list[bool] = []
+        reused = 0
+
+        async def other() -> None:
+            nonlocal reused
+            reused += id(asyncio.current_task()) == ended
+            got.append(await mgr.alock("are-ended", reentrant=True).acquire(blocking=False))
+
+        for _ in range(30):  # up to 30 x 100 short tasks, until one has the old address
+            await asyncio.gather(*(other() for _ in range(100)))
+            if reused:
+                break
+        assert holder.owned()
+        await holder.release()
+        gc.collect()
+        assert kept() is None  # let go with the hold
+        return got
+
+    got = asyncio.run(scenario())
+    assert got and not any(got)
 
 
 def test_reentrant_hold_lost_is_reported_at_the_last_release(

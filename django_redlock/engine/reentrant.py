@@ -19,6 +19,21 @@ or the asyncio task). The first acquisition makes a plain lock for the hold
 and acquires it; the others join the hold while it is still owned. A hold whose
 lease was lost is not joined: the caller acquires anew (and the holders of the
 old hold learn about the loss at their release, as with any lost lock).
+
+The owner is an object, never a number the runtime hands out again. Keyed by
+``threading.get_ident()`` or ``id(asyncio.current_task())``, a hold outlived
+its thread or task and was joined by whichever came next with the same
+number::
+
+    task 1   await asyncio.wait_for(lock.acquire(), 5)   # Python 3.11: the
+             acquire runs in a child task, which ends; the hold stays
+    task 2   (another request) gets the child's id: acquire(blocking=False)
+             joins the hold at once, without asking the nodes: two holders
+
+So a task is its own ``Task`` object (kept by the table while its hold
+lives, so no other task can be it), and a thread is an object kept in its
+thread-local storage, which ends with the thread (a new thread with the old
+thread's identifier gets a new one).
 """
 
 from __future__ import annotations
@@ -34,6 +49,31 @@ from ..exceptions import LockLost, LockNotAcquired, LockNotOwned
 if TYPE_CHECKING:
     from .protocol import LockHost
 
+#: (lock key, owner): the owner is this thread's :func:`_thread_owner` or the
+#: asyncio task itself, compared by identity.
+TableKey = tuple[str, object]
+
+_this_thread = threading.local()
+
+
+def _thread_owner() -> object:
+    """This thread's owner of reentrant holds: an object of its own for as
+    long as the thread lives (its thread-local storage ends with it), never
+    another thread's, unlike ``threading.get_ident()``, which the system hands
+    to the next thread once this one ended."""
+    try:
+        return _this_thread.owner
+    except AttributeError:
+        owner = _this_thread.owner = object()
+        return owner
+
+
+def _task_owner() -> object:
+    """This asyncio task (outside a task, an owner of its own every call:
+    nothing to re-enter)."""
+    task = asyncio.current_task()
+    return task if task is not None else object()
+
 
 class Hold:
     """One reentrant hold on the nodes: the plain lock that took it, and how many
@@ -41,7 +81,7 @@ class Hold:
 
     __slots__ = ("lock", "count", "table_key")
 
-    def __init__(self, lock: Any, table_key: tuple[str, int]) -> None:
+    def __init__(self, lock: Any, table_key: TableKey) -> None:
         self.lock = lock
         self.count = 1
         self.table_key = table_key
@@ -51,10 +91,10 @@ class HoldTable:
     """The manager's table of reentrant holds (``(key, owner) -> Hold``)."""
 
     def __init__(self) -> None:
-        self._holds: dict[tuple[str, int], Hold] = {}
+        self._holds: dict[TableKey, Hold] = {}
         self._guard = threading.Lock()
 
-    def join(self, table_key: tuple[str, int]) -> Hold | None:
+    def join(self, table_key: TableKey) -> Hold | None:
         """The owner's live hold on this key, its count raised; None if there is none."""
         with self._guard:
             hold = self._holds.get(table_key)
@@ -109,7 +149,7 @@ class ReentrantBase:
     def owned(self) -> bool:
         return bool(self._holds) and self._holds[-1].lock.owned()
 
-    def _table_key(self) -> tuple[str, int]:
+    def _table_key(self) -> TableKey:
         raise NotImplementedError
 
     def _enter(self, blocking: bool, timeout: float | None | EllipsisType
@@ -145,8 +185,8 @@ class ReentrantBase:
 class ReentrantLock(ReentrantBase):
     """A lock its own thread may take again; from ``lock(name, reentrant=True)``."""
 
-    def _table_key(self) -> tuple[str, int]:
-        return self.key, threading.get_ident()
+    def _table_key(self) -> TableKey:
+        return self.key, _thread_owner()
 
     def locked(self) -> bool:
         return bool(self._proto.locked())
@@ -195,8 +235,8 @@ class ReentrantLock(ReentrantBase):
 class AsyncReentrantLock(ReentrantBase):
     """A lock its own asyncio task may take again; from ``alock(name, reentrant=True)``."""
 
-    def _table_key(self) -> tuple[str, int]:
-        return self.key, id(asyncio.current_task())
+    def _table_key(self) -> TableKey:
+        return self.key, _task_owner()
 
     async def locked(self) -> bool:
         return bool(await self._proto.locked())
