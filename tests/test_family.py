@@ -214,6 +214,43 @@ def test_multi_lock_takes_all_or_none(nodes3: RedisNodes, make_manager: MakeMana
     assert all(_holders(nodes3, mgr.key(n)) == 0 for n in ("m:a", "m:b", "m:c"))
 
 
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_multi_lock_never_returns_holding_a_lease_that_ran_out(
+        flavour: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """``a`` taken with a 1 s lease (no renewal), then ``b`` waited for 1.5 s:
+    ``a``'s lease ran out meanwhile. acquire() used to return True all the
+    same, and another client took ``a`` inside the multi-lock's body. Now the
+    set is given back and taken again in order: True only with every name
+    held (or False when the time is gone)."""
+    mgr = make_manager(nodes3)
+    other = make_manager(nodes3)
+    blocker = other.lock("lapse:b", ttl=1.5, auto_renew=False)
+    assert blocker.acquire(timeout=2)
+
+    def take(timeout: float) -> tuple[bool, Any]:
+        if flavour == "sync":
+            multi: Any = mgr.multi_lock(["lapse:a", "lapse:b"], ttl=1.0, auto_renew=False)
+            return multi.acquire(timeout=timeout), multi
+
+        async def scenario() -> tuple[bool, Any]:
+            multi = mgr.amulti_lock(["lapse:a", "lapse:b"], ttl=1.0, auto_renew=False)
+            return await multi.acquire(timeout=timeout), multi
+
+        return asyncio.run(scenario())
+
+    started = time.monotonic()
+    got, multi = take(timeout=5)
+    assert got and time.monotonic() - started < 5 + 1
+    assert multi.owned() and multi.validity > 0
+    assert other.lock("lapse:a").acquire(timeout=0) is False  # a is the multi-lock's
+    if flavour == "sync":
+        multi.release()
+    else:
+        asyncio.run(multi.release())
+    for name in ("lapse:a", "lapse:b"):
+        assert _holders(nodes3, mgr.key(name)) == 0
+
+
 def test_multi_lock_in_opposite_orders_never_deadlocks(
         nodes3: RedisNodes, make_manager: MakeManager) -> None:
     """P asks a, b; Q asks b, a, over and over, with no timeout at all."""

@@ -90,22 +90,44 @@ class MultiLockBase(compose.Composite):
         return 0.0 if not blocking else wait
 
     def _acquire_plan(self, wait: float | None) -> Plan:
+        """Take every lock in the global order; all held with lease left, or
+        none.
+
+        A lock taken early may lose its lease while a later one is waited for
+        (``auto_renew=False`` with a wait longer than the TTL, or a renewal
+        that failed)::
+
+            t0.0  a taken (ttl 1 s)        b busy: wait
+            t1.0  a's lease runs out       another client takes a
+            t1.5  b taken: "all" would be held, a is not
+
+        Then everything is given back and the set is taken again from the
+        first name while the caller's time lasts (taking only ``a`` again,
+        while holding ``b``, would break the order that keeps multi-locks
+        free of deadlocks).
+        """
         clock = self.manager.clock
         deadline = None if wait is None else clock() + wait
-        taken: list[int] = []
-        try:
-            for index in range(len(self._locks)):
-                left = None if deadline is None else max(0.0, deadline - clock())
-                if not (yield Take(index, left)):
-                    self.retry_after = self._locks[index].retry_after
-                    yield from compose.give_back(taken)
-                    return False
-                taken.append(index)
-        except BaseException:
+        while True:
+            taken: list[int] = []
+            try:
+                for index in range(len(self._locks)):
+                    left = None if deadline is None else max(0.0, deadline - clock())
+                    if not (yield Take(index, left)):
+                        self.retry_after = self._locks[index].retry_after
+                        yield from compose.give_back(taken)
+                        return False
+                    taken.append(index)
+            except BaseException:
+                yield from compose.give_back(taken)
+                raise
+            if all(lock.owned() for lock in self._locks):
+                self._held = True
+                return True
             yield from compose.give_back(taken)
-            raise
-        self._held = True
-        return True
+            if deadline is not None and clock() >= deadline:
+                self.retry_after = 0.0
+                return False
 
     def _release_plan(self) -> Plan:
         if not self._held:
