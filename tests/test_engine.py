@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
 import sys
@@ -483,6 +484,28 @@ def test_password_protected_nodes_and_no_password_in_errors(
     with pytest.raises(Exception) as info:
         mgr.lock("auth").acquire()
     assert "s3cret-pw" not in str(info.value) and "***" in str(info.value)
+
+
+def test_a_server_that_quotes_the_password_in_its_error_is_reported_without_it(
+        caplog: pytest.LogCaptureFixture, make_manager: MakeManager) -> None:
+    """A server that does not know ``AUTH`` (renamed away, an old or a proxied
+    one) answers the handshake with an error quoting its arguments: "unknown
+    command 'AUTH', with args beginning with: '<password>'". That text used to
+    reach ``QuorumUnavailable``, its ``errors`` and the logs as it came.
+    (redis-py's asyncio client goes on after that error, so the asyncio
+    flavour never sees it; every node failure's reason of either flavour is
+    a ``NodeError``'s, which scrubs it.)"""
+    from django_redlock import QuorumUnavailable
+    from django_redlock.testing import RedisServer
+
+    secret = "Qu0ted-Pw"
+    with RedisServer(extra_args=("--rename-command", "AUTH", "")) as server:
+        mgr = make_manager([f"redis://:{secret}@127.0.0.1:{server.port}/0"], node_timeout=0.2)
+        with caplog.at_level(logging.DEBUG), pytest.raises(QuorumUnavailable) as info:
+            mgr.lock("quoted", timeout=0.3).acquire()
+    shown = str(info.value) + repr(info.value.errors) + caplog.text
+    assert "AUTH" in shown  # the server's answer is there: the test drove the quoting
+    assert secret not in shown and "***" in shown
 
 
 def test_release_notices_a_loss_the_watchdog_did_not_see_yet(

@@ -171,6 +171,10 @@ def test_the_check_and_the_runtime_mask_an_accepted_url(settings: Any) -> None:
     ("redis://h:s3cret", "redis://h:***"),
     ("redis://h:1/0?password=s3cret&db=x", "redis://h:1/0?***"),
     ("redis://h:1/0?pass%77ord=s3cret&db=x", "redis://h:1/0?***"),
+    # an '@' in the query's password: masking up to it showed "***@s3cret"
+    ("redis://h:1/0?password=p@s3cret", "redis://h:1/0?***"),
+    ("redis://h:1/0?passwd=s3cret", "redis://h:1/0?***"),  # a mistyped key
+    ("redis://:s3?cret@h:1/0?passwd=s3cret", "redis://***@h:1/0?***"),
     ("redis://h:1/1?db=1&pass%77ord=s3cret", "redis://h:1/1?db=1&pass%77ord=***"),
     ("redis//h:1/0 password=s3cret", "redis//h:1/0 password=***"),
     ("redis://user@h:1/0", "redis://***@h:1/0"),
@@ -179,6 +183,15 @@ def test_the_check_and_the_runtime_mask_an_accepted_url(settings: Any) -> None:
 ])
 def test_mask_url_masks_what_it_cannot_parse(text: str, shown: str) -> None:
     assert mask_url(text) == shown
+
+
+@pytest.mark.parametrize("url", [
+    "redis://default:s3cret",  # '@host' went missing: the password reads as the port
+    "redis://127.0.0.1:6379/0?password=p@s3cret",
+])
+def test_a_refused_urls_reason_does_not_repeat_its_password(url: str) -> None:
+    _, problems = parse_nodes([url])
+    assert problems and all("s3cret" not in f"{p.msg} {p.hint}" for p in problems), problems
 
 
 def test_specs_and_their_options_never_show_a_password(secured: RedisServer) -> None:

@@ -500,7 +500,12 @@ def _parse_url(url: str) -> _URL | _Refused:
             if not _HOST_NAME.fullmatch(host) or len(host) > 253:
                 return _Refused(f"has an invalid host name {host!r}")
         if port_text:
-            if not _DIGITS.fullmatch(port_text) or not 0 < int(port_text) < 65536:
+            if not _DIGITS.fullmatch(port_text):
+                # Not shown: a URL whose '@host' went missing (an empty host
+                # variable) reads the password as the port.
+                return _Refused("has a port that is not a number; it must be a number "
+                                "from 1 to 65535")
+            if not 0 < int(port_text) < 65536:
                 return _Refused(f"has port {port_text!r}; it must be a number from 1 to 65535")
         port = int(port_text) if port_text else 6379
         path_match = _TCP_PATH.fullmatch(unquote(parts.path))
@@ -528,9 +533,10 @@ def mask_url(url: Any) -> str:
     A URL that :func:`parse_nodes` accepts is shown as written, password masked.
     Any other text (a mistyped scheme, an unencoded ``/``, ``?`` or ``#`` in the
     password, no scheme at all) may hold a password anywhere before its last
-    ``@``: all of that is masked, and so is the query string when it names a
-    password (everything after ``password=`` when there is no ``?``), and
-    after a ``:`` that does not start a port.
+    ``@``: all of that is masked, and so is its whole query string (a password
+    there may hold an ``@`` or stand under a mistyped key), everything after
+    ``password=`` when there is no ``?``, and what follows a ``:`` that does
+    not start a port.
     """
     if not isinstance(url, str):
         return f"<{type(url).__name__}>"
@@ -549,6 +555,12 @@ def mask_url(url: Any) -> str:
     prefix = prefix_match.group() if prefix_match else ""
     rest = text[len(prefix):]
     at = rest.rfind("@")
+    question = rest.find("?")
+    if 0 <= question < at and "=" in rest[question:at]:
+        # The last '@' is in the query string (a password there may hold
+        # one: masking up to it showed "?password=p@S3cret" as "***@S3cret").
+        # A '?' with no '=' before the last '@' is a password's own.
+        rest, at = rest[:question + 1] + "***", -1
     if at >= 0:
         rest = "***" + rest[at:]
     else:
@@ -556,13 +568,15 @@ def mask_url(url: Any) -> str:
         colon = authority.find(":")
         if colon >= 0 and not _DIGITS.fullmatch(authority[authority.rfind(":") + 1:]):
             rest = authority[:colon + 1] + "***"
-    if "password" in unquote_plus(rest).lower():  # also an encoded "pass%77ord="
-        question = rest.find("?")
+    # None of what is left of the query string is shown: a password there
+    # may stand under a mistyped key ("?passwd=S3cret").
+    question = rest.find("?")
+    if question >= 0:
+        rest = rest[:question + 1] + "***"
+    elif "password" in unquote_plus(rest).lower():  # also an encoded "pass%77ord="
         lowered = rest.lower()
-        if question >= 0:
-            rest = rest[:question + 1] + "***"
-        elif "password=" in lowered:
-            rest = rest[:lowered.index("password=") + len("password=")] + "***"
+        rest = rest[:lowered.index("password=") + len("password=")] + "***" \
+            if "password=" in lowered else "***"
     return prefix + rest
 
 

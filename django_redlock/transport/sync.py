@@ -47,6 +47,7 @@ from collections import deque
 from contextvars import ContextVar
 from dataclasses import dataclass
 from typing import Any, Callable, Deque, Sequence, Tuple
+from urllib.parse import unquote, urlsplit
 
 import redis
 from redis.exceptions import ConnectionError as RedisConnectionError
@@ -98,11 +99,41 @@ _GET_NEEDS_NAME = (
     is inspect.Parameter.empty)
 
 
+#: The passwords this process's nodes connect with (their URLs, OPTIONS, the
+#: pools they use, a cache's included): every node failure's reason is
+#: scrubbed of them (:func:`scrub`).
+_SECRETS: set[str] = set()
+
+
+def remember_secrets(*values: Any) -> None:
+    """Note passwords (non-empty strings among ``values``) to scrub."""
+    for value in values:
+        if isinstance(value, str) and value:
+            _SECRETS.add(str(value))
+
+
+def scrub(text: str) -> str:
+    """``text`` with every password of this process's nodes replaced by
+    ``***``. A server may quote a request's arguments in its error: one that
+    does not know ``AUTH`` (renamed away, an old or a proxied server) answers
+    the handshake with "unknown command 'AUTH', with args beginning with:
+    '<password>'", and that reason reached ``QuorumUnavailable``, its
+    ``errors``, the logs and a view's 503 log line."""
+    for secret in tuple(_SECRETS):
+        if secret in text:
+            text = text.replace(secret, "***")
+    return text
+
+
 class NodeError(Exception):
-    """One node's failure in a round: unreachable, timed out, or skipped (back-off)."""
+    """One node's failure in a round: unreachable, timed out, or skipped (back-off).
+
+    Its reason is scrubbed of the nodes' passwords (:func:`scrub`): every
+    node's failure, whichever path made it, is told through one."""
 
     def __init__(self, node: str, reason: str, *, sent: bool = True,
                  closed: bool = False, skipped: bool = False) -> None:
+        reason = scrub(reason)
         super().__init__(f"{node}: {reason}")
         self.node = node
         self.reason = reason
@@ -201,6 +232,18 @@ class _Owed:
         self.tag = tag
 
 
+def _url_password(spec: NodeSpec) -> str | None:
+    """The password in a node's URL (user info), decoded, if any."""
+    url = getattr(spec, "url", None)
+    if not isinstance(url, str) or "@" not in url:
+        return None
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        return None
+    return unquote(password) if password else None
+
+
 def _short(exc: BaseException) -> str:
     text = str(exc) or type(exc).__name__
     return text if len(text) < 160 else text[:157] + "..."
@@ -233,6 +276,9 @@ class NodeClient:
         self.spec = spec
         self.name = spec.display
         options = dict(spec.options)
+        remember_secrets(options.get("password"), _url_password(spec),
+                         *(dict(own).get("password")
+                           for own in getattr(spec, "address_options", ()) or ()))
         # The lock's own bounds win over longer socket timeouts given in the
         # node's OPTIONS, its URL or a borrowed cache pool (applied to every
         # connection we make: see new_connection); shorter ones are kept.
@@ -306,7 +352,10 @@ class NodeClient:
         if self._pool is None:
             with self._pool_lock:
                 if self._pool is None:
-                    self._pool = self._build_pool()
+                    pool = self._build_pool()
+                    kwargs = getattr(pool, "connection_kwargs", None) or {}
+                    remember_secrets(kwargs.get("password"))
+                    self._pool = pool
         return self._pool
 
     def _build_pool(self) -> Any:
