@@ -74,7 +74,7 @@ from django.db import transaction
 from django.http import HttpRequest
 
 from .conf import get_manager
-from .core.arguments import check_max_hold, check_timeout, check_ttl
+from .core.arguments import check_label, check_max_hold, check_timeout, check_ttl
 from .core.keys import InvalidLockName
 from .core.templates import (
     LockNameTemplate,
@@ -687,6 +687,7 @@ def with_lock(template: str, *, ttl: float | EllipsisType = ...,
         timeout = check_timeout(timeout)
     if max_hold is not ...:
         max_hold = check_max_hold(max_hold)
+    label = check_label(label)
     if auto_renew is not ... and not isinstance(auto_renew, bool):
         raise ValueError(f"with_lock(auto_renew=...) must be True or False, not {auto_renew!r}")
     if not isinstance(reentrant, bool):

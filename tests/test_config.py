@@ -40,6 +40,9 @@ def test_valid_settings_have_no_problems(settings: Any) -> None:
     (["cache:nope"], "redlock.E006"),
     ([{"URL": "redis://127.0.0.1:6379/0", "OPTIONS": {"sokcet_timeout": 1}}], "redlock.E011"),
     ([{"URL": "redis://127.0.0.1:6379/0", "OPTIONS": {"socket_timeout": -1}}], "redlock.E011"),
+    # an int too large for a float: the check ended in an OverflowError traceback
+    ([{"URL": "redis://127.0.0.1:6379/0", "OPTIONS": {"socket_timeout": 10**400}}],
+     "redlock.E011"),
     (["redis://127.0.0.1:6379/0", "redis://127.0.0.1:6380/0"], "redlock.W001"),
     (["redis://localhost:6379/0", "redis://127.0.0.1:6379"], "redlock.E005"),
     (["redis://127.0.0.1:6379/0?socket_timeout=abc"], "redlock.E011"),
@@ -71,6 +74,8 @@ def test_cache_alias_must_be_django_redis(settings: Any) -> None:
     ({"BUSY_STATUS": True}, "redlock.E009"),
     ({"TTL": 0}, "redlock.E010"),
     ({"TIMEOUT": -1}, "redlock.E010"),
+    ({"TTL": 10**400}, "redlock.E009"),  # an OverflowError traceback before
+    ({"TIMEOUT": -10**400}, "redlock.E009"),
     ({"DRIFT_FACTOR": 0.9}, "redlock.E010"),
     ({"BUSY_STATUS": 200}, "redlock.E010"),
     ({"KEY_PREFIX": "has space"}, "redlock.E010"),
@@ -146,3 +151,12 @@ def test_a_tls_option_left_at_none_on_a_plain_url_builds_a_connection() -> None:
         conn.disconnect()
     finally:
         mgr.close()
+
+
+def test_a_huge_int_setting_is_reported_briefly(settings: Any) -> None:
+    settings.REDLOCK = {"TTL": 10**400}
+    settings.REDLOCK_NODES = [{"URL": "redis://127.0.0.1:6379/0",
+                               "OPTIONS": {"socket_timeout": 10**400}}]
+    messages = check_settings()
+    assert {m.id for m in messages} == {"redlock.E009", "redlock.E011"}
+    assert all(len(m.msg) < 200 for m in messages), [m.msg for m in messages]

@@ -22,7 +22,8 @@ from django_redlock.testing import RedisNodes
 NODE_TIMEOUT = 0.5
 
 
-@pytest.mark.parametrize("bad", [0, -1, 0.002, math.inf, math.nan, True, "1", 1e12])
+@pytest.mark.parametrize("bad", [0, -1, 0.002, math.inf, math.nan, True, "1", 1e12,
+                                 10**400])
 def test_a_bad_extend_is_refused_before_anything_is_sent(
         nodes3: RedisNodes, make_manager: Any, bad: Any) -> None:
     mgr = make_manager(nodes3, node_timeout=NODE_TIMEOUT)
@@ -40,7 +41,10 @@ def test_a_bad_extend_is_refused_before_anything_is_sent(
 
 @pytest.mark.parametrize("option,bad", [("ttl", 0.001), ("ttl", math.inf), ("ttl", True),
                                         ("ttl", 1e12), ("timeout", -1), ("timeout", "0.3"),
-                                        ("timeout", math.nan), ("max_hold", 0)])
+                                        ("timeout", math.nan), ("max_hold", 0),
+                                        # an int too large for a float: a bare OverflowError
+                                        ("ttl", 10**400), ("timeout", -10**400),
+                                        ("max_hold", 10**400)])
 def test_lock_options_out_of_range_name_the_argument(
         nodes3: RedisNodes, make_manager: Any, option: str, bad: Any) -> None:
     mgr = make_manager(nodes3, node_timeout=NODE_TIMEOUT)
@@ -48,7 +52,7 @@ def test_lock_options_out_of_range_name_the_argument(
         mgr.lock("opt", **{option: bad})
 
 
-@pytest.mark.parametrize("bad", [-1, "0.3", math.nan, math.inf])
+@pytest.mark.parametrize("bad", [-1, "0.3", math.nan, math.inf, 10**400])
 def test_acquire_timeout_is_checked_like_lock_timeout(
         nodes3: RedisNodes, make_manager: Any, bad: Any) -> None:
     mgr = make_manager(nodes3, node_timeout=NODE_TIMEOUT)
@@ -62,6 +66,34 @@ def test_acquire_timeout_is_checked_like_lock_timeout(
 def _acquire_scripts(server: Any) -> int:
     stats = server.client().info("commandstats")
     return sum(v["calls"] for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
+
+
+@pytest.mark.parametrize("call,message", [
+    (lambda m: m.lock("stock:\udc80"), "lone surrogate"),  # no UnicodeEncodeError
+    (lambda m: m.alock("stock:\udc80"), "lone surrogate"),
+    (lambda m: m.lock("a", label=["x"]), "label must be a str"),  # "unhashable type"
+    (lambda m: m.alock("a", label=object()), "label must be a str"),
+    (lambda m: m.lock("a", label="x" * 201), "the limit is 200"),
+    (lambda m: m.lock("a", label="\udc80"), "lone surrogate"),
+    (lambda m: m.segments("g", 10**7), "from 1 to 10,000"),  # minutes of CPU first
+    (lambda m: m.semaphore("s", 10_001), "from 1 to 10,000"),
+])
+def test_names_labels_and_counts_are_checked_before_anything_is_sent(
+        nodes3: RedisNodes, make_manager: Any, call: Any, message: str) -> None:
+    mgr = make_manager(nodes3, node_timeout=NODE_TIMEOUT)
+    started = time.monotonic()
+    with pytest.raises(ValueError, match=message):
+        call(mgr)
+    assert time.monotonic() - started < 1.0
+    for server in nodes3:
+        assert server.client().dbsize() == 0
+
+
+def test_with_lock_checks_its_label_when_it_decorates() -> None:
+    from django_redlock import with_lock
+
+    with pytest.raises(ValueError, match="label must be a str"):
+        with_lock("row:<pk>", label=5)
 
 
 @pytest.mark.parametrize("value", ["raw", "list"])

@@ -66,22 +66,60 @@ CONNECT_TIMEOUT_MIN, CONNECT_TIMEOUT_MAX = 0.001, 60.0
 
 
 def is_seconds(value: Any) -> bool:
-    """A real, finite number of seconds (not a bool, not a string)."""
-    return (isinstance(value, (int, float)) and not isinstance(value, bool)
-            and math.isfinite(value))
+    """A real, finite number of seconds (not a bool, not a string, not an int
+    too large for a float: ``math.isfinite(10**400)`` raises OverflowError,
+    which reached the caller bare)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False
+
+
+#: The most segments or permits of one name: each is a lock object, built
+#: when the primitive is (10,000 take about 0.1 s; ten million took minutes
+#: before anything was sent).
+COUNT_MAX = 10_000
+
+#: The longest owner label (``lock(..., label=...)``): it is stored with the
+#: lock on every node and shown by ``manage.py locks``.
+LABEL_MAX = 200
 
 
 def check_count_of(value: Any, call: str, what: str) -> int:
-    """An int of at least 1 (``segments``' count, a semaphore's permits), or
-    ``ValueError`` naming the call and the argument."""
-    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-        raise ValueError(f"{call}: {what} must be an int of at least 1, not {value!r}")
+    """An int from 1 to :data:`COUNT_MAX` (``segments``' count, a semaphore's
+    permits), or ``ValueError`` naming the call and the argument."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= COUNT_MAX:
+        raise ValueError(f"{call}: {what} must be an int from 1 to {COUNT_MAX:,}, "
+                         f"not {describe(value)}")
     return value
 
 
-def _describe(value: Any) -> str:
+def check_label(value: Any) -> str | None:
+    """None or a str of at most :data:`LABEL_MAX` characters that is valid
+    text, or ``ValueError`` (a list failed deep in the owner's JSON cache as
+    "unhashable type", a 100 KB label was stored on every node)."""
+    if value is None:
+        return None
+    if not isinstance(value, str):
+        raise ValueError(f"label must be a str or None, not {type(value).__name__}")
+    if len(value) > LABEL_MAX:
+        raise ValueError(f"label is {len(value)} characters long; the limit is {LABEL_MAX}")
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError(f"label is not valid text (a lone surrogate): {describe(value)}") \
+            from None
+    return value
+
+
+def describe(value: Any) -> str:
+    """A bad value as a message shows it: its repr, cut at 60 characters."""
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
+
+
 
 
 #: Each rule's range as the messages say it (the per-call ``ValueError`` and
@@ -97,14 +135,14 @@ def _between(value: Any, what: str, low: float, high: float) -> float:
     if not is_seconds(value) or not low <= value <= high:
         raise ValueError(
             f"{what} must be a number of seconds between {low:g} and {high:g}, "
-            f"not {_describe(value)}")
+            f"not {describe(value)}")
     return float(value)
 
 
 def check_ttl(value: Any, what: str = "ttl") -> float:
     """``value`` as a lease in seconds, or ``ValueError`` naming ``what`` and the range."""
     if not is_seconds(value) or not TTL_MIN <= value <= TTL_MAX:
-        raise ValueError(f"{what} must be {TTL_RANGE}, not {_describe(value)}")
+        raise ValueError(f"{what} must be {TTL_RANGE}, not {describe(value)}")
     return float(value)
 
 
@@ -113,7 +151,7 @@ def check_timeout(value: Any, what: str = "timeout") -> float | None:
     if value is None:
         return None
     if not is_seconds(value) or not 0 <= value <= TIMEOUT_MAX:
-        raise ValueError(f"{what} must be {TIMEOUT_RANGE}, not {_describe(value)}")
+        raise ValueError(f"{what} must be {TIMEOUT_RANGE}, not {describe(value)}")
     return float(value)
 
 
@@ -122,7 +160,7 @@ def check_max_hold(value: Any, what: str = "max_hold") -> float | None:
     if value is None:
         return None
     if not is_seconds(value) or not 0 < value <= TIMEOUT_MAX:
-        raise ValueError(f"{what} must be {MAX_HOLD_RANGE}, not {_describe(value)}")
+        raise ValueError(f"{what} must be {MAX_HOLD_RANGE}, not {describe(value)}")
     return float(value)
 
 

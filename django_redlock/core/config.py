@@ -40,7 +40,6 @@ from __future__ import annotations
 
 import difflib
 import ipaddress
-import math
 import posixpath
 import re
 from dataclasses import dataclass, field
@@ -84,7 +83,7 @@ REPLICA_ACKS_MAX = 64
 
 
 def _number(v: Any) -> TypeGuard[float]:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v)
+    return arguments.is_seconds(v)  # finite, and an int that fits a float
 
 
 def _time(key: str, none_ok: bool = False) -> tuple[str, Callable[[Any], bool],
@@ -123,7 +122,9 @@ def _shown(value: Any) -> str:
     """A bad value as the message shows it: a number as itself (``nan``, ``inf``
     say more than "float"), anything else by its type (it may be long or secret)."""
     if isinstance(value, (int, float)):
-        return f"{value!r}"
+        text = f"{value!r}" if not isinstance(value, int) or value.bit_length() < 128 \
+            else f"an int of {len(str(abs(value)))} digits"
+        return text
     return type(value).__name__
 
 
@@ -466,7 +467,7 @@ def _parse_url(url: str) -> _URL | _Refused:
                             + "Known: db, " + ", ".join(sorted(NODE_OPTIONS)) + ".", "E011")
         converted = _from_query(key, value)
         if converted is _BAD or not NODE_OPTIONS[key](converted):
-            shown = "***" if key == "password" else repr(value)
+            shown = "***" if key == "password" else arguments.describe(value)
             return _Refused(f"has a bad value {shown} for {key!r} in its query string; "
                             f"it must be {_NODE_OPTION_RULES[key]}", id="E011")
         options[key] = Secret(converted) if key == "password" else converted
@@ -599,7 +600,7 @@ def _check_node_options(options: Any, where: str, scheme: str) -> list[Problem]:
                 hint=(f"Did you mean {close[0]!r}? " if close else "")
                 + "Known options: " + ", ".join(sorted(NODE_OPTIONS)) + "."))
         elif not test(v):
-            shown = "***" if k == "password" else repr(v)
+            shown = "***" if k == "password" else arguments.describe(v)
             found.append(Problem("E011", f"{where}: option {k!r} has a bad value {shown}; "
                                          f"it must be {_NODE_OPTION_RULES[k]}."))
         elif k in _TLS_ONLY and scheme != "rediss" and v is not None:

@@ -80,6 +80,11 @@ def validate_name(name: object) -> str:
         raise InvalidLockName(f"lock name contains a control character: {name!r}")
     if name != name.strip():
         raise InvalidLockName(f"lock name has leading or trailing whitespace: {name!r}")
+    try:
+        name.encode("utf-8")  # the key is sent as UTF-8
+    except UnicodeEncodeError:
+        raise InvalidLockName(f"lock name is not valid text (a lone surrogate): {name!r}") \
+            from None
     return name
 
 

@@ -32,7 +32,7 @@ import math
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Generator, NamedTuple, Protocol, Sequence, Union
 
-from ..core.arguments import check_timeout
+from ..core.arguments import check_label, check_timeout
 from ..core.keys import fence_key, lock_key, segment_channel, validate_name, waiters_key
 from ..core.owner import new_token, owner_json
 from ..core.pid import getpid
@@ -346,7 +346,7 @@ class LockBase:
         self.auto_renew = auto_renew
         self.fencing = fencing
         self.max_hold = max_hold
-        self.label = label
+        self.label = label if label is None else check_label(label)
         self.fence = 0
         #: Nodes that had granted the last acquisition when it returned (0: not
         #: counted, e.g. handed over by a release); shown by the debug-toolbar panel.
