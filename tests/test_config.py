@@ -122,6 +122,10 @@ def test_lock_manager_raises_the_same_problems() -> None:
         LockManager(["redis://127.0.0.1:6379/0"], tll=3)
     with pytest.raises(ImproperlyConfigured, match=r"redlock\.E001"):
         LockManager([])
+    with pytest.raises(ImproperlyConfigured, match=r"redlock\.E001"):
+        LockManager(None)  # a bare "'NoneType' object is not iterable" before
+    with pytest.raises(ImproperlyConfigured, match=r"redlock\.E002"):
+        LockManager(5)
 
 
 def test_defaults_are_complete_and_valid(settings: Any) -> None:

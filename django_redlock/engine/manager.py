@@ -142,7 +142,11 @@ class LockManager:
                 + f". Known options: {known}.")
         upper = {k.upper(): v for k, v in options.items()}
         problems = [p for p in check_options(upper) if p.is_error]
-        specs, node_problems = parse_nodes(list(nodes) if not isinstance(nodes, (str, bytes)) else nodes)
+        # Any iterable of nodes (a generator, a set...) as a list; anything
+        # else as it is, for parse_nodes' E002 (a str, None, a number).
+        given = nodes if isinstance(nodes, (str, bytes)) or not hasattr(nodes, "__iter__") \
+            else list(nodes)
+        specs, node_problems = parse_nodes(given)
         problems += [p for p in node_problems if p.is_error]
         if problems:
             raise InvalidOption("; ".join(f"redlock.{p.id}: {p.msg}" for p in problems))
