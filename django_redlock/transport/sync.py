@@ -54,7 +54,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import InvalidResponse, NoScriptError, RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeoutError
 
-from ..core.config import NodeSpec
+from ..core.config import NodeSpec, Secret
 from ..core.pid import getpid
 from ..core.retry import backoff
 from .resp import PRELOAD, PRELOAD_SCRIPTS, Call, Chain, ChainReply, Command
@@ -109,7 +109,7 @@ def remember_secrets(*values: Any) -> None:
     """Note passwords (non-empty strings among ``values``) to scrub."""
     for value in values:
         if isinstance(value, str) and value:
-            _SECRETS.add(str(value))
+            _SECRETS.add(Secret(value))  # shown as '***' by repr, as in a node's options
 
 
 def scrub(text: str) -> str:
