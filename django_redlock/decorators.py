@@ -74,7 +74,7 @@ from django.db import transaction
 from django.http import HttpRequest
 
 from .conf import get_manager
-from .core.arguments import check_label, check_max_hold, check_timeout, check_ttl
+from .core.arguments import LABEL_MAX, check_label, check_max_hold, check_timeout, check_ttl
 from .core.keys import InvalidLockName
 from .core.templates import (
     LockNameTemplate,
@@ -327,6 +327,8 @@ class _Target:
         if auto_renew is ... and is_view:
             auto_renew = True  # a slow request keeps its lock unless told otherwise
         label = self.label or f"{'view' if is_view else 'func'}:{self._where_called()}"
+        if len(label) > LABEL_MAX:  # a derived one (a given one was checked): cut, not refused
+            label = label[:LABEL_MAX - 3] + "..."
         options = {"ttl": self.ttl, "timeout": self.timeout, "auto_renew": auto_renew,
                    "fencing": self.fencing, "max_hold": self.max_hold, "label": label}
         if self.reentrant:

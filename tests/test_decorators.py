@@ -282,6 +282,24 @@ def test_explicit_manager_and_nesting(make_manager: Any, session_nodes: Any) -> 
     assert outer(1) == ("outer:1", "custom-label", "other:inner:1")
 
 
+def test_a_derived_label_longer_than_the_limit_is_cut_not_refused(make_manager: Any,
+                                                                   session_nodes: Any) -> None:
+    """A label given to with_lock is checked when it decorates; the one it
+    derives from the function's module and qualified name is not the
+    caller's input: a long one is cut to the limit, never a refused request."""
+    from django_redlock.core.arguments import LABEL_MAX
+
+    mgr = make_manager(session_nodes)
+
+    def body() -> str:
+        return str(current_lock().label)
+
+    body.__qualname__ = "Very" * 60 + ".body"
+    locked = with_lock("long-label", manager=mgr, timeout=0)(body)
+    label = locked()
+    assert len(label) == LABEL_MAX and label.startswith("func:") and label.endswith("...")
+
+
 def test_body_exception_propagates_and_releases() -> None:
     @with_lock("boom:<x>", timeout=0)
     def boom(x: int) -> None:
