@@ -65,7 +65,7 @@ from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ..core.config import NodeSpec
 from .resp import Call, Chain, ChainReply, Command
-from .sync import NodeClient, NodeError
+from .sync import NodeClient, NodeError, scrub
 
 logger = logging.getLogger("django_redlock.transport")
 
@@ -625,7 +625,7 @@ class ClusterNode(NodeClient):
             self._moved = {}
             self.refreshes += 1
         except (RedisError, OSError, IndexError, KeyError) as e:
-            logger.info("node %s: no slot map yet: %s", self.name, e)
+            logger.info("node %s: no slot map yet: %s", self.name, scrub(str(e)))
         finally:
             with self._refresh_lock:
                 self._refreshing = False

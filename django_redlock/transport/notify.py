@@ -54,7 +54,7 @@ from redis.exceptions import RedisError
 from ..core.owner import new_token
 from ..core.retry import backoff
 from .resp import pack
-from .sync import NODE_DOWN_ERRORS, NodeClient
+from .sync import NODE_DOWN_ERRORS, NodeClient, scrub
 
 logger = logging.getLogger("django_redlock.notify")
 
@@ -756,7 +756,7 @@ class ReleaseNotifier:
                 link.failures += 1
                 link.next_connect = now + backoff(link.failures + 1, first=RECONNECT_FIRST,
                                                   cap=RECONNECT_MAX)
-                logger.debug("pub/sub connect to %s failed: %s", link.node.name, e)
+                logger.debug("pub/sub connect to %s failed: %s", link.node.name, scrub(str(e)))
                 link.connect_failed = True
                 # Down now: no subscriber waits for its confirmation any more
                 # (the reader re-checks after a kick, the others when woken).
