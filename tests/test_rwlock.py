@@ -11,6 +11,11 @@ restarted empty. Every wait is bounded.
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
+import subprocess
+import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
@@ -353,3 +358,77 @@ def test_a_writer_that_gives_up_its_place_lets_the_readers_behind_it_in(
         reader.release()
         if got.get("lock") is not None and got["lock"].owned():
             got["lock"].release()
+
+
+_HOLD_OR_QUEUE = textwrap.dedent("""
+    import sys, time
+    from django_redlock import LockManager
+    urls, role = sys.argv[1].split(","), sys.argv[2]
+    mgr = LockManager(urls, node_timeout=0.5, ttl=1.0)
+    if role == "reader":
+        assert mgr.read_lock("dead-writer", auto_renew=True).acquire(timeout=5)
+        print("holds", flush=True)
+    else:
+        print("queues", flush=True)
+        mgr.write_lock("dead-writer").acquire(timeout=30)
+    time.sleep(30)
+""")
+
+
+def test_a_writer_killed_in_line_does_not_keep_readers_out_of_a_free_lock(
+        nodes: RedisNodes, make_manager: MakeManager) -> None:
+    """A reader holds, a writer queues behind it, and both processes are
+    killed (no release ever runs). Once the reader's lease ran out the lock
+    was free, but every reader yielded to the dead writer's entry, and each
+    reader's retry kept the line alive: no reader got in until some writer
+    came (a review saw 45 s). The dead writer's entry is dropped (nobody
+    listens on its inbox)."""
+    urls = ",".join(nodes.urls)
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    procs = []
+    try:
+        for role, says in (("reader", "holds"), ("writer", "queues")):
+            proc = subprocess.Popen([sys.executable, "-c", _HOLD_OR_QUEUE, urls, role],
+                                    stdout=subprocess.PIPE, text=True, env=env)
+            procs.append(proc)
+            assert proc.stdout is not None and proc.stdout.readline().strip() == says
+        mgr = make_manager(nodes)
+        line = waiters_key(mgr.key("dead-writer"))
+        assert wait_until(lambda: all(server.client().llen(line) for server in nodes),
+                          timeout=5), "the writer never stood in line"
+    finally:
+        for proc in procs:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=10)
+            if proc.stdout is not None:
+                proc.stdout.close()
+    time.sleep(1.2)  # the killed reader's lease (1 s) runs out: the lock is free
+    reader = mgr.read_lock("dead-writer")
+    started = time.monotonic()
+    assert reader.acquire(timeout=5)
+    assert time.monotonic() - started < 2.0
+    reader.release()
+
+
+def test_a_reader_behind_a_writer_never_keeps_the_line_alive(
+        nodes: RedisNodes, make_manager: MakeManager) -> None:
+    """Where a node cannot tell whether a writer still listens (a Cluster or
+    Sentinel node), a dead writer's entry is waited for only until the line
+    expires: a reader's retries never prolong it, only the writer's own
+    attempts do. Here a dead writer's entry with 1.5 s left: the reader,
+    retrying every 0.1 s, gets the free lock once it expired (each retry
+    used to add 30 s)."""
+    mgr = make_manager(nodes, retry_delay=0.1)
+    for node in mgr.nodes:
+        node.hands_over = False  # as a Cluster or Sentinel node says
+    line = waiters_key(mgr.key("expiring-writer"))
+    for server in nodes:
+        client = server.client()
+        client.rpush(line, b"{redlock}:inbox:gone|w.dead-writer")
+        client.pexpire(line, 1500)
+    reader = mgr.read_lock("expiring-writer")
+    started = time.monotonic()
+    assert reader.acquire(timeout=6)
+    took = time.monotonic() - started
+    assert 1.0 < took < 4.0, took  # behind the writer until its line expired
+    reader.release()

@@ -323,18 +323,25 @@ BEHIND_IN_LINE = 8
 
 def acquire_call(key: bytes, fkey: bytes, wkey: bytes, token: str, ttl_ms: int, owner: str,
                  fencing: bool, waiter: bytes = b"", woken: bool = False,
-                 guard: Guard | None = None) -> Call:
+                 guard: Guard | None = None, listeners: bool = True) -> Call:
     """One node's acquire script call.
 
     ``waiter`` is the waiter's queue entry (``Subscription.entry``), empty for a
     first attempt, which stays out of the queue. A waiter joins the queue at the
     back; one that was woken by name (``woken``) and still lost, to a newcomer
     that got there first, goes back to the front. ``guard``: checks the script
-    makes first (a semaphore's permit, :class:`Guard`).
+    makes first (a semaphore's permit, :class:`Guard`). ``listeners``: for a
+    read-write lock, whether the node can tell that a queued writer's process
+    still listens on its inbox (``PUBSUB NUMSUB``; not on a Cluster or a
+    Sentinel node, whose notices may reach a listener on another server):
+    rw_acquire.lua then drops a dead writer's entry instead of holding every
+    reader back behind it.
     """
     mode = b"0" if not waiter else b"2" if woken else b"1"
-    args = (token, ttl_ms, owner, b"1" if fencing else b"0", _FENCE_GRACE_B, mode,
-            _WAITERS_GRACE_B, waiter)
+    args: tuple[Any, ...] = (token, ttl_ms, owner, b"1" if fencing else b"0", _FENCE_GRACE_B,
+                             mode, _WAITERS_GRACE_B, waiter)
+    if _rw(token):
+        args += (b"1" if listeners else b"0",)
     if guard is not None:
         return Call(_acquire_script(token), (key, fkey, wkey, *guard.keys), args + guard.args)
     return Call(_acquire_script(token), (key, fkey, wkey), args)
@@ -1002,6 +1009,12 @@ def acquire_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token
     calls: list[Any] = [call] * n
     if hand_over and hand_over != waiter:
         calls[h] = acquire_call(key, fkey, wkey, token, ttl_ms, owner, fencing, hand_over, woken)
+    if _rw(token):
+        for i, node in enumerate(nodes):
+            if not getattr(node, "hands_over", True):  # see acquire_call's listeners
+                calls[i] = acquire_call(key, fkey, wkey, token, ttl_ms, owner, fencing,
+                                        hand_over if i == h and hand_over else waiter, woken,
+                                        listeners=False)
     acks = mgr.replica_acks
     if acks:
         calls = with_acks(calls, nodes, acks)

@@ -5,6 +5,8 @@
 -- Readers share the lock; the writer holds it alone. A reader also queues
 -- behind a writer that stands in line before it (no writer starvation),
 -- unless it was just woken by name (ARGV[6] '2': a release let it go first).
+-- ARGV[9] '1': this node can tell whether a queued writer's process still
+-- listens on its inbox (PUBSUB NUMSUB; '0' on a Cluster or Sentinel node).
 --#include fence_issue
 --#include waiter_queue
 --#include rw_common
@@ -61,24 +63,46 @@ if mine then
   cover()
   return {1, fence}
 end
+-- A writer in line before this reader goes first: the reader queues behind
+-- it, although the readers holding the lock now would let it in. But a writer
+-- whose process died in line (killed while queued: no release ever takes its
+-- entry out) must not hold the readers back for good:
+--   t0  reader R1 holds; writer W queues; R1 and W are killed
+--   t1  R1's lease runs out: the lock is free, W's entry is still first
+--   t2  every reader yields to W, and each retry kept the line alive: no
+--       reader got a free lock until some writer came (seen for 45 s)
+-- Where the node can tell (ARGV[9] '1'), an entry whose inbox nobody listens
+-- to is dropped (release.lua skips such entries too). Everywhere, a reader
+-- behind a writer never prolongs the line: only the writer's own attempts
+-- (and the holders' leases) do, so a dead writer's entry expires with it.
+local behind_writer = false
 if not writer and busy_until == 0 and queue ~= '2' then
-  -- A writer in line before this reader goes first: the reader queues
-  -- behind it, although the readers holding the lock now would let it in.
   for _, entry in ipairs(redis.call('LRANGE', KEYS[3], 0, -1)) do
     if entry == ARGV[8] then
       break
     end
-    local waiter = string.match(entry, '^[^|]*|([^|]*)')
+    local inbox, waiter = string.match(entry, '^([^|]*)|([^|]*)')
     if waiter and string.sub(waiter, 1, 1) == 'w' then
-      busy_until = math.max(holders_until, now + 50)
-      break
+      if ARGV[9] == '1' and redis.call('PUBSUB', 'NUMSUB', inbox)[2] == 0 then
+        redis.call('LREM', KEYS[3], 0, entry)
+      else
+        busy_until = math.max(holders_until, now + 50)
+        behind_writer = true
+        break
+      end
     end
   end
 end
 if busy_until > 0 then
   local pttl = busy_until - now
   if queue ~= '0' then
-    join_queue(KEYS[3], ARGV[8], queue, ARGV[7], pttl)
+    if behind_writer then
+      if not redis.call('LPOS', KEYS[3], ARGV[8]) then
+        redis.call('RPUSH', KEYS[3], ARGV[8])  -- into the writer's line, keeping its expiry
+      end
+    else
+      join_queue(KEYS[3], ARGV[8], queue, ARGV[7], pttl)
+    end
     return {0, pttl, now}
   end
   return {0, pttl}
