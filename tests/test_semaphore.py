@@ -533,6 +533,36 @@ def test_a_node_restarted_empty_learns_the_count_again(
         mgr.semaphore("relearn", 5, timeout=1).acquire()
 
 
+def test_a_stray_count_on_a_node_restarted_empty_is_outvoted(
+        redis_nodes_factory: NodesFactory, make_manager: MakeManager) -> None:
+    """The name is used with permits=2; node 3 restarts empty, and a caller
+    with a wrong count (3) reaches it first: refused, as it must be, but its
+    count stays recorded on node 3 for the record's hour. Every right caller
+    used to get PermitsMismatch from that one node although nodes 1 and 2
+    agree: now the quorum's count decides, and the stray is still refused."""
+    nodes = redis_nodes_factory(3)
+    mgr = make_manager(nodes)
+    with mgr.semaphore("outvoted", 2, timeout=1):
+        pass
+    nodes[2].restart(empty=True)
+    count_key = permits_key(lock_key(mgr.key_prefix, "outvoted"))
+    stray = make_manager(nodes)
+    with pytest.raises(semaphore_module.PermitsMismatch):
+        stray.semaphore("outvoted", 3, timeout=0).acquire()
+    assert [server.client().get(count_key) for server in nodes] == [b"2", b"2", b"3"]
+    for timeout in (0, 1):  # a try and a waiting acquire
+        held = mgr.semaphore("outvoted", 2, timeout=timeout)
+        assert held.acquire()
+        held.release()
+    both = [mgr.semaphore("outvoted", 2, timeout=1) for _ in range(2)]
+    assert all(s.acquire() for s in both)  # two permits, no more
+    assert mgr.semaphore("outvoted", 2, timeout=0).acquire() is False
+    for s in both:
+        s.release()
+    with pytest.raises(semaphore_module.PermitsMismatch):
+        stray.semaphore("outvoted", 3, timeout=0).acquire()
+
+
 @pytest.mark.parametrize("name", ["plain", "{tag}x", "odd}name"])
 def test_the_count_key_reads_back(name: str) -> None:
     from django_redlock.core.keys import fence_key, parse_internal_key

@@ -313,6 +313,18 @@ class Guard(NamedTuple):
 
 #: Guard refusals (acquire.lua): another permit count is recorded; someone is in line.
 GUARD_COUNT, GUARD_LINE = 5, 6
+
+
+def guard_stops(guard: dict[str, tuple[int, Any]]) -> bool:
+    """Whether a round's guard refusals lose it even with a quorum of grants:
+    anyone in line on any node does (arrival order), a count recorded
+    otherwise on a minority does not. The grants are the nodes whose guard
+    passed, so a quorum of grants is a quorum that agreed on the count, and
+    two counts cannot both have one (two majorities share a node, which
+    holds one record). Losing the round on any node's other count let one
+    stray caller (a wrong count that reached a node restarted empty first)
+    refuse every right one for the record's hour."""
+    return any(code == GUARD_LINE for code, _ in guard.values())
 #: acquire.lua's busy flag: the key is a lock a release handed to the first in
 #: line, who has it to itself for a moment (release.lua's ``first_until``).
 HANDED_FIRST = 7
@@ -647,7 +659,7 @@ def refused(tally: AcquireTally, *, n_nodes: int, start: float, elapsed: float, 
                              tally.errors, lock_name, tally.error_replies, note)
         error.round_seconds = elapsed  # the attempt's, not its clean-up's (engine.protocol)
         raise error
-    if tally.ok >= q.quorum(n_nodes) and not tally.guard and not tally.handed_first:
+    if tally.ok >= q.quorum(n_nodes) and not guard_stops(tally.guard) and not tally.handed_first:
         logger.info("lock %r: quorum reached but the round took %.3f s of a %.3f s lease; "
                     "retrying", lock_name, elapsed, ttl)
     busy = sorted(tally.busy_ttls)
@@ -1091,7 +1103,7 @@ def acquire_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token
     #   W (notice)  asks the 2 others: granted, W holds the lock
     won = granted(tally, n_nodes=n, start=start, elapsed=elapsed, ttl=ttl,
                   drift_factor=mgr.drift_factor) \
-        if not tally.guard and not tally.handed_first else None
+        if not guard_stops(tally.guard) and not tally.handed_first else None
     if won is not None:
         if handed is not None and handed.valid_until < won.valid_until:
             won.valid_until = handed.valid_until  # that lease began before this round

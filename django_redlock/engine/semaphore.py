@@ -48,9 +48,12 @@ permit that is free at that moment, if any.
 Permits must agree: ``permits`` is recorded per name on the nodes (the key
 ``keys.permits_key``, written by the first try's script when absent) and
 checked on every node the first try reaches, before it grants the permit: a
-node with a different count grants nothing and says so, and the caller gets
-:class:`PermitsMismatch` (any permit other nodes granted is given back); the
-grant itself needs a quorum, so a quorum agreed on the count. Every acquire renews the record's lease
+node with a different count grants nothing and says so; the grant itself
+needs a quorum, so a quorum agreed on the count, and two counts never both
+have one. When so many nodes hold another count that the rest cannot make a
+quorum, the caller gets :class:`PermitsMismatch` (any permit other nodes
+granted is given back); a minority with another count (a node restarted
+empty that a caller with a wrong count reached first) is outvoted. Every acquire renews the record's lease
 (:data:`COUNT_LEASE`); once it runs out, after the last acquire of the name, a
 new count may be used.
 """
@@ -251,10 +254,15 @@ class SemaphoreBase(compose.Composite):
                      (str(self.permits).encode(), lease_ms, b"1" if aside else b"0"))
 
     def _check_count(self, refusal: dict[str, tuple[int, Any]]) -> None:
-        """Raise :class:`PermitsMismatch` when a node recorded another count."""
-        for code, detail in refusal.values():
-            if code != GUARD_COUNT:
-                continue
+        """Raise :class:`PermitsMismatch` when so many nodes recorded another
+        count that the rest cannot make a quorum: this count can never be
+        granted. A minority with another count (a node restarted empty that a
+        stray caller reached first) only grants nothing (rounds.guard_stops)."""
+        others = [detail for code, detail in refusal.values() if code == GUARD_COUNT]
+        nodes = len(self.manager.nodes)
+        if nodes - len(others) >= self.manager.quorum:
+            return
+        for detail in others:
             recorded = detail.decode() if isinstance(detail, bytes) else str(detail)
             raise PermitsMismatch(
                 f"semaphore {self.name!r}: permits={self.permits} was asked, but its "
