@@ -164,6 +164,9 @@ class _Target:
         self.timeout = timeout
         self.auto_renew = auto_renew
         self.atomic = atomic
+        #: Whether the warning of a body run inside an open transaction was
+        #: logged (_check_transaction: once per decorated function).
+        self._warned_transaction = False
         self.on_busy = on_busy
         self.fencing = fencing
         self.max_hold = max_hold
@@ -378,6 +381,7 @@ class _Target:
                     f"with_lock({self.source!r}, atomic=True) on {self._where_called()}"
                     f": the view is async, and Django transactions are bound to a thread")
             return self.call_async(args, kwargs)
+        self._check_transaction()
         manager = self._manager()
         if request is not None:
             names = self.view_names(request, view_self, kwargs)
@@ -410,6 +414,41 @@ class _Target:
                 raise
             return self.on_busy(None, exc)
         return self._run_held(lock, args, kwargs)
+
+    def _check_transaction(self) -> None:
+        """Before the lock is taken: a body run inside a transaction that is
+        already open (``ATOMIC_REQUESTS``, an outer ``atomic()``) commits only
+        after the lock is released, and another holder may read the old
+        values meanwhile::
+
+            A  (outer atomic)  takes the lock, sells one: stock 9, uncommitted
+            A  releases the lock; the outer transaction is still open
+            B  takes the lock, reads stock 10 (A has not committed), sells one
+            A  commits 9; B commits 9: one sale lost
+
+        ``atomic=True`` promised that the writes commit while the lock is
+        held: there it refuses to run (``RuntimeError``, as Django's own
+        ``atomic(durable=True)`` does when nested; a test case's transaction
+        does not count). Without it the body runs, and a warning says once per
+        function that only fenced writes are protected."""
+        connection = transaction.get_connection(self.using)
+        blocks = getattr(connection, "atomic_blocks", None) or []
+        if not blocks or getattr(blocks[-1], "_from_testcase", False):
+            return
+        if self.atomic:
+            raise RuntimeError(
+                f"with_lock({self.source!r}, atomic=True) on {self._where_called()} was "
+                f"called inside an open transaction (ATOMIC_REQUESTS or an outer atomic()): "
+                f"its writes would commit after the lock is released, when another holder "
+                f"may have read the old values. Exempt the view from ATOMIC_REQUESTS "
+                f"(@transaction.non_atomic_requests) or call it outside the transaction.")
+        if not self._warned_transaction:
+            self._warned_transaction = True
+            logger.warning(
+                "with_lock(%r) on %s runs inside an open transaction (ATOMIC_REQUESTS or an "
+                "outer atomic()): its writes commit after the lock is released, so only "
+                "fenced writes (claim, fenced_save, fenced_update) are protected",
+                self.source, self._where_called())
 
     def _run_held(self, lock: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *,
                   view: bool = False) -> Any:

@@ -15,6 +15,7 @@ from typing import Any
 
 import pytest
 from django.core.exceptions import ImproperlyConfigured
+from django.db.models import F
 from django.http import HttpResponse
 from django.test import AsyncClient, Client, RequestFactory
 from django.utils.decorators import method_decorator
@@ -338,6 +339,47 @@ def test_atomic_rolls_back_when_the_lock_is_taken_away(make_manager: Any,
     with pytest.raises(LockLost):
         adjust(product.pk)
     assert Product.objects.get(pk=product.pk).stock == 0
+
+
+@pytest.mark.django_db
+def test_atomic_refuses_to_run_inside_an_open_transaction(
+        client: Client, recorded: list[Any], caplog: pytest.LogCaptureFixture) -> None:
+    """Inside a transaction already open (an outer atomic(), ATOMIC_REQUESTS)
+    the body's writes commit after the lock is released: another holder could
+    read the old stock meanwhile and a sale was lost (a review drove it with
+    two requests). ``atomic=True`` refuses before the lock is taken; a body
+    without it runs, with a warning once per function."""
+    from django.db import connection, transaction
+
+    product = Product.objects.create(name="p", stock=0)
+
+    @with_lock("nested:<pk>", atomic=True, timeout=0)
+    def adjust(pk: int) -> None:  # pragma: no cover - never runs
+        Product.objects.filter(pk=pk).update(stock=7)
+
+    with transaction.atomic(), pytest.raises(RuntimeError, match="open transaction"):
+        adjust(product.pk)
+    saved = connection.settings_dict["ATOMIC_REQUESTS"]
+    connection.settings_dict["ATOMIC_REQUESTS"] = True
+    try:
+        with pytest.raises(RuntimeError, match="ATOMIC_REQUESTS"):
+            client.post(f"/product/{product.pk}/atomic-restock/")
+    finally:
+        connection.settings_dict["ATOMIC_REQUESTS"] = saved
+    assert Product.objects.get(pk=product.pk).stock == 0
+    assert [k for k, _ in recorded].count("lock_acquired") == 0  # nothing was sent
+
+    @with_lock("nested-plain:<pk>", timeout=0)
+    def plain(pk: int) -> None:
+        Product.objects.filter(pk=pk).update(stock=F("stock") + 1)
+
+    with caplog.at_level(logging.WARNING, logger="django_redlock.decorators"):
+        with transaction.atomic():
+            plain(product.pk)
+            plain(product.pk)
+    assert Product.objects.get(pk=product.pk).stock == 2
+    warned = [r for r in caplog.records if "open transaction" in r.getMessage()]
+    assert len(warned) == 1 and "fenced writes" in warned[0].getMessage()
 
 
 def test_atomic_is_refused_on_async_functions() -> None:
