@@ -76,6 +76,7 @@ def _row(lock: Any) -> dict[str, Any]:
         "owner": fmt.format_owner({k: v for k, v in lock.owner.items() if k != "label"}),
         "label": lock.owner.get("label") or "",
         "fence": lock.fence,
+        "token": lock.token,  # its start: what a confirmed release asks for (release_view)
         "age": fmt.format_seconds(lock.age_s),
         "waiters": fmt.format_count(lock.waiters),
     }
@@ -252,7 +253,17 @@ class RedisLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]  # not subscri
                 request, f"Release lock {name}?", name=name, detail=detail,
                 row=_row(detail.lock) if detail.lock is not None else None)
             return TemplateResponse(request, "django_redlock/admin_release_confirm.html", context)
-        report = force_release(manager, name)
+        # The holder the confirmation page showed: the lock is released only
+        # while that one holds it. Between the look and the click it may have
+        # changed hands, and deleting the new holder's lock would let a third
+        # one in beside it.
+        holder = request.POST.get("holder", "")
+        if len(holder) > 64 or not all(c.isalnum() or c in "-_." for c in holder):
+            messages.error(request, f"Lock {name!r}: the confirmation form was not the one "
+                                    f"this page writes; nothing was released.")
+            return HttpResponseRedirect(reverse("admin:django_redlock_redislock_changelist",
+                                                current_app=self.admin_site.name))
+        report = force_release(manager, name, holder)
         fmt = _formats()
         holders = sorted({fmt.format_owner(stored.owner) for _, stored in report.deleted
                           if stored is not None})
@@ -272,6 +283,12 @@ class RedisLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]  # not subscri
             messages.error(request, f"Lock {name!r}: only {report.answered} of {report.total} "
                                     f"nodes answered ({report.quorum_size} needed); it may stay "
                                     f"held until its lease ends.")
+        elif report.kept and not report.deleted:
+            now_held = sorted({fmt.format_owner(stored.owner) for _, stored in report.kept
+                               if stored is not None}) or ["another holder"]
+            messages.warning(request, f"Lock {name!r} changed hands since you looked: it is "
+                                      f"held by {', '.join(now_held)} now; nothing was "
+                                      f"released. Look again before releasing it.")
         elif not report.deleted:
             messages.info(request, f"Lock {name!r} was not held on any node that answered; "
                                    f"nothing to release.")

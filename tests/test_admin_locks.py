@@ -204,6 +204,38 @@ def test_release_asks_then_releases_logs_and_records(admin_client: Client, hold:
     assert entry.action_flag == DELETION and "nightly-import" in entry.change_message
 
 
+def test_a_confirmed_release_spares_a_holder_that_took_the_lock_since(
+        admin_client: Client, manager: LockManager, session_nodes: Any) -> None:
+    """The operator looks at stuck holder A's lock; meanwhile A finishes and
+    B takes the lock; the operator confirms. The release used to delete B's
+    lock (the form sent only the name), and a third client got in while B
+    worked. The form carries the holder it showed: B's lock stays."""
+    a = manager.lock("stock:19", ttl=30, label="stuck-holder-A")
+    assert a.acquire()
+    page = admin_client.get(URL + "release/", {"name": "stock:19"}).content.decode()
+    shown = re.search(r'name="holder" value="([^"]+)"', page)
+    assert shown and shown.group(1)
+    a.release()
+    b = manager.lock("stock:19", ttl=30, label="healthy-holder-B")
+    assert b.acquire()
+    response = admin_client.post(URL + "release/?name=stock:19", {"holder": shown.group(1)},
+                                 follow=True)
+    assert "changed hands" in response.content.decode()
+    assert _keys(session_nodes, "stock:19") == [True, True, True]
+    assert manager.lock("stock:19").acquire(blocking=False) is False  # B is alone in it
+    b.release()
+    # Confirmed while the same holder holds it: released as before.
+    c = manager.lock("stock:19", ttl=30, label="stuck-holder-C")
+    assert c.acquire()
+    page = admin_client.get(URL + "release/", {"name": "stock:19"}).content.decode()
+    shown = re.search(r'name="holder" value="([^"]+)"', page)
+    assert shown
+    response = admin_client.post(URL + "release/?name=stock:19", {"holder": shown.group(1)},
+                                 follow=True)
+    assert "Released lock" in response.content.decode()
+    assert _keys(session_nodes, "stock:19") == [False, False, False]
+
+
 def test_without_the_permission_no_button_and_403(viewer: Client, hold: Any,
                                                   session_nodes: Any) -> None:
     hold("stock:10")

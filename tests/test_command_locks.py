@@ -496,6 +496,29 @@ def test_release_refuses_without_force(nodes: RedisNodes, holders: Any, manage: 
     assert json.loads(run("list", "--json")[0])[0]["nodes"] == 3  # still held
 
 
+def test_release_with_a_holder_spares_a_lock_that_changed_hands(nodes: RedisNodes) -> None:
+    """``locks release NAME --force --holder TOKEN``: only while the holder
+    the operator saw (``locks show``'s TOKEN) still holds it."""
+    mgr = LockManager(nodes.urls, node_timeout=0.5)
+    try:
+        first = mgr.lock("handed", ttl=30, auto_renew=False)
+        assert first.acquire()
+        seen = json.loads(run("show", "handed", "--json")[0])["token"]
+        first.release()
+        second = mgr.lock("handed", ttl=30, auto_renew=False)
+        assert second.acquire()
+        with pytest.raises(CommandError, match="another holder"):
+            run("release", "handed", "--force", "--holder", seen)
+        assert second.owned() and mgr.lock("handed").acquire(blocking=False) is False
+        now = json.loads(run("show", "handed", "--json")[0])["token"]
+        out, _ = run("release", "handed", "--force", "--holder", now)
+        assert "Released lock 'handed'" in out
+        with pytest.raises(CommandError, match="--holder"):
+            run("release", "handed", "--force", "--holder", "a|b")
+    finally:
+        mgr.close()
+
+
 def test_release_force_wakes_a_blocked_waiter(nodes: RedisNodes, holders: Any) -> None:
     proc, fence = holders(nodes.urls, "job", 30.0)
     # A long fallback retry: only the release notice can wake the waiter early.

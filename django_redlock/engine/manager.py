@@ -634,17 +634,25 @@ class LockManager:
         """How many nodes have ``key``; raises QuorumUnavailable when too few answer."""
         return self._run(rounds.holders_steps(self, key))
 
-    def force_release(self, name: str) -> list[Any]:
+    def force_release(self, name: str, *, holder: str = "") -> list[Any]:
         """Delete lock ``name`` on every node whoever holds it; wake its waiters.
 
-        Returns each node's deleted value (bytes), None where there was none, or a
-        :class:`NodeError`. For operators (``manage.py locks release --force``);
-        the holder finds out at its next renewal.
+        ``holder``: the start of the holder's token as ``locks show`` and the
+        admin print it; then a node deletes the key only while that holder
+        still holds it there (an operator who saw a stuck holder must not
+        delete the healthy one that took the lock since).
+
+        Returns each node's deleted value (bytes), None where there was none,
+        ``[0, value]`` where another holder than ``holder`` holds it (kept), or
+        a :class:`NodeError`. For operators (``manage.py locks release
+        --force``); the holder finds out at its next renewal.
         """
+        if not isinstance(holder, str) or len(holder) > 64 or "|" in holder:  # type: ignore[redundant-expr]  # checked at run time too
+            raise ValueError(f"holder must be the start of a lock token, not {holder!r}")
         key = self.key(name).encode()
         # A segment's or a permit's waiters listen on their family's free
         # channel: told there, they take it at once, not at their next retry.
         channels = tuple(free_channels(self.key_prefix, name))
-        return self.transport.round([Call(FORCE_RELEASE, (key,), channels)] * len(self.nodes),
-                                    skip_backoff=False)
+        call = Call(FORCE_RELEASE, (key,), (holder.encode(), *channels))
+        return self.transport.round([call] * len(self.nodes), skip_backoff=False)
 

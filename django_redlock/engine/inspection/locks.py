@@ -547,22 +547,30 @@ class ReleaseReport:
     failures: list[NodeFailure]
     total: int
     quorum_size: int
+    #: (node, StoredLock or None) where another holder than the one asked for
+    #: holds the lock: kept (``force_release(..., holder=...)``).
+    kept: list[tuple[str, Any]] = field(default_factory=list)
 
     @property
     def answered(self) -> int:
-        return len(self.deleted) + len(self.absent)
+        return len(self.deleted) + len(self.absent) + len(self.kept)
 
 
-def force_release(manager: "LockHost", name: str) -> ReleaseReport:
-    """Delete lock ``name`` on every node (and wake its waiters); report who held it."""
+def force_release(manager: "LockHost", name: str, holder: str = "") -> ReleaseReport:
+    """Delete lock ``name`` on every node (and wake its waiters); report who held it.
+    ``holder``: only while that holder holds it (``LockManager.force_release``)."""
     from ...transport.sync import NodeError
 
-    replies = manager.force_release(name)
+    replies = manager.force_release(name, holder=holder)
     deleted: list[tuple[str, Any]] = []
     absent: list[str] = []
+    kept: list[tuple[str, Any]] = []
     failures: list[NodeFailure] = []
     for node, reply in zip(manager.nodes, replies, strict=True):
-        if isinstance(reply, NodeError):
+        if isinstance(reply, list) and len(reply) == 2 and reply[0] == 0:
+            raw = reply[1] if isinstance(reply[1], (bytes, str)) else str(reply[1])
+            kept.append((node.name, parse_value(raw)))
+        elif isinstance(reply, NodeError):
             failures.append(NodeFailure(node.name, short_reason(node, Exception(reply.reason))))
         elif isinstance(reply, Exception):
             failures.append(NodeFailure(node.name, short_reason(node, reply)))
@@ -572,6 +580,6 @@ def force_release(manager: "LockHost", name: str) -> ReleaseReport:
             raw = reply if isinstance(reply, (bytes, str)) else str(reply)
             deleted.append((node.name, parse_value(raw)))
     return ReleaseReport(name=name, deleted=deleted, absent=absent, failures=failures,
-                         total=len(manager.nodes), quorum_size=manager.quorum)
+                         total=len(manager.nodes), quorum_size=manager.quorum, kept=kept)
 
 

@@ -117,6 +117,7 @@ class LockInfo:
             "ttl_ms": self.ttl_ms,
             "owner": self.owner,
             "fence": self.fence,
+            "token": self.token,  # its start: what `locks release --holder` takes
             "since": self.since,
             "age_s": None if self.age_s is None else round(self.age_s, 3),
             "other_holders": self.others,

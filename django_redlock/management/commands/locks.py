@@ -10,6 +10,7 @@ Forms (the contract in ``docs/commands.rst``)::
     locks list [--json] [--pattern GLOB]   every held lock, merged across nodes
     locks show NAME [--json]               one lock, node by node
     locks release NAME --force             delete it everywhere, wake its waiters
+                                           (--holder TOKEN: only while that one holds it)
     locks health [--json]                  the nodes; exit 1 without a quorum
     locks watch [--interval S] [--count N] [--pattern GLOB]   ``list``, refreshed
 
@@ -217,6 +218,9 @@ class Command(BaseCommand):
         p.add_argument("name", metavar="NAME")
         p.add_argument("--force", action="store_true",
                        help="Required: releasing a lock someone holds lets a second holder in.")
+        p.add_argument("--holder", default="", metavar="TOKEN",
+                       help="Only while this holder holds it (the TOKEN column of `locks show`): "
+                            "if the lock changed hands since you looked, nothing is deleted.")
 
         p = sub("health", "Each node: reachable, round trip, version, role, persistence, clock.")
         p.add_argument("--json", action="store_true", help="Print a JSON array.")
@@ -248,7 +252,8 @@ class Command(BaseCommand):
                              as_json=bool(options.get("json")))
             elif action == "release":
                 self.do_release(manager, self._name(options["name"]),
-                                force=bool(options.get("force")))
+                                force=bool(options.get("force")),
+                                holder=str(options.get("holder") or ""))
             elif action == "health":
                 self.do_health(manager, as_json=bool(options.get("json")))
             elif action == "watch":
@@ -492,17 +497,26 @@ class Command(BaseCommand):
         return lines
 
     # ----------------------------------------------------------------- release
-    def do_release(self, manager: Any, name: str, *, force: bool) -> None:
+    def do_release(self, manager: Any, name: str, *, force: bool, holder: str = "") -> None:
         if not force:
             raise CommandError(
                 f"refusing to release lock {name!r} without --force: its holder may still be "
                 f"working, and a second holder would get in (only fenced writes stay safe)")
-        report = force_release(manager, name)
+        try:
+            report = force_release(manager, name, holder)
+        except ValueError as e:
+            raise CommandError(f"--holder: {e}") from None
         self._warn_failures(report.failures)
         if report.answered < report.quorum_size:
             raise CommandError(
                 f"lock {name!r}: only {report.answered} of {report.total} nodes answered "
                 f"({report.quorum_size} needed); it may still be held until its lease ends")
+        if report.kept and not report.deleted:
+            now_held = sorted({format_owner(stored.owner) for _, stored in report.kept
+                               if stored is not None}) or ["another holder"]
+            raise CommandError(
+                f"lock {name!r} is held by another holder than {holder!r} now "
+                f"({', '.join(now_held)}); nothing was released: look again (locks show)")
         if not report.deleted:
             self.stdout.write(f"Lock {name!r} was not held on any node that answered "
                               f"({report.answered} of {report.total}); nothing to release.")
