@@ -71,7 +71,7 @@ from typing import Any, TypeVar
 from asgiref.sync import iscoroutinefunction
 from django.core.exceptions import BadRequest, ImproperlyConfigured
 from django.db import transaction
-from django.http import HttpRequest
+from django.http import HttpRequest, StreamingHttpResponse
 
 from .conf import get_manager
 from .core.arguments import LABEL_MAX, check_label, check_max_hold, check_timeout, check_ttl
@@ -167,6 +167,8 @@ class _Target:
         #: Whether the warning of a body run inside an open transaction was
         #: logged (_check_transaction: once per decorated function).
         self._warned_transaction = False
+        #: Whether an async view's streaming response was warned about (call_async).
+        self._warned_stream = False
         self.on_busy = on_busy
         self.fencing = fencing
         self.max_hold = max_hold
@@ -466,6 +468,12 @@ class _Target:
                         result = self.func(*args, **kwargs)
                         _ensure_owned(lock)  # raising here rolls the transaction back
                 done = True
+                if view and isinstance(result, StreamingHttpResponse):
+                    if getattr(result, "is_async", False):
+                        self._warn_stream()
+                    else:
+                        stack.pop_all()  # released when the stream ends, not now
+                        self._release_when_closed(lock, result)
                 return result
         except LockLost as exc:
             if view and done and self._response_stands(lock, fence, exc):
@@ -473,6 +481,32 @@ class _Target:
             raise
         finally:
             _current_lock.reset(token)
+
+    def _release_when_closed(self, lock: Any, response: StreamingHttpResponse) -> None:
+        """Hold ``lock`` while ``response`` streams: its body runs after the
+        view returned, and used to run with the lock already released
+        (another request took it while the first one's rows were still
+        being read out). The lock is released when the stream ends or is
+        closed (a server closes the response, and with it its iterator,
+        once sent or once the client went away). A loss found by that
+        release is logged (and was signalled): the response is sent."""
+
+        def release() -> None:
+            try:
+                lock.__exit__(None, None, None)
+            except LockLost as exc:
+                logger.warning("lock %r of %s was lost while its streaming response was "
+                               "sent: %s", _name_of(lock), self._where_called(), exc)
+
+        response.streaming_content = _HeldStream(response.streaming_content, release)
+
+    def _warn_stream(self) -> None:
+        if not self._warned_stream:
+            self._warned_stream = True
+            logger.warning(
+                "with_lock(%r) on %s returned an asynchronous streaming response: its "
+                "body is sent after the lock is released (a synchronous stream holds it "
+                "until it ends)", self.source, self._where_called())
 
     def _response_stands(self, lock: Any, fence: int, exc: LockLost) -> bool:
         """Whether a view that returned normally keeps its response although the
@@ -535,6 +569,8 @@ class _Target:
                 if inspect.isawaitable(result):  # a coroutine (an async CBV's dispatch too)
                     result = await result
                 done = True
+                if is_view and isinstance(result, StreamingHttpResponse):
+                    self._warn_stream()
                 return result
         except LockLost as exc:
             if is_view and done and self._response_stands(lock, fence, exc):
@@ -548,6 +584,32 @@ class _Target:
                         del request.redlock
                 else:
                     request.redlock = previous
+
+
+class _HeldStream:
+    """A streaming response's content that calls ``release`` once, when it
+    ends or is closed (Django registers an iterator's ``close`` with the
+    response, and a server closes the response, also when the client left
+    before the first chunk: a generator's ``finally`` would not run then)."""
+
+    def __init__(self, content: Any, release: Callable[[], None]) -> None:
+        self._content = iter(content)
+        self._release: Callable[[], None] | None = release
+
+    def __iter__(self) -> "_HeldStream":
+        return self
+
+    def __next__(self) -> Any:
+        try:
+            return next(self._content)
+        except BaseException:  # the end (StopIteration), or the stream failed
+            self.close()
+            raise
+
+    def close(self) -> None:
+        release, self._release = self._release, None
+        if release is not None:
+            release()
 
 
 def with_semaphore(template: str, permits: int, *, ttl: float | EllipsisType = ...,

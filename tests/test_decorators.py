@@ -382,6 +382,43 @@ def test_atomic_refuses_to_run_inside_an_open_transaction(
     assert len(warned) == 1 and "fenced writes" in warned[0].getMessage()
 
 
+@pytest.mark.django_db  # response.close() sends request_finished (closes old connections)
+def test_a_streaming_view_holds_its_lock_until_the_stream_ends(
+        make_manager: Any, session_nodes: Any) -> None:
+    """A view's streaming body runs after the view returned: it used to run
+    with the lock already released, and another client took it while the
+    rows were still being sent. The lock is released when the stream ends,
+    or when the response is closed before the first chunk."""
+    from django.http import StreamingHttpResponse
+
+    mgr = make_manager(session_nodes)
+    other = make_manager(session_nodes)
+    seen: list[bool] = []
+
+    @with_lock("export:<pk>", manager=mgr, timeout=0)
+    def export(request: Any, pk: int) -> StreamingHttpResponse:
+        def rows() -> Iterator[bytes]:
+            seen.append(other.lock(f"export:{pk}").acquire(timeout=0))
+            yield b"row\n"
+        return StreamingHttpResponse(rows())
+
+    response = export(RequestFactory().get("/x"), pk=1)
+    assert other.lock("export:1").acquire(timeout=0) is False  # held while not yet sent
+    assert b"".join(response.streaming_content) == b"row\n"
+    assert seen == [False]  # nobody else inside while it streamed
+    probe = other.lock("export:1")
+    assert probe.acquire(timeout=0)  # released once it ended
+    probe.release()
+    response.close()  # closing after the end releases nothing twice
+
+    unsent = export(RequestFactory().get("/x"), pk=2)
+    assert other.lock("export:2").acquire(timeout=0) is False
+    unsent.close()  # the client went away before the first chunk
+    probe = other.lock("export:2")
+    assert probe.acquire(timeout=0)
+    probe.release()
+
+
 def test_atomic_is_refused_on_async_functions() -> None:
     with pytest.raises(ImproperlyConfigured, match="atomic=True"):
         @with_lock("a:<x>", atomic=True)
