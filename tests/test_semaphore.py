@@ -514,14 +514,22 @@ def test_disagreeing_permits_are_an_error(nodes3: RedisNodes, make_manager: Make
     assert all(s.client().get(count_key) == b"2" for s in nodes3)
 
 
-def test_a_node_restarted_empty_learns_the_count_again(
-        redis_nodes_factory: NodesFactory, make_manager: MakeManager) -> None:
+def _used_then_a_node_emptied(redis_nodes_factory: NodesFactory, make_manager: MakeManager,
+                              name: str, permits: int) -> tuple[Any, Any, str]:
+    """Three nodes, ``name`` used once with ``permits``, then node 3 restarted
+    empty: the nodes, the manager and the name's count key."""
     nodes = redis_nodes_factory(3)
     mgr = make_manager(nodes)
-    with mgr.semaphore("relearn", 4, timeout=1):
+    with mgr.semaphore(name, permits, timeout=1):
         pass
     nodes[2].restart(empty=True)
-    count_key = permits_key(lock_key(mgr.key_prefix, "relearn"))
+    return nodes, mgr, permits_key(lock_key(mgr.key_prefix, name))
+
+
+def test_a_node_restarted_empty_learns_the_count_again(
+        redis_nodes_factory: NodesFactory, make_manager: MakeManager) -> None:
+    nodes, mgr, count_key = _used_then_a_node_emptied(redis_nodes_factory, make_manager,
+                                                      "relearn", 4)
 
     def relearned() -> bool:
         with mgr.semaphore("relearn", 4, timeout=5):  # writes it where it is missing
@@ -540,12 +548,8 @@ def test_a_stray_count_on_a_node_restarted_empty_is_outvoted(
     count stays recorded on node 3 for the record's hour. Every right caller
     used to get PermitsMismatch from that one node although nodes 1 and 2
     agree: now the quorum's count decides, and the stray is still refused."""
-    nodes = redis_nodes_factory(3)
-    mgr = make_manager(nodes)
-    with mgr.semaphore("outvoted", 2, timeout=1):
-        pass
-    nodes[2].restart(empty=True)
-    count_key = permits_key(lock_key(mgr.key_prefix, "outvoted"))
+    nodes, mgr, count_key = _used_then_a_node_emptied(redis_nodes_factory, make_manager,
+                                                      "outvoted", 2)
     stray = make_manager(nodes)
     with pytest.raises(semaphore_module.PermitsMismatch):
         stray.semaphore("outvoted", 3, timeout=0).acquire()
