@@ -376,6 +376,57 @@ def test_fence_never_goes_back_after_a_big_clock_jump() -> None:
     assert b_fence > a.fence, f"fence went back by {a.fence - b_fence} ms"
 
 
+def test_fence_never_goes_back_on_a_busy_lock_with_a_node_ahead() -> None:
+    """After one write-back from a node 10 s ahead, the other nodes' counters
+    sit near its clock and issue ``counter + 1``: the next holder's fences
+    then differed by only the time since (150 ms, under a quarter of the 3 s
+    lease), nothing was written back, and once that holder paused past its
+    lease and the fast node dropped out, the next fence was lower (a review
+    found it). The write-back now compares the fence with the granting nodes'
+    clocks, which each grant reports when its fence is ahead of it."""
+    from django_redlock import LockManager
+    from django_redlock.testing import FaultProxy, RedisNodes, find_valkey_binary
+    from tests.chaos.runner import find_libfaketime
+
+    so, why = find_libfaketime()
+    binary = find_valkey_binary()
+    if so is None or binary is None:
+        pytest.skip(f"no clock faults here: {why or 'no valkey-server'}")
+    with tempfile.TemporaryDirectory() as tmp:
+        offset = os.path.join(tmp, "offset")
+        nemesis.write_clock_offset(offset, 0.0)
+        nodes = RedisNodes(5)
+        nodes[4].binary = binary
+        nodes[4].env.update({"LD_PRELOAD": so, "FAKETIME_TIMESTAMP_FILE": offset,
+                             "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
+        with nodes:
+            proxies = [FaultProxy.for_server(s).start() for s in nodes]
+            manager = LockManager([p.url for p in proxies], node_timeout=0.3, ttl=3.0, timeout=6)
+            try:
+                nemesis.write_clock_offset(offset, 10.0)  # node 4: 10 s ahead
+                proxies[0].cut()
+                proxies[1].cut()  # every majority is {2, 3, 4}
+                first = manager.lock("stock:1", auto_renew=False)
+                assert first.acquire()  # written back: counters 2, 3 near node 4's clock
+                first.release()
+                time.sleep(0.15)
+                a = manager.lock("stock:1", auto_renew=False)  # A pauses right after acquiring
+                assert a.acquire()
+                proxies[4].cut()  # the fast node drops out
+                proxies[0].heal()
+                proxies[1].heal()
+                time.sleep(3.3)  # A's lease runs out
+                b = manager.lock("stock:1")
+                assert b.acquire()
+                b_fence = b.fence
+                b.release()
+            finally:
+                manager.close()
+                for p in proxies:
+                    p.stop()
+    assert b_fence > a.fence, f"fence went back by {a.fence - b_fence} ms"
+
+
 def test_one_partitioned_node_does_not_fail_the_round(nodes5: Any) -> None:
     """Found by the chaos run: a node that accepts TCP but never answers the
     connection handshake used to use up the other nodes' time. Each node's

@@ -91,7 +91,9 @@ class AcquireTally:
 
     ok: int
     fence: int
-    #: The lowest fence among the granting nodes: far below ``fence`` means one
+    #: The lowest clock (ms) among the granting nodes, as their fences tell
+    #: it: a node's fence, less how far it said its fence is ahead of its
+    #: clock (fence_issue.lua's ``granted``). Far below ``fence`` means one
     #: node's clock runs ahead (see :func:`fences_disagree`).
     fence_min: int
     busy_ttls: list[float]
@@ -415,7 +417,8 @@ def tally_acquire(replies: Sequence[Any], node_names: "Sequence[str] | _NodeName
         elif isinstance(reply, list) and len(reply) >= 2:
             if reply[0] == 1:
                 fence = int(reply[1])
-                tally.fence_min = fence if tally.ok == 0 else min(tally.fence_min, fence)
+                clock = fence - int(reply[3]) if len(reply) > 3 else fence
+                tally.fence_min = clock if tally.ok == 0 else min(tally.fence_min, clock)
                 tally.fence = max(tally.fence, fence)
                 tally.ok += 1
                 tally.maybe_ours[i] = True
@@ -633,10 +636,22 @@ def fences_disagree(tally: AcquireTally, ttl: float) -> bool:
     comes from it alone; if the holder then pauses before its first renewal (the
     usual write-back) and the next holder's quorum lacks that node, the next
     fence would be *lower*: a stale holder's writes would win. The chaos run
-    showed it with a node 5 s ahead and a 1 s lease. So when the granting nodes
-    disagree by a quarter of the lease or more, the holder first writes the
-    maximum back to a quorum (one extend round); only then is the lock acquired.
-    With clocks within that bound (NTP), this costs nothing.
+    showed it with a node 5 s ahead and a 1 s lease. So when the maximum is
+    ahead of a granting node's clock by a quarter of the lease or more, the
+    holder first writes the maximum back to a quorum (one extend round); only
+    then is the lock acquired. With clocks within that bound (NTP), this costs
+    nothing.
+
+    The clocks, not the fences: after one write-back, the other nodes' counters
+    sit near the fast node's clock, and they issue ``counter + 1`` close to its
+    next fence. Compared by fences, nothing was written back again, and a
+    holder that paused past its lease left the next one a lower fence (a
+    review drove it with a node 10 s ahead, a 3 s lease and a busy lock)::
+
+        P   granted by 2, 3, 4 (4 is 10 s ahead): fence V, written back
+        A   150 ms later, by 2, 3 (V + 1) and 4 (V + 150): fence V + 150,
+            fences 149 ms apart: not written back; A pauses
+        B   after A's lease, by 0, 1, 2, 3 (their clocks: V - 10 s): V + 2
     """
     return tally.ok > 1 and tally.fence - tally.fence_min >= ttl * 1000 * FENCE_SPREAD_LIMIT
 

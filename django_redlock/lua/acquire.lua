@@ -10,7 +10,9 @@
 -- release may hand the lock to outright (see release.lua)
 -- ARGV[3]'s owner ends with the attempt's number ('"n":<k>', see attempt.lua).
 -- Returns {1, fence} when this holder now has the key ({1, fence, 1} when it
--- took over a lock a release had handed to it); {0, pttl} when it is
+-- took over a lock a release had handed to it; {1, fence, 0, lead} when the
+-- fence it issued is ahead of this node's clock by lead ms: see
+-- fence_issue.lua's granted); {0, pttl} when it is
 -- busy, {0, pttl, now} when busy for a waiter (this node's clock in ms: a lock
 -- handed over later is timed from it, see rounds.handed_over); a fourth
 -- element when the key holds something no lock wrote: 1 a value of another
@@ -130,9 +132,9 @@ end
 if queue ~= '0' then
   redis.call('LREM', KEYS[3], 0, ARGV[8])  -- served: out of the line
 end
-local fence = '0'
+local fence, now = '0', nil
 if ARGV[4] == '1' then
-  fence = issue_fence(KEYS[2], ARGV[5])
+  fence, now = issue_fence(KEYS[2], ARGV[5])
 end
 redis.call('SET', KEYS[1], mine .. fence .. '|' .. ARGV[3], 'NX', 'PX', ARGV[2])
-return {1, fence}
+return granted(fence, now)

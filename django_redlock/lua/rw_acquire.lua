@@ -110,10 +110,10 @@ end
 if queue ~= '0' then
   redis.call('LREM', KEYS[3], 0, ARGV[8])
 end
-local fence = '0'
+local fence, clock = '0', nil
 if ARGV[4] == '1' then
-  fence = issue_fence(KEYS[2], ARGV[5])
+  fence, clock = issue_fence(KEYS[2], ARGV[5])
 end
 redis.call('HSET', key, token, string.format('%.0f', now + lease) .. '|' .. fence .. '|' .. ARGV[3])
 cover()
-return {1, fence}
+return granted(fence, clock)
