@@ -164,3 +164,35 @@ def test_a_huge_int_setting_is_reported_briefly(settings: Any) -> None:
     messages = check_settings()
     assert {m.id for m in messages} == {"redlock.E009", "redlock.E011"}
     assert all(len(m.msg) < 200 for m in messages), [m.msg for m in messages]
+
+
+@pytest.mark.parametrize("options", [
+    {"BUSY_STATUS": 10**5000},  # past the 4,300 digits str() takes: a ValueError traceback
+    {"REPLICA_ACKS": 10**5000},
+    {"KEY_PREFIX": 10**5000},
+    {"TTL": -10**5000},
+    {10**5000: 1},  # an unknown key of that size
+])
+def test_an_int_of_thousands_of_digits_is_reported_not_a_traceback(
+        settings: Any, options: Any) -> None:
+    settings.REDLOCK = options
+    messages = check_settings()
+    assert messages and all(m.id.startswith("redlock.E") for m in messages)
+    assert all("digits" in m.msg and len(m.msg) < 200 for m in messages), messages
+
+
+def test_a_node_option_of_thousands_of_digits_is_reported(settings: Any) -> None:
+    settings.REDLOCK_NODES = [{"URL": "redis://127.0.0.1:6379/0",
+                               "OPTIONS": {"max_connections": -10**5000}}]
+    assert "redlock.E011" in ids(settings)
+
+
+@pytest.mark.parametrize("caches", [{"locks": "redis://10.0.0.4:6379/1"},
+                                    {"locks": None}, "not a dict"])
+def test_a_cache_node_whose_cache_is_not_a_dict_is_e006(settings: Any, caches: Any) -> None:
+    from django_redlock.core.config import check_cache_aliases, parse_nodes
+
+    specs, problems = parse_nodes(["cache:locks"])
+    assert not problems
+    found = check_cache_aliases(specs, caches)  # CACHES itself: Django checks it
+    assert [p.id for p in found] == ["E006"], found

@@ -115,7 +115,11 @@ def check_label(value: Any) -> str | None:
 
 
 def describe(value: Any) -> str:
-    """A bad value as a message shows it: its repr, cut at 60 characters."""
+    """A bad value as a message shows it: its repr, cut at 60 characters; an
+    int of more than 38 digits by its size (``repr`` of an int past 4,300
+    digits raises ValueError, and no one reads such a number)."""
+    if isinstance(value, int) and not isinstance(value, bool) and value.bit_length() > 128:
+        return f"{'-' if value < 0 else ''}an int of about {value.bit_length() * 3 // 10} digits"
     text = repr(value)
     return text if len(text) <= 60 else text[:57] + "..."
 

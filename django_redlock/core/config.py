@@ -122,9 +122,7 @@ def _shown(value: Any) -> str:
     """A bad value as the message shows it: a number as itself (``nan``, ``inf``
     say more than "float"), anything else by its type (it may be long or secret)."""
     if isinstance(value, (int, float)):
-        text = f"{value!r}" if not isinstance(value, int) or value.bit_length() < 128 \
-            else f"an int of {len(str(abs(value)))} digits"
-        return text
+        return arguments.describe(value)
     return type(value).__name__
 
 
@@ -137,9 +135,10 @@ def check_options(options: Any) -> list[Problem]:
     problems: list[Problem] = []
     for key, value in options.items():
         if key not in _RULES:
-            close = difflib.get_close_matches(str(key).upper(), list(_RULES), n=1)
+            close = difflib.get_close_matches(key.upper(), list(_RULES), n=1) \
+                if isinstance(key, str) else []
             problems.append(Problem(
-                "E008", f"REDLOCK has an unknown key {key!r}.",
+                "E008", f"REDLOCK has an unknown key {arguments.describe(key)}.",
                 hint=(f"Did you mean {close[0]!r}? " if close else "")
                 + "Known keys: " + ", ".join(sorted(_RULES)) + "."))
             continue
@@ -148,7 +147,8 @@ def check_options(options: Any) -> list[Problem]:
             problems.append(Problem(
                 "E009", f"REDLOCK[{key!r}] must be {type_desc}, not {_shown(value)}."))
         elif not range_ok(value):
-            problems.append(Problem("E010", f"REDLOCK[{key!r}] is {value!r}; it must be {range_desc}."))
+            problems.append(Problem("E010", f"REDLOCK[{key!r}] is {arguments.describe(value)}; "
+                                            f"it must be {range_desc}."))
         elif key == "KEY_PREFIX":
             try:
                 validate_prefix(value)
@@ -594,9 +594,10 @@ def _check_node_options(options: Any, where: str, scheme: str) -> list[Problem]:
     for k, v in options.items():
         test = NODE_OPTIONS.get(k)
         if test is None:
-            close = difflib.get_close_matches(str(k), list(NODE_OPTIONS), n=1)
+            close = difflib.get_close_matches(k, list(NODE_OPTIONS), n=1) \
+                if isinstance(k, str) else []
             found.append(Problem(
-                "E011", f"{where}: unknown option {k!r}.",
+                "E011", f"{where}: unknown option {arguments.describe(k)}.",
                 hint=(f"Did you mean {close[0]!r}? " if close else "")
                 + "Known options: " + ", ".join(sorted(NODE_OPTIONS)) + "."))
         elif not test(v):
@@ -815,17 +816,26 @@ def _cache_location(conf: Mapping[str, Any]) -> str | None:
     return None
 
 
-def check_cache_aliases(specs: list[NodeSpec], caches: Mapping[str, Any]) -> list[Problem]:
+def check_cache_aliases(specs: list[NodeSpec], caches: Any) -> list[Problem]:
     """E006 for each ``cache:<alias>`` node whose alias is not a Redis cache.
 
     Also E005 when a cache writes to a server that another node already is.
     """
     problems = []
     seen = {spec.identity: spec.display for spec in specs if spec.kind == "url"}
+    if not isinstance(caches, Mapping):
+        caches = {}  # Django's own check reports CACHES itself; here no alias is found
     for spec in specs:
         if spec.kind != "cache":
             continue
         conf = caches.get(spec.alias)
+        if conf is not None and not isinstance(conf, Mapping):
+            problems.append(Problem(
+                "E006", f"CACHES[{spec.alias!r}] is a {type(conf).__name__}, not a dict: "
+                        f"REDLOCK_NODES cannot borrow its connection pool.",
+                hint='A django-redis cache: {"BACKEND": "django_redis.cache.RedisCache", '
+                     '"LOCATION": "redis://..."}.'))
+            continue
         if conf is None:
             problems.append(Problem(
                 "E006", f"REDLOCK_NODES names cache alias {spec.alias!r}, which is not in CACHES.",
