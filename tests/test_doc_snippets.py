@@ -31,7 +31,8 @@ FILES = ["README.md", "docs/index.rst", "docs/quickstart.rst", "docs/testing.rst
          "docs/safety.rst", "docs/howto/models-and-fenced-writes.rst", "docs/howto/views.rst",
          "docs/howto/celery-tasks.rst", "docs/howto/async-views.rst"]
 
-WRITES = re.compile(r"fenced_save|fenced_update|\.claim\(|claim_and_get|fence__|fence=|\.update\(")
+WRITES = re.compile(r"fenced_save|fenced_update|\.claim\(|claim_and_get|fence__|fence=|\.update\(|"
+                    r"\.save\(")
 #: ``filter(fence__lt=F).update(<anything but only the fence>)``: the pattern that loses updates.
 BLIND = re.compile(r"fence__lt=[^)]*\)\s*\.update\(\s*(?!fence=[^,)]*\))")
 #: A fenced write (``fenced_save``/``fenced_update`` and their async twins) ...
@@ -189,6 +190,58 @@ def test_the_quickstart_plain_snippet_refuses_a_write_after_a_newer_claim() -> N
 
 
 @pytest.mark.django_db
+def test_snippet_quickstart_long(settings: Any) -> None:
+    """The long-running import commits while its lock is held, and a lock
+    lost midway (its renewal finds it taken) rolls it back: LockLost, raised
+    inside the transaction, which is inside the lock."""
+    import time
+
+    settings.REDLOCK = {**getattr(settings, "REDLOCK", {}), "TTL": 0.3}  # renewed every 0.1 s
+    pk = _row(stock=0).pk
+
+    def import_row(row: int) -> None:
+        Product.objects.filter(pk=pk).update(stock=row)
+
+    _run("quickstart-long", rows=[1, 2, 3], import_row=import_row)
+    assert Product.objects.get(pk=pk).stock == 3
+
+    def import_then_lose(row: int) -> None:
+        Product.objects.filter(pk=pk).update(stock=100 + row)
+        if row == 1:
+            django_redlock.get_manager().force_release("import:feed-7")
+            thief = django_redlock.get_manager().lock("import:feed-7", auto_renew=False)
+            assert thief.acquire(timeout=0)  # another holder: ours is gone
+            time.sleep(0.35)  # our renewal finds it taken: owned() turns False
+            thief.release()
+
+    with pytest.raises(LockLost):
+        _run("quickstart-long", rows=[1, 2, 3], import_row=import_then_lose)
+    assert Product.objects.get(pk=pk).stock == 3  # rolled back
+
+
+@pytest.mark.django_db
+def test_snippet_mistake_read_before_lock() -> None:
+    """The page's first mistake does lose an update, as it says: another
+    request sells between this one's read and its lock."""
+    from django.db.models import F
+
+    pk = _row(stock=5).pk
+
+    class _Objects:
+        @staticmethod
+        def get(**kwargs: Any) -> Any:
+            item = Product.objects.get(**kwargs)  # read 5, unprotected ...
+            Product.objects.filter(pk=item.pk).update(stock=F("stock") - 1)  # another sells
+            return item
+
+    class _Item:
+        objects = _Objects
+
+    _run("mistake-read-before-lock", pk=pk, Product=_Item)
+    assert Product.objects.get(pk=pk).stock == 4  # two sales, one recorded
+
+
+@pytest.mark.django_db
 def test_snippet_testing() -> None:
     item = _row()
     ns = _run("testing")
@@ -232,6 +285,25 @@ def test_snippet_views_claim() -> None:
     ns = _run("views-claim", with_lock=django_redlock.with_lock)
     response = ns["buy"](RequestFactory().post("/"), pk=pk)
     assert response.status_code == 200 and Product.objects.get(pk=pk).stock == 9
+
+
+@pytest.mark.django_db
+def test_snippet_views_buy(monkeypatch: pytest.MonkeyPatch) -> None:
+    import warnings
+
+    from django_redlock.core.templates import parse_template
+
+    # The model of the page: its rows' own lock name is the view's.
+    monkeypatch.setattr(Product, "lock_name_template", "stock:<pk>", raising=False)
+    monkeypatch.setattr(Product, "_redlock_template", parse_template("stock:<pk>"),
+                        raising=False)
+    pk = _row().pk
+    ns = _run("views-buy")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # the row's own lock name: no warning
+        response = ns["buy"](RequestFactory().post("/"), pk=pk)
+    assert response.status_code == 200 and Product.objects.get(pk=pk).stock == 9
+    assert Product.objects.get(pk=pk).fence > 0  # claimed, then written with the fence
 
 
 @pytest.mark.django_db
