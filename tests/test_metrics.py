@@ -78,6 +78,43 @@ def test_with_lock_labels_by_template() -> None:
     assert d.of(wait, lock="job", outcome="acquired") == 1  # the plain lock("job:b")
 
 
+def test_the_lock_family_decorators_label_by_template_too() -> None:
+    """A semaphore, segments, a multi-lock and a reentrant lock are made of
+    plain locks, and those send the signals: they were labelled by their own
+    names ("api-alice#0", "ma-bob"...), one series per client-chosen value,
+    until the bounded label set was full and every later label read "other".
+    They carry their decorator's template now."""
+    from django_redlock.decorators import with_multi_lock, with_segments, with_semaphore
+
+    @with_semaphore("fam-api-<user>", 2, timeout=0)
+    def sem(user: str) -> str:
+        return user
+
+    @with_segments("fam-seg-<user>", 2, timeout=0)
+    def seg(user: str) -> str:
+        return user
+
+    @with_multi_lock(["fam-ma-<user>", "fam-mb-<user>"], timeout=0)
+    def multi(user: str) -> str:
+        return user
+
+    @with_lock("fam-re-<user>", timeout=0, reentrant=True)
+    def re_(user: str) -> str:
+        return user
+
+    d = Delta()
+    for call in (sem, seg, multi, re_):
+        for user in ("alice", "bob"):
+            assert call(user) == user
+    wait = "redlock_acquire_wait_seconds_count"
+    for label in ("fam-api-<user>", "fam-seg-<user>", "fam-ma-<user> + fam-mb-<user>",
+                  "fam-re-<user>"):
+        assert d.of(wait, lock=label, outcome="acquired") >= 2, label
+    labels = {s.labels.get("lock") for m in prometheus_client.REGISTRY.collect()
+              for s in m.samples}
+    assert not {label for label in labels if label and "alice" in label}
+
+
 def test_quorum_unavailable(make_manager: Any) -> None:
     from django_redlock.testing import RedisServer
 

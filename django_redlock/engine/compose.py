@@ -191,6 +191,21 @@ class Composite:
 
     _locks: list[Any]
 
+    @property
+    def metrics_label(self) -> str | None:
+        """The ``lock`` label of its metrics (``django_redlock.metrics``); set
+        on it, it is set on every plain lock it is made of, which are the
+        ones that send the signals the metrics count (``@with_semaphore``'s
+        template, not each caller's name: a label per name filled the bounded
+        label set with client-chosen values)."""
+        return getattr(self, "_metrics_label", None)
+
+    @metrics_label.setter
+    def metrics_label(self, label: str | None) -> None:
+        self._metrics_label = label
+        for lock in self._locks:
+            lock.metrics_label = label
+
     def _wait(self, blocking: bool, timeout: float | None | EllipsisType) -> float | None:
         """The checked wait of one ``acquire()`` (raises on bad arguments)."""
         raise NotImplementedError

@@ -124,8 +124,9 @@ class ReentrantBase:
     def __init__(self, manager: "LockHost", make: Callable[[], Any], timeout: float | None,
                  ) -> None:
         self.manager = manager
-        self._make = make  # a new plain lock with this lock's options
+        self._make_plain = make  # a new plain lock with this lock's options
         self._proto = make()  # for name, key, ttl...: never acquired
+        self.metrics_label: str | None = None
         self.name: str = self._proto.name
         self.key: str = self._proto.key
         self.ttl: float = self._proto.ttl
@@ -151,6 +152,15 @@ class ReentrantBase:
 
     def _table_key(self) -> TableKey:
         raise NotImplementedError
+
+    def _make(self) -> Any:
+        """The plain lock of a new hold, with this lock's metrics label (the
+        plain lock sends the signals the metrics count: see
+        ``compose.Composite.metrics_label``)."""
+        lock = self._make_plain()
+        if self.metrics_label is not None:
+            lock.metrics_label = self.metrics_label
+        return lock
 
     def _enter(self, blocking: bool, timeout: float | None | EllipsisType
                ) -> tuple[Hold | None, float | None]:
