@@ -199,7 +199,11 @@ def test_specs_and_their_options_never_show_a_password(secured: RedisServer) -> 
              f"redis://127.0.0.1:{secured.port}/1?password={ENCODED}",
              {"URL": f"redis://127.0.0.1:{secured.port}/2", "OPTIONS": {"password": PASSWORD}}]
     specs, problems = parse_nodes(nodes)
-    assert [p.id for p in problems] == []
+    # Three databases of one server (a test's economy): warned about, and the
+    # warnings name the nodes without their password.
+    assert [p.id for p in problems] == ["W004", "W004"]
+    for problem in problems:
+        _no_secret(f"{problem.msg} {problem.hint}")
     for spec in specs:
         assert isinstance(spec.options["password"], Secret)
         assert spec.options["password"] == PASSWORD  # what AUTH sends
@@ -240,6 +244,16 @@ def test_two_spellings_of_one_server_are_a_duplicate(settings: Any, a: str, b: s
 ])
 def test_different_servers_are_not_a_duplicate(settings: Any, a: str, b: str) -> None:
     assert "redlock.E005" not in _errors(settings, [a, b, "redis://10.0.0.9:6379/0"])
+
+
+def test_two_databases_of_one_server_are_a_warning(settings: Any) -> None:
+    """Not a duplicate (E005 compares the database too), but one server's
+    restart takes both: a quorum of three databases on one server held every
+    lock on that one server."""
+    messages = _problems(settings, ["redis://10.0.0.1:6379/0", "redis://10.0.0.1:6379/1",
+                                    "redis://10.0.0.2:6379/0"])
+    assert [m.id for m in messages] == ["redlock.W004"]
+    assert "[0]" in messages[0].msg and "[1]" in messages[0].msg
 
 
 def test_a_cache_on_the_same_server_as_a_url_node_is_a_duplicate(settings: Any) -> None:

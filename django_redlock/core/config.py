@@ -33,6 +33,7 @@ E015     a Cluster node's start-up address is malformed
 W001     an even number of nodes (no more fault tolerance than one fewer)
 W002     TTL is not comfortably larger than the node timeout
 W003     a node's socket timeouts are longer than ``NODE_TIMEOUT``
+W004     two nodes are databases of one Redis server
 ======== ==================================================================
 """
 
@@ -785,7 +786,29 @@ def parse_nodes(nodes: Any) -> tuple[list[NodeSpec], list[Problem]]:
             hint=f"{len(specs)} nodes need {len(specs) // 2 + 1} to agree and tolerate "
                  f"{len(specs) - len(specs) // 2 - 1} failures, no more than {len(specs) - 1} "
                  f"nodes; use an odd number."))
+    problems += _shared_servers(specs, positions)
     return specs, problems
+
+
+def _shared_servers(specs: list[NodeSpec], positions: list[int]) -> list[Problem]:
+    """W004 for entries that are databases of one Redis server (``/0`` and
+    ``/1`` of one host and port): not a duplicate (E005 compares the database
+    too), but one server's restart or failure takes them all, so a quorum of
+    them on one server is no quorum of independent nodes."""
+    problems = []
+    seen: dict[tuple[Any, ...], int] = {}
+    for spec, i in zip(specs, positions):
+        ident = spec.identity
+        if spec.kind != "url" or spec.is_group or ident[0] not in ("tcp", "unix"):
+            continue
+        first = seen.setdefault(ident[:-1], i)
+        if first != i and specs[positions.index(first)].identity != ident:
+            problems.append(Problem(
+                "W004", f"REDLOCK_NODES [{first}] {specs[positions.index(first)].display} and "
+                        f"[{i}] {spec.display} are two databases of one Redis server.",
+                hint="A restart or failure of that server takes both: Redlock needs a "
+                     "majority of independent servers."))
+    return problems
 
 
 def _duplicates(specs: list[NodeSpec], positions: list[int]) -> list[Problem]:
