@@ -17,7 +17,7 @@ from django.core.exceptions import ImproperlyConfigured
 from django.core.signals import setting_changed
 from django.dispatch import receiver
 
-from .core.config import check_options, parse_nodes, resolve_options
+from .core.config import check_cache_aliases, check_options, parse_nodes, resolve_options
 
 if TYPE_CHECKING:
     from .engine.manager import LockManager
@@ -42,7 +42,11 @@ def _settings_errors() -> str:
     """
     options = getattr(settings, "REDLOCK", None)
     problems = check_options(options)
-    problems += parse_nodes(getattr(settings, "REDLOCK_NODES", None))[1]
+    specs, node_problems = parse_nodes(getattr(settings, "REDLOCK_NODES", None))
+    problems += node_problems
+    # A cache: node whose alias is missing or not django-redis: E006 here, not
+    # an ImproperlyConfigured at the first acquire (from a set-up thread).
+    problems += check_cache_aliases(specs, getattr(settings, "CACHES", {}))
     return "; ".join(f"redlock.{p.id}: {p.msg}" for p in problems if p.is_error)
 
 

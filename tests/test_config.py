@@ -196,3 +196,19 @@ def test_a_cache_node_whose_cache_is_not_a_dict_is_e006(settings: Any, caches: A
     assert not problems
     found = check_cache_aliases(specs, caches)  # CACHES itself: Django checks it
     assert [p.id for p in found] == ["E006"], found
+
+
+def test_get_manager_refuses_a_cache_node_it_cannot_borrow(settings: Any) -> None:
+    """A ``cache:`` alias that is missing or not django-redis is E006 when the
+    manager is built, as ``manage.py check`` says, not an ImproperlyConfigured
+    at the first acquire (raised in a connection set-up thread too)."""
+    from django_redlock import get_manager
+
+    settings.CACHES = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    settings.REDLOCK_NODES = ["cache:locks"]
+    with pytest.raises(ImproperlyConfigured, match=r"redlock\.E006.*'locks'"):
+        get_manager()
+    settings.CACHES = {**settings.CACHES,
+                       "locks": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+    with pytest.raises(ImproperlyConfigured, match=r"redlock\.E006.*not django-redis"):
+        get_manager()

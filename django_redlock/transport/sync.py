@@ -570,6 +570,10 @@ class NodeClient:
                 self._send_later(conn)
             except NodeError as e:
                 error = e.reason
+            except Exception as e:  # noqa: BLE001 - a pool that cannot be built (a cache: node
+                # whose cache lends none): this node's failure, not a thread dying with a
+                # traceback and leaving its waiters counted as set up
+                error = _short(e)
             with self._cond:
                 if not error and self._later and not self._closed:
                     continue  # a release handed over meanwhile goes first, too
