@@ -385,6 +385,10 @@ class _NodeConns:
                               sent=False)
         except (*NODE_DOWN_ERRORS, RedisError) as e:
             error = NodeError(node.name, not_redis_reason(e), sent=False)
+        except Exception as e:  # noqa: BLE001 - anything else (a master address that
+            # cannot be resolved, a pool that cannot be built) is this node's failure:
+            # its waiters are told, as the sync set-up tells them
+            error = NodeError(node.name, _short(e), sent=False)
         except BaseException:  # cancelled: the loop is closing
             self.setting_up -= 1
             await _disconnect(conn)
