@@ -568,3 +568,30 @@ def test_requests_skip_redis_py_layers_only_on_its_own_connection_classes() -> N
     assert _direct(aconn.SSLConnection())
     assert _direct(aconn.UnixDomainSocketConnection(path="/nonexistent"))
     assert not _direct(Logged())
+
+
+def test_a_blocked_loop_does_not_take_a_node_that_answered_for_a_failed_one(
+        redis_nodes_factory: Callable[..., RedisNodes], fault_proxy_factory: Any,
+        make_manager: Any) -> None:
+    """One node 20 ms away: a release settles on the two near ones and reads
+    the far one's reply in the background. The loop is then blocked for 0.3 s
+    (a synchronous call in a coroutine), longer than the node timeout, and
+    the reply comes meanwhile. The deadline's timer ran before the task that
+    reads the reply, aborted the connection and counted the node failed: with
+    a second node down, an acquire failed with a quorum up (a review saw 5 of
+    40). A reply already here is read: no node is counted failed."""
+    nodes = redis_nodes_factory(3)
+    proxy = fault_proxy_factory(nodes[2])
+    proxy.set_latency(0.02)
+    mgr = make_manager([nodes.urls[0], nodes.urls[1], proxy.url], node_timeout=0.2)
+
+    async def scenario() -> None:
+        for i in range(5):
+            lock = mgr.alock(f"blocked-{i}", ttl=5)
+            assert await lock.acquire(timeout=2)
+            await lock.release()
+            time.sleep(0.3)  # the loop is blocked; the far node's reply comes meanwhile
+            await asyncio.sleep(0.05)
+
+    asyncio.run(scenario())
+    assert [node.errors for node in mgr.nodes] == [0, 0, 0]

@@ -232,6 +232,21 @@ class _Owed:
         self.tag = tag
 
 
+def unread_bytes(sock: Any) -> int:
+    """How many bytes wait unread in ``sock``'s receive buffer (FIONREAD; 0
+    for no socket, a closed one, or one that reached its end): counted, never
+    read, so the thread or task that reads the socket still reads them all."""
+    count = array.array("i", [0])
+    try:
+        fd = sock.fileno() if sock is not None else -1
+        if fd < 0:
+            return 0
+        fcntl.ioctl(fd, termios.FIONREAD, count, True)
+    except (OSError, ValueError):  # closed under us by its reader
+        return 0
+    return count[0]
+
+
 def _url_password(spec: NodeSpec) -> str | None:
     """The password in a node's URL (user info), decoded, if any."""
     url = getattr(spec, "url", None)
@@ -623,18 +638,8 @@ class NodeClient:
         (its end of file counts no byte). A TLS socket's count is of the
         node's TLS bytes: still a reply.
         """
-        count = array.array("i", [0])
-        for conn in list(self._setting_up_conns):
-            sock = getattr(conn, "_sock", None)
-            try:
-                fd = sock.fileno() if sock is not None else -1
-                if fd >= 0:
-                    fcntl.ioctl(fd, termios.FIONREAD, count, True)
-            except (OSError, ValueError):  # closed under us by its thread
-                continue
-            if count[0] > 0:
-                return True
-        return False
+        return any(unread_bytes(getattr(conn, "_sock", None)) > 0
+                   for conn in list(self._setting_up_conns))
 
     def _send_later(self, conn: Any) -> None:
         """The releases handed to this set-up (:meth:`deliver_later`), each
