@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import subprocess
 import sys
 import textwrap
 import threading
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import pytest
@@ -642,3 +644,98 @@ def test_the_wake_up_flag_behaves_like_an_event_between_two_threads() -> None:
         t.join()
         flag.clear()
     assert not flag.is_set()
+
+
+def test_a_forked_child_exits_while_a_parent_thread_was_renewing(
+        redis_nodes_factory: Callable[..., RedisNodes], fault_proxy_factory: Any,
+        make_manager: MakeManager) -> None:
+    """A parent thread is in ``extend()`` (holding the lock's ``_io``) when
+    the process forks. The child's exit hook (gunicorn's worker exits through
+    it) waited for that ``_io``, held by a thread that does not exist in the
+    child: the child never exited. A parent's lock is skipped before its
+    ``_io`` is looked at."""
+    from django_redlock.engine.held import release_held_locks
+
+    nodes = redis_nodes_factory(3)
+    proxies = [fault_proxy_factory(server) for server in nodes]
+    mgr = make_manager([p.url for p in proxies], node_timeout=2.0)
+    lock = mgr.lock("fork-io", ttl=30, auto_renew=False)
+    assert lock.acquire()
+    for proxy in proxies:
+        proxy.set_latency(0.3)
+    extending = threading.Thread(target=lock.extend)
+    extending.start()
+    time.sleep(0.2)  # the thread is in its round, holding lock._io
+    pid = os.fork()
+    if pid == 0:  # child: what its exit hook does, then out (no pytest teardown here)
+        try:
+            release_held_locks()
+        finally:
+            os._exit(0)
+    started = time.monotonic()
+    status = None
+    while time.monotonic() - started < 10:  # bounded
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            break
+        time.sleep(0.05)
+    else:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        pytest.fail("the forked child's exit hook hung on the parent thread's lock")
+    extending.join(10)
+    for proxy in proxies:
+        proxy.set_latency(0.0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert lock.owned()  # the parent's lock: untouched by the child
+    lock.release()
+
+
+_HOLD_MANY_THEN_EXIT = textwrap.dedent("""
+    import sys, time
+    from django_redlock import LockManager
+    import django_redlock.engine.held as held
+    held.EXIT_BUDGET = float(sys.argv[2])
+    mgr = LockManager(sys.argv[1].split(","), node_timeout=0.2, connect_timeout=0.5)
+    locks = [mgr.lock(f"exit-{i}", ttl=30, auto_renew=False) for i in range(40)]
+    assert all(lock.acquire() for lock in locks)
+    print("held", flush=True)
+    sys.stdin.readline()  # the parent cuts two nodes of three meanwhile
+    print("exiting", flush=True)
+    sys.exit(0)  # the exit hook releases what is held
+""")
+
+
+def test_the_exit_hook_is_bounded_whatever_the_number_of_held_locks(
+        redis_nodes_factory: Callable[..., RedisNodes], fault_proxy_factory: Any) -> None:
+    """Two nodes of three black-holed, 40 locks held: the exit hook released
+    them one after the other, each round bounded by the node timeouts, and
+    the whole took 16 s for 60 locks (28 s for 200), past a process
+    manager's grace and into a SIGKILL. It stops at EXIT_BUDGET (1 s here);
+    the rest expire with their leases."""
+    nodes = redis_nodes_factory(3)
+    proxies = [fault_proxy_factory(server) for server in nodes]
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _HOLD_MANY_THEN_EXIT, ",".join(p.url for p in proxies), "1.0"],
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout is not None and proc.stdin is not None
+        assert proc.stdout.readline().strip() == "held"
+        proxies[0].cut()
+        proxies[1].cut()
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "exiting"
+        started = time.monotonic()
+        assert proc.wait(timeout=30) == 0
+        took = time.monotonic() - started
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(10)
+        for stream in (proc.stdin, proc.stdout):
+            if stream is not None:
+                stream.close()
+    # The budget, one release round past it, and the late-release flush (1 s).
+    assert took < 1.0 + 1.5 + 1.0, took
