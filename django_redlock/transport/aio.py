@@ -708,7 +708,19 @@ class AsyncTransport:
             if self._params is None:
                 self._params = [connection_params(node) for node in self._base_nodes()]
             for old in [lp for lp in list(self._loops) if lp.is_closed()]:
-                self._loops.pop(old, None)
+                stale = self._loops.pop(old, None)
+                if stale is not None and not stale.closed:
+                    # Closed without shutdown_asyncgens() (``run_until_complete``
+                    # then ``close()``): its guard never ran, and it did not
+                    # count as ended. The reading tasks a settled round left
+                    # in it never finish, each keeping the loop, its selector
+                    # and a connection: a thousand such loops held 567 file
+                    # descriptors, and under a limit of 1,024 every call
+                    # failed with all nodes up. Counted now, after
+                    # PER_CALL_LOOPS of them the next loops' rounds go
+                    # through the sync transport, which leaves no task behind.
+                    stale.closed = True
+                    self._ended_loops += 1
             state = self._loops.get(loop)
             if state is None:
                 state = self._loops[loop] = _LoopConns(self._params)
