@@ -93,8 +93,9 @@ class AcquireTally:
     fence: int
     #: The lowest clock (ms) among the granting nodes, as their fences tell
     #: it: a node's fence, less how far it said its fence is ahead of its
-    #: clock (fence_issue.lua's ``granted``). Far below ``fence`` means one
-    #: node's clock runs ahead (see :func:`fences_disagree`).
+    #: clock (fence_issue.lua's ``granted``, which says so from a quarter of
+    #: the lease on). Far below ``fence`` means one node's clock runs ahead
+    #: (see :func:`fences_disagree`).
     fence_min: int
     busy_ttls: list[float]
     errors: dict[str, str]

@@ -11,8 +11,8 @@
 -- ARGV[3]'s owner ends with the attempt's number ('"n":<k>', see attempt.lua).
 -- Returns {1, fence} when this holder now has the key ({1, fence, 1} when it
 -- took over a lock a release had handed to it; {1, fence, 0, lead} when the
--- fence it issued is ahead of this node's clock by lead ms: see
--- fence_issue.lua's granted); {0, pttl} when it is
+-- fence it issued is ahead of this node's clock by lead ms, a quarter of the
+-- lease or more: see fence_issue.lua's granted); {0, pttl} when it is
 -- busy, {0, pttl, now} when busy for a waiter (this node's clock in ms: a lock
 -- handed over later is timed from it, see rounds.handed_over); a fourth
 -- element when the key holds something no lock wrote: 1 a value of another
@@ -137,4 +137,4 @@ if ARGV[4] == '1' then
   fence, now = issue_fence(KEYS[2], ARGV[5])
 end
 redis.call('SET', KEYS[1], mine .. fence .. '|' .. ARGV[3], 'NX', 'PX', ARGV[2])
-return granted(fence, now)
+return granted(fence, now, ARGV[2])

@@ -18,16 +18,19 @@ local function issue_fence(counter_key, grace_arg)
   return fence, now
 end
 -- A grant's reply: {1, fence}, or {1, fence, 0, lead} when the fence is ahead
--- of this node's clock `now` by `lead` ms (its counter ran ahead: a fence
--- written back from a node whose clock is ahead, or several grants in one
--- millisecond). The holder compares its fence with the granting nodes' clocks,
--- not only with their fences (rounds.fences_disagree): a node whose counter
--- was written ahead issues counter + 1, close to the fastest node's fence,
--- while only its clock says how long it would take to pass that fence alone.
-local function granted(fence, now)
+-- of this node's clock `now` by `lead` ms, a quarter of the lease `lease_ms`
+-- or more (its counter ran ahead: a fence written back from a node whose
+-- clock is ahead). The holder compares its fence with the granting nodes'
+-- clocks, not only with their fences (rounds.fences_disagree): a node whose
+-- counter was written ahead issues counter + 1, close to the fastest node's
+-- fence, while only its clock says how long it would take to pass that fence
+-- alone. A smaller lead (grants in one millisecond) is not worth the longer
+-- reply: the holder's estimate is then short by less than a quarter of the
+-- lease, and the write-back's bound keeps its margin (rounds.FENCE_SPREAD_LIMIT).
+local function granted(fence, now, lease_ms)
   if now then
     local lead = tonumber(fence) - now
-    if lead > 0 then
+    if lead * 4 >= tonumber(lease_ms) then
       return {1, fence, 0, string.format('%.0f', lead)}
     end
   end

@@ -116,4 +116,4 @@ if ARGV[4] == '1' then
 end
 redis.call('HSET', key, token, string.format('%.0f', now + lease) .. '|' .. fence .. '|' .. ARGV[3])
 cover()
-return granted(fence, clock)
+return granted(fence, clock, lease)
