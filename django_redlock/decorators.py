@@ -433,8 +433,11 @@ class _Target:
         ``atomic(durable=True)`` does when nested; a test case's transaction
         does not count). Without it the body runs, and a warning says once per
         function that only fenced writes are protected."""
-        connection = transaction.get_connection(self.using)
-        blocks = getattr(connection, "atomic_blocks", None) or []
+        try:
+            connection = transaction.get_connection(self.using)
+            blocks = getattr(connection, "atomic_blocks", None) or []
+        except ImproperlyConfigured:  # no database settings (a manager of its own): no transaction
+            return
         if not blocks or getattr(blocks[-1], "_from_testcase", False):
             return
         if self.atomic:
