@@ -257,8 +257,11 @@ class RedisLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]  # not subscri
         # while that one holds it. Between the look and the click it may have
         # changed hands, and deleting the new holder's lock would let a third
         # one in beside it.
+        # "*": the page showed no holder, and no token starts with it: a lock
+        # taken since is kept. A form without the field is not this page's.
         holder = request.POST.get("holder", "")
-        if len(holder) > 64 or not all(c.isalnum() or c in "-_." for c in holder):
+        if (not holder or len(holder) > 64
+                or not (holder == "*" or all(c.isalnum() or c in "-_." for c in holder))):
             messages.error(request, f"Lock {name!r}: the confirmation form was not the one "
                                     f"this page writes; nothing was released.")
             return HttpResponseRedirect(reverse("admin:django_redlock_redislock_changelist",

@@ -123,7 +123,10 @@ def unavailable_response(request: HttpRequest | Any, exc: QuorumUnavailable, *,
     name = lock_name or exc.lock_name or ""
     path = getattr(request, "path", "?")
     # The message names nodes by their masked display name, never a password.
-    logger.error("lock %r for %s: Redis quorum unavailable (%d answered, %d needed); "
+    # The path is the client's (a decoded URL may hold a line break or an
+    # escape sequence, which would forge log lines): shown as a repr, as
+    # django.request escapes it in the line this response keeps it from writing.
+    logger.error("lock %r for %r: Redis quorum unavailable (%d answered, %d needed); "
                  "answered 503: %s", name, path, exc.answered, exc.needed, exc)
     return _response(
         request, 503, retry_after,

@@ -194,8 +194,11 @@ def test_release_asks_then_releases_logs_and_records(admin_client: Client, hold:
     confirm = admin_client.get(URL + "release/", {"name": "stock:9"})
     assert confirm.status_code == 200 and "Yes, release it" in confirm.content.decode()
     assert _keys(session_nodes, "stock:9") == [True, True, True]  # asking releases nothing
+    shown = re.search(r'name="holder" value="([^"]+)"', confirm.content.decode())
+    assert shown
     with caplog.at_level(logging.WARNING, logger="django_redlock.admin"):
-        response = admin_client.post(URL + "release/?name=stock:9", follow=True)
+        response = admin_client.post(URL + "release/?name=stock:9", {"holder": shown.group(1)},
+                                     follow=True)
     assert response.status_code == 200
     assert "Released lock &#x27;stock:9&#x27;" in response.content.decode()
     assert _keys(session_nodes, "stock:9") == [False, False, False]
@@ -234,6 +237,25 @@ def test_a_confirmed_release_spares_a_holder_that_took_the_lock_since(
                                  follow=True)
     assert "Released lock" in response.content.decode()
     assert _keys(session_nodes, "stock:19") == [False, False, False]
+
+
+def test_a_release_confirmed_on_a_page_that_showed_no_holder_deletes_none(
+        admin_client: Client, manager: LockManager, session_nodes: Any) -> None:
+    """The page said nobody held the lock ("releasing deletes nothing"); B
+    took it before the click, and the release deleted B's lock (the form
+    then had no holder, which matched anyone). It says "*" now, which no
+    token starts with; and a form without the field releases nothing."""
+    page = admin_client.get(URL + "release/", {"name": "stock:29"}).content.decode()
+    shown = re.search(r'name="holder" value="([^"]+)"', page)
+    assert shown and shown.group(1) == "*"
+    b = manager.lock("stock:29", ttl=30, label="healthy-B")
+    assert b.acquire()
+    response = admin_client.post(URL + "release/?name=stock:29", {"holder": "*"}, follow=True)
+    assert "changed hands" in response.content.decode()
+    response = admin_client.post(URL + "release/?name=stock:29", follow=True)  # no field
+    assert "nothing was released" in response.content.decode()
+    assert _keys(session_nodes, "stock:29") == [True, True, True]
+    b.release()
 
 
 def test_without_the_permission_no_button_and_403(viewer: Client, hold: Any,

@@ -165,6 +165,24 @@ def test_quorum_loss_is_a_logged_503_not_a_500(client: Client, settings: Any,
     assert text.status_code == 503 and text["Content-Type"].startswith("text/plain")
 
 
+def test_the_503_log_line_cannot_be_forged_through_the_path(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A URL segment that is not part of the lock name reaches the 503's log
+    line decoded: a line break and an escape sequence in it forged a log line
+    ("FAKE INFO admin logged in"), and the response keeps django.request,
+    which escapes the path, from logging it. The path is shown as a repr."""
+    from django_redlock.responses import unavailable_response
+
+    request = RequestFactory().post("/shop/1/x%0AFAKE%20INFO%20admin%20logged%20in%1b[31m/")
+    assert "\n" in request.path
+    exc = QuorumUnavailable("no quorum", lock_name="stock:1", answered=0, needed=2)
+    with caplog.at_level(logging.ERROR, logger="django_redlock.views"):
+        response = unavailable_response(request, exc)
+    assert response.status_code == 503
+    (line,) = [r.getMessage() for r in caplog.records]
+    assert "\n" not in line and "\x1b" not in line and "\\n" in line, line
+
+
 def test_quorum_loss_in_a_plain_function_raises(settings: Any) -> None:
     settings.REDLOCK_NODES = [_dead_url()]
     with pytest.raises(QuorumUnavailable):
