@@ -183,6 +183,30 @@ def test_the_503_log_line_cannot_be_forged_through_the_path(
     assert "\n" not in line and "\x1b" not in line and "\\n" in line, line
 
 
+def test_a_client_value_cannot_name_a_member_of_a_lock_family(
+        make_manager: Any, session_nodes: Any) -> None:
+    """``?doc=5#line`` rendered ``doc:5#line``, the waiting line of
+    ``semaphore("doc:5")``: a client held it, and the semaphore refused every
+    acquirer with all its permits free (``#0``: a permit; ``[0]``: a
+    segment). A value that ends like a family member's name is refused: the
+    client's mistake, 400, and no lock is taken."""
+    from django.core.exceptions import BadRequest
+
+    mgr = make_manager(session_nodes)
+
+    @with_lock("doc:<request.GET.doc>", manager=mgr, timeout=0)
+    def view(request: Any) -> HttpResponse:
+        return HttpResponse("ok")
+
+    for bad in ("5#line", "5#0", "5#free", "x[0]", "x[free]"):
+        with pytest.raises(BadRequest, match="family"):
+            view(RequestFactory().get("/", {"doc": bad}))
+    assert view(RequestFactory().get("/", {"doc": "5#draft"})).status_code == 200
+    permits = mgr.semaphore("doc:5", 3, timeout=0.5)
+    assert permits.acquire()  # its line was never taken
+    permits.release()
+
+
 def test_quorum_loss_in_a_plain_function_raises(settings: Any) -> None:
     settings.REDLOCK_NODES = [_dead_url()]
     with pytest.raises(QuorumUnavailable):

@@ -109,6 +109,18 @@ class LockNameTemplate:
                     raise
             else:
                 out.append(part)
+        last = self.parts[-1] if self.parts else None
+        if isinstance(last, Placeholder) and _FAMILY_TAIL.search(out[-1]):
+            # "doc:<request.GET.doc>" with ?doc=5#line is "doc:5#line", the
+            # waiting line of semaphore("doc:5"): a client held it, and the
+            # semaphore refused every acquirer with all its permits free.
+            refused = InvalidLockName(
+                f"placeholder {last} of template {self.source!r} resolved to {out[-1]!r}, "
+                f"which ends like a semaphore's or segments' own lock (NAME#<i>, NAME#line, "
+                f"NAME#free, NAME[<i>], NAME[free]): the name would lock a member of "
+                f"another lock's family")
+            refused.placeholder = last
+            raise refused
         name = "".join(out)
         try:
             return validate_name(name)
@@ -202,6 +214,11 @@ def resolve_path(obj: Any, placeholder: Placeholder) -> Any:
                                  f"{attr!r}") from None
         walked += "." + attr
     return obj
+
+
+#: How the lock names of a lock family's members end (core/keys.py): a
+#: semaphore's permits, line and free channel, segments and their channel.
+_FAMILY_TAIL = re.compile(r"(?:#(?:\d+|line|free)|\[(?:\d+|free)\])\Z")
 
 
 def format_value(placeholder: Placeholder, value: Any, source: str = "") -> str:
