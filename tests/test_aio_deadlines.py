@@ -185,3 +185,30 @@ def test_an_abort_that_fails_does_not_keep_the_other_deadlines_from_passing() ->
         assert fine._writer.transport.aborts == 1
 
     _run(main())
+
+
+def test_a_reply_already_buffered_gets_one_short_grace() -> None:
+    """A deadline that passes with its reply's bytes already in the stream's
+    buffer (a loop blocked past it runs the read callback and this timer in
+    one turn, the timer first) is not aborted then: the reading task runs
+    first. If nothing reads them within LATE_GRACE, it passes all the same."""
+    from django_redlock.transport.aio import LATE_GRACE
+
+    class _Reader:
+        _buffer = bytearray(b"+OK\r\n")  # come, not read yet
+
+    async def scenario() -> tuple[float, _Conn]:
+        watch = _Deadlines(asyncio.get_running_loop())
+        conn = _Conn()
+        conn._reader = _Reader()  # type: ignore[attr-defined]
+        start = time.monotonic()
+        _Deadline(conn, 0.05, watch)
+        await asyncio.sleep(0.05 + LATE_GRACE / 2)
+        assert conn._writer.transport.aborts == 0  # spared at its deadline
+        await asyncio.sleep(LATE_GRACE + SLACK)
+        return start, conn
+
+    start, conn = _run(scenario())
+    assert conn._writer.transport.aborts == 1  # unread after the grace: aborted, once
+    assert conn._writer.transport.aborted_at is not None
+    assert conn._writer.transport.aborted_at - start >= 0.05 + LATE_GRACE

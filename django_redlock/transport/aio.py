@@ -527,7 +527,11 @@ class _Deadline:
         if reader is not None and getattr(reader, "_buffer", None):
             return True
         writer = getattr(self.conn, "_writer", None)
-        sock = writer.transport.get_extra_info("socket") if writer is not None else None
+        extra = getattr(getattr(writer, "transport", None), "get_extra_info", None)
+        try:
+            sock = extra("socket") if extra is not None else None
+        except Exception:  # noqa: BLE001 - a transport closing under us: nothing to read
+            return False
         return unread_bytes(sock) > 0
 
     def expire(self) -> None:
@@ -583,7 +587,12 @@ class _Deadlines:
             self._handle = self.loop.call_at(self._at, self._fire)
         for deadline in passed:
             try:
-                if not deadline.graced and deadline.answered():
+                answered = not deadline.graced and deadline.answered()
+            except Exception:  # noqa: BLE001 - it passes all the same
+                logger.exception("looking for a reply before a deadline passed failed")
+                answered = False
+            try:
+                if answered:
                     deadline.graced = True  # the reader's task runs before this timer again
                     self.add(deadline, LATE_GRACE)
                     continue
