@@ -13,6 +13,7 @@ failing a whole round); each was fixed, and each test guards its fix.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -20,6 +21,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -336,11 +338,12 @@ def test_fenced_save_refuses_a_write_based_on_a_stale_read() -> None:
     assert Product.objects.get(pk=row.pk).stock == 1 + int(b_written)
 
 
-def test_fence_never_goes_back_after_a_big_clock_jump() -> None:
-    """Found by the chaos run (--schedule clock): a node whose clock is ahead by
-    more than the TTL issued the highest fence; the holder paused before its first
-    renewal, that node dropped out, and the next fence was lower. Granting nodes
-    that disagree that much now get the maximum written back before it is used."""
+@contextlib.contextmanager
+def _five_nodes_one_with_a_clock_of_its_own(ttl: float) -> Iterator[tuple[Any, list[Any], str]]:
+    """Five nodes behind proxies, node 4 a valkey under libfaketime (its clock
+    moved by ``nemesis.write_clock_offset(offset, seconds)``), and a manager of
+    them with ``ttl``: (the manager, the proxies, the offset file). Skips
+    where there are no clock faults."""
     from django_redlock import LockManager
     from django_redlock.testing import FaultProxy, RedisNodes, find_valkey_binary
     from tests.chaos.runner import find_libfaketime
@@ -358,21 +361,31 @@ def test_fence_never_goes_back_after_a_big_clock_jump() -> None:
                              "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
         with nodes:
             proxies = [FaultProxy.for_server(s).start() for s in nodes]
-            manager = LockManager([p.url for p in proxies], node_timeout=0.3, ttl=1.0, timeout=3)
+            manager = LockManager([p.url for p in proxies], node_timeout=0.3, ttl=ttl,
+                                  timeout=3 if ttl <= 1.0 else 6)
             try:
-                nemesis.write_clock_offset(offset, 5.0)  # node 4: 5 s ahead, more than the TTL
-                a = manager.lock("stock:1", auto_renew=False)  # A pauses right after acquiring
-                assert a.acquire()
-                proxies[4].cut()  # the fast node drops out
-                time.sleep(1.3)  # A's lease runs out
-                b = manager.lock("stock:1")
-                assert b.acquire()
-                b_fence = b.fence
-                b.release()
+                yield manager, proxies, offset
             finally:
                 manager.close()
                 for p in proxies:
                     p.stop()
+
+
+def test_fence_never_goes_back_after_a_big_clock_jump() -> None:
+    """Found by the chaos run (--schedule clock): a node whose clock is ahead by
+    more than the TTL issued the highest fence; the holder paused before its first
+    renewal, that node dropped out, and the next fence was lower. Granting nodes
+    that disagree that much now get the maximum written back before it is used."""
+    with _five_nodes_one_with_a_clock_of_its_own(ttl=1.0) as (manager, proxies, offset):
+        nemesis.write_clock_offset(offset, 5.0)  # node 4: 5 s ahead, more than the TTL
+        a = manager.lock("stock:1", auto_renew=False)  # A pauses right after acquiring
+        assert a.acquire()
+        proxies[4].cut()  # the fast node drops out
+        time.sleep(1.3)  # A's lease runs out
+        b = manager.lock("stock:1")
+        assert b.acquire()
+        b_fence = b.fence
+        b.release()
     assert b_fence > a.fence, f"fence went back by {a.fence - b_fence} ms"
 
 
@@ -384,46 +397,24 @@ def test_fence_never_goes_back_on_a_busy_lock_with_a_node_ahead() -> None:
     lease and the fast node dropped out, the next fence was lower (a review
     found it). The write-back now compares the fence with the granting nodes'
     clocks, which each grant reports when its fence is ahead of it."""
-    from django_redlock import LockManager
-    from django_redlock.testing import FaultProxy, RedisNodes, find_valkey_binary
-    from tests.chaos.runner import find_libfaketime
-
-    so, why = find_libfaketime()
-    binary = find_valkey_binary()
-    if so is None or binary is None:
-        pytest.skip(f"no clock faults here: {why or 'no valkey-server'}")
-    with tempfile.TemporaryDirectory() as tmp:
-        offset = os.path.join(tmp, "offset")
-        nemesis.write_clock_offset(offset, 0.0)
-        nodes = RedisNodes(5)
-        nodes[4].binary = binary
-        nodes[4].env.update({"LD_PRELOAD": so, "FAKETIME_TIMESTAMP_FILE": offset,
-                             "FAKETIME_NO_CACHE": "1", "FAKETIME_DONT_FAKE_MONOTONIC": "1"})
-        with nodes:
-            proxies = [FaultProxy.for_server(s).start() for s in nodes]
-            manager = LockManager([p.url for p in proxies], node_timeout=0.3, ttl=3.0, timeout=6)
-            try:
-                nemesis.write_clock_offset(offset, 10.0)  # node 4: 10 s ahead
-                proxies[0].cut()
-                proxies[1].cut()  # every majority is {2, 3, 4}
-                first = manager.lock("stock:1", auto_renew=False)
-                assert first.acquire()  # written back: counters 2, 3 near node 4's clock
-                first.release()
-                time.sleep(0.15)
-                a = manager.lock("stock:1", auto_renew=False)  # A pauses right after acquiring
-                assert a.acquire()
-                proxies[4].cut()  # the fast node drops out
-                proxies[0].heal()
-                proxies[1].heal()
-                time.sleep(3.3)  # A's lease runs out
-                b = manager.lock("stock:1")
-                assert b.acquire()
-                b_fence = b.fence
-                b.release()
-            finally:
-                manager.close()
-                for p in proxies:
-                    p.stop()
+    with _five_nodes_one_with_a_clock_of_its_own(ttl=3.0) as (manager, proxies, offset):
+        nemesis.write_clock_offset(offset, 10.0)  # node 4: 10 s ahead
+        proxies[0].cut()
+        proxies[1].cut()  # every majority is {2, 3, 4}
+        first = manager.lock("stock:1", auto_renew=False)
+        assert first.acquire()  # written back: counters 2, 3 near node 4's clock
+        first.release()
+        time.sleep(0.15)
+        a = manager.lock("stock:1", auto_renew=False)  # A pauses right after acquiring
+        assert a.acquire()
+        proxies[4].cut()  # the fast node drops out
+        proxies[0].heal()
+        proxies[1].heal()
+        time.sleep(3.3)  # A's lease runs out
+        b = manager.lock("stock:1")
+        assert b.acquire()
+        b_fence = b.fence
+        b.release()
     assert b_fence > a.fence, f"fence went back by {a.fence - b_fence} ms"
 
 
