@@ -508,13 +508,25 @@ def test_release_with_a_holder_spares_a_lock_that_changed_hands(nodes: RedisNode
         second = mgr.lock("handed", ttl=30, auto_renew=False)
         assert second.acquire()
         with pytest.raises(CommandError, match="another holder"):
-            run("release", "handed", "--force", "--holder", seen)
+            # "=": a token may start with "-" (argparse took it for an option)
+            run("release", "handed", "--force", f"--holder={seen}")
         assert second.owned() and mgr.lock("handed").acquire(blocking=False) is False
         now = json.loads(run("show", "handed", "--json")[0])["token"]
-        out, _ = run("release", "handed", "--force", "--holder", now)
+        out, _ = run("release", "handed", "--force", f"--holder={now}")
         assert "Released lock 'handed'" in out
         with pytest.raises(CommandError, match="--holder"):
-            run("release", "handed", "--force", "--holder", "a|b")
+            run("release", "handed", "--force", "--holder=a|b")
+        # A token that starts with "-" (a url-safe base64 one may), written with "=".
+        dashed = mgr.lock("dashed", ttl=30, auto_renew=False)
+        assert dashed.acquire()
+        for server in nodes:  # the same hold under a token of that shape
+            client = server.client()
+            value = client.get(dashed.key)
+            client.set(dashed.key, b"-" + value[1:], px=30_000)
+        shown = json.loads(run("show", "dashed", "--json")[0])["token"]
+        assert shown.startswith("-")
+        out, _ = run("release", "dashed", "--force", f"--holder={shown}")
+        assert "Released lock 'dashed'" in out
     finally:
         mgr.close()
 

@@ -10,7 +10,7 @@ Forms (the contract in ``docs/commands.rst``)::
     locks list [--json] [--pattern GLOB]   every held lock, merged across nodes
     locks show NAME [--json]               one lock, node by node
     locks release NAME --force             delete it everywhere, wake its waiters
-                                           (--holder TOKEN: only while that one holds it)
+                                           (--holder=TOKEN: only while that one holds it)
     locks health [--json]                  the nodes; exit 1 without a quorum
     locks watch [--interval S] [--count N] [--pattern GLOB]   ``list``, refreshed
 
@@ -220,7 +220,8 @@ class Command(BaseCommand):
                        help="Required: releasing a lock someone holds lets a second holder in.")
         p.add_argument("--holder", default="", metavar="TOKEN",
                        help="Only while this holder holds it (the TOKEN column of `locks show`): "
-                            "if the lock changed hands since you looked, nothing is deleted.")
+                            "if the lock changed hands since you looked, nothing is deleted. "
+                            "Write --holder=TOKEN: a token may start with '-'.")
 
         p = sub("health", "Each node: reachable, round trip, version, role, persistence, clock.")
         p.add_argument("--json", action="store_true", help="Print a JSON array.")
