@@ -154,12 +154,16 @@ def test_fences_disagree_only_when_granting_nodes_are_far_apart() -> None:
 
     names = ["a", "b", "c"]
     near = tally_acquire([[1, 1_000_000], [1, 1_000_003], [0, 500]], names)
-    assert near.ok == 2 and near.fence == 1_000_003 and near.fence_min == 1_000_000
+    assert near.ok == 2 and near.fence == 1_000_003 and near.clock_min == 1_000_000
     assert not fences_disagree(near, ttl=10.0)
     # One node's clock 5 s ahead with a 1 s lease: write the maximum back first.
     far = tally_acquire([[1, 1_000_000], [1, 1_005_000], [1, 1_000_001]], names)
     assert fences_disagree(far, ttl=1.0)
     assert not fences_disagree(tally_acquire([[1, 7], [0, 5], [0, 5]], names), ttl=0.001)
+    # Close fences, one of them 10 s ahead of its node's clock (its counter was
+    # written back from a fast node): its clock is what counts, not its fence.
+    ahead = tally_acquire([[1, 1_010_000], [1, 1_010_150, 0, 10_000]], names[:2])
+    assert ahead.clock_min == 1_000_150 and fences_disagree(ahead, ttl=3.0)
 
 
 def test_gate_node_is_stable_per_name_and_skips_a_failing_node() -> None:

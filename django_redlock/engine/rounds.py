@@ -96,7 +96,7 @@ class AcquireTally:
     #: clock (fence_issue.lua's ``granted``, which says so from a quarter of
     #: the lease on). Far below ``fence`` means one node's clock runs ahead
     #: (see :func:`fences_disagree`).
-    fence_min: int
+    clock_min: int
     busy_ttls: list[float]
     errors: dict[str, str]
     maybe_ours: list[bool]
@@ -396,20 +396,20 @@ def tally_acquire(replies: Sequence[Any], node_names: "Sequence[str] | _NodeName
     """Count one acquire round's replies. ``clock_node``: the node whose clock
     a refused waiter keeps (:func:`hand_over_node`)."""
     n = len(replies)
-    fence = fence_min = ok = 0
+    fence = clock_min = ok = 0
     for reply in replies:
         # The usual round: every node granted with ``[1, fence]`` (nothing
         # handed over, nobody queued); counted here in one pass.
         if type(reply) is not list or len(reply) != 2 or reply[0] != 1:
             break
         got = int(reply[1])
-        fence_min = got if ok == 0 else min(fence_min, got)
+        clock_min = got if ok == 0 else min(clock_min, got)
         fence = max(fence, got)
         ok += 1
     else:
-        return AcquireTally(ok=n, fence=fence, fence_min=fence_min, busy_ttls=[], errors={},
+        return AcquireTally(ok=n, fence=fence, clock_min=clock_min, busy_ttls=[], errors={},
                             maybe_ours=[True] * n, queued_at=[False] * n)
-    tally = AcquireTally(ok=0, fence=0, fence_min=0, busy_ttls=[], errors={},
+    tally = AcquireTally(ok=0, fence=0, clock_min=0, busy_ttls=[], errors={},
                          maybe_ours=[False] * len(replies), queued_at=[False] * len(replies))
     for i, reply in enumerate(replies):
         if reply is NOT_AWAITED:
@@ -419,7 +419,7 @@ def tally_acquire(replies: Sequence[Any], node_names: "Sequence[str] | _NodeName
             if reply[0] == 1:
                 fence = int(reply[1])
                 clock = fence - int(reply[3]) if len(reply) > 3 else fence
-                tally.fence_min = clock if tally.ok == 0 else min(tally.fence_min, clock)
+                tally.clock_min = clock if tally.ok == 0 else min(tally.clock_min, clock)
                 tally.fence = max(tally.fence, fence)
                 tally.ok += 1
                 tally.maybe_ours[i] = True
@@ -587,7 +587,7 @@ def busy_at_gate(reply: Any, start: float, node_name: str = "", key: bytes = b""
     """The refused result when the gate node says the lock is held, else None."""
     if isinstance(reply, list) and len(reply) >= 2 and reply[0] == 0:
         pttl = int(reply[1])
-        tally = AcquireTally(ok=0, fence=0, fence_min=0, busy_ttls=[], errors={}, maybe_ours=[],
+        tally = AcquireTally(ok=0, fence=0, clock_min=0, busy_ttls=[], errors={}, maybe_ours=[],
                              no_expiry=int(pttl < 0))
         if len(reply) > 3 and reply[3] and reply[3] not in (HANDED_FIRST, BEHIND_IN_LINE):
             tally.foreign[node_name] = int(reply[3])
@@ -654,7 +654,7 @@ def fences_disagree(tally: AcquireTally, ttl: float) -> bool:
             fences 149 ms apart: not written back; A pauses
         B   after A's lease, by 0, 1, 2, 3 (their clocks: V - 10 s): V + 2
     """
-    return tally.ok > 1 and tally.fence - tally.fence_min >= ttl * 1000 * FENCE_SPREAD_LIMIT
+    return tally.ok > 1 and tally.fence - tally.clock_min >= ttl * 1000 * FENCE_SPREAD_LIMIT
 
 
 def refused(tally: AcquireTally, *, n_nodes: int, start: float, elapsed: float, ttl: float,

@@ -247,16 +247,24 @@ def unread_bytes(sock: Any) -> int:
     return count[0]
 
 
-def _url_password(spec: NodeSpec) -> str | None:
-    """The password in a node's URL (user info), decoded, if any."""
+def secrets_of(spec: NodeSpec) -> list[str]:
+    """The passwords a node's settings hold, as written and decoded: its
+    URL's (user info, a ``password=`` query item), its OPTIONS', its
+    sentinels' own URLs'."""
+    found: list[Any] = [spec.options.get("password")]
+    found += [dict(own).get("password") for own in getattr(spec, "address_options", ()) or ()]
     url = getattr(spec, "url", None)
-    if not isinstance(url, str) or "@" not in url:
-        return None
-    try:
-        password = urlsplit(url).password
-    except ValueError:
-        return None
-    return unquote(password) if password else None
+    if isinstance(url, str):
+        try:
+            parts = urlsplit(url)
+            found += [parts.password, unquote(parts.password or "")]
+            for item in parts.query.split("&"):
+                if item.startswith("password="):
+                    value = item[len("password="):]
+                    found += [value, unquote(value)]
+        except ValueError:  # not a URL urlsplit reads: nothing to take from it
+            pass
+    return [s for s in found if isinstance(s, str) and s]
 
 
 def _short(exc: BaseException) -> str:
@@ -291,9 +299,7 @@ class NodeClient:
         self.spec = spec
         self.name = spec.display
         options = dict(spec.options)
-        remember_secrets(options.get("password"), _url_password(spec),
-                         *(dict(own).get("password")
-                           for own in getattr(spec, "address_options", ()) or ()))
+        remember_secrets(*secrets_of(spec))
         # The lock's own bounds win over longer socket timeouts given in the
         # node's OPTIONS, its URL or a borrowed cache pool (applied to every
         # connection we make: see new_connection); shorter ones are kept.

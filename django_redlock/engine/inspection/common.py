@@ -10,7 +10,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, TypeVar
-from urllib.parse import unquote, urlsplit
 
 import redis
 from redis.exceptions import InvalidResponse, ResponseError
@@ -18,7 +17,7 @@ from redis.exceptions import InvalidResponse, ResponseError
 from ...core.keys import (
     MAX_NAME_LENGTH,
 )
-from ...transport.sync import NODE_DOWN_ERRORS
+from ...transport.sync import NODE_DOWN_ERRORS, remember_secrets, scrub, secrets_of
 
 if TYPE_CHECKING:
     from ...transport.sync import NodeClient
@@ -93,32 +92,12 @@ def validate_pattern(pattern: str) -> str:
     return pattern
 
 
-def _secrets_of(node: NodeClient) -> list[str]:
-    """The password(s) of a node, to scrub them from any error text."""
-    found: list[str] = []
-    spec = node.spec
-    if spec.kind == "url":
-        try:
-            parts = urlsplit(spec.url)
-            if parts.password:
-                found += [parts.password, unquote(parts.password)]
-            for item in parts.query.split("&"):
-                if item.startswith("password="):
-                    value = item[len("password="):]
-                    found += [value, unquote(value)]
-        except ValueError:
-            pass
-    password = spec.options.get("password")
-    if isinstance(password, str):
-        found.append(password)
-    return [s for s in found if s]
-
-
 def short_reason(node: NodeClient, exc: BaseException) -> str:
-    """A one-line, password-free reason for a node's failure."""
-    text = " ".join((str(exc) or type(exc).__name__).split())
-    for secret in _secrets_of(node):
-        text = text.replace(secret, "***")
+    """A one-line, password-free reason for a node's failure (the transport's
+    :func:`~django_redlock.transport.sync.scrub`, with ``node``'s passwords
+    remembered)."""
+    remember_secrets(*secrets_of(node.spec))
+    text = scrub(" ".join((str(exc) or type(exc).__name__).split()))
     return text if len(text) <= 160 else text[:157] + "..."
 
 
