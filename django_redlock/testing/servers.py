@@ -531,9 +531,10 @@ class RedisNodes:
             nodes.replicas[0][0].pause()   # the master grants; no replica has it
 
     :meth:`start` returns once every replica has finished its first sync
-    (:meth:`wait_replicated`). The masters sync without a disk and without
-    delay (``repl-diskless-sync-delay 0``): Redis waits 5 s by default for
-    more replicas to share one transfer.
+    (:meth:`wait_replicated`). The servers sync without a disk and without
+    delay (``repl-diskless-sync-delay 0``, the replicas too, since a failover
+    may make one the master): Redis waits 5 s by default for more replicas
+    to share one transfer.
     """
 
     def __init__(self, n: int, *, replicas: int = 0, **server_kwargs: Any) -> None:
@@ -546,14 +547,18 @@ class RedisNodes:
             raise ValueError("a fixed port cannot be shared by several nodes")
         if replicas and server_kwargs.get("port") is not None:
             raise ValueError("a fixed port cannot be shared by a master and its replicas")
-        master_kwargs = dict(server_kwargs)
+        # Every server of a group with replicas syncs without delay, the
+        # replicas too: a replica promoted by a failover (Sentinel, a test's
+        # REPLICAOF NO ONE) is then the master its old master resyncs from, and
+        # with Redis's default 5 s delay that resync could outlast a test's wait.
+        group_kwargs = dict(server_kwargs)
         if replicas:
-            master_kwargs["extra_args"] = (*server_kwargs.get("extra_args", ()),
-                                           "--repl-diskless-sync-delay", "0")
-        self.servers: list[RedisServer] = [RedisServer(**master_kwargs) for _ in range(n)]
+            group_kwargs["extra_args"] = (*server_kwargs.get("extra_args", ()),
+                                          "--repl-diskless-sync-delay", "0")
+        self.servers: list[RedisServer] = [RedisServer(**group_kwargs) for _ in range(n)]
         #: ``replicas[i]``: the replicas of master ``i`` (empty lists without replicas).
         self.replicas: list[list[RedisServer]] = [
-            [RedisServer(**server_kwargs) for _ in range(replicas)] for _ in range(n)]
+            [RedisServer(**group_kwargs) for _ in range(replicas)] for _ in range(n)]
 
     @property
     def urls(self) -> list[str]:
