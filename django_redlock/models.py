@@ -26,11 +26,11 @@ Two mistakes this module exists to prevent:
    moves the row to fence 6, so A's write at t2 (``WHERE fence = 5``: the row
    must still carry *its* claim) matches nothing and raises
    :class:`~django_redlock.FencedWriteRejected`; B's write at t3 stands. Every
-   write helper here is conditional on the writer's own claim
-   (:meth:`LockingQuerySet.fenced_update`) or on the fence the instance was
-   read with (:meth:`LockableModel.fenced_save`), so no older holder writes
-   after a newer one claimed, and no write rests on a value that changed since
-   it was read.
+   write helper here (:meth:`LockingQuerySet.fenced_update`,
+   :meth:`LockableModel.fenced_save`) writes only rows the writer's own hold
+   claimed, and only while they still carry its claim, so no older holder
+   writes after a newer one claimed, and no write rests on a value read
+   before the writer's claim.
 """
 
 from __future__ import annotations
@@ -82,9 +82,9 @@ else:
 class FenceField(_BigIntegerField):
     """The fencing token of the last fenced write to the row (0: never fenced).
 
-    Written only by :meth:`LockingQuerySet.claim` (which ``locked()`` runs
-    before it reads), :meth:`LockableModel.fenced_save` and
-    :meth:`LockingQuerySet.fenced_update`; not editable in forms or the admin.
+    Written only by the claim (:meth:`LockingQuerySet.claim`,
+    :meth:`LockingQuerySet.claim_and_get`, which ``locked()`` runs before it
+    reads); never by ``save()``; not editable in forms or the admin.
     """
 
     description = "Fencing token of the last fenced write"
@@ -258,7 +258,7 @@ class LockingQuerySet(models.QuerySet[Any]):
 
         One statement, ``UPDATE ... SET fence = F WHERE <filter> AND fence < F``
         (``F = lock.fence``). From then on a write conditional on an older fence
-        -- every write of :meth:`fenced_update` and of a claimed
+        -- every write of :meth:`fenced_update` and of
         :meth:`~LockableModel.fenced_save` -- matches none of these rows, so a
         holder paused past its lease cannot write after this one claimed. Returns
         the number of rows newly claimed (rows this hold claimed before stay
@@ -449,7 +449,8 @@ class LockableModel(models.Model):
     ``<pk>``); two different names on one row would both be granted at once.
 
     A plain ``save()`` of an existing row leaves the ``fence`` column alone (it
-    is not in the UPDATE), so an unfenced save cannot move the fence backwards.
+    is not in the UPDATE, also for an instance built with the row's pk), so an
+    unfenced save cannot move the fence backwards.
     """
 
     fence = FenceField()
@@ -473,6 +474,30 @@ class LockableModel(models.Model):
         super().save(*args, **kwargs)
 
     save.alters_data = True  # type: ignore[attr-defined]
+
+    def _do_update(self, base_qs: Any, using: Any, pk_val: Any, values: Any,
+                   *args: Any, **kwargs: Any) -> Any:
+        """Django's UPDATE of a ``save()``, without the fence column.
+
+        :meth:`save` names the fields of an instance loaded from the database,
+        but an instance *built* with an existing row's pk
+        (``Product(pk=1, ...).save()``: an upsert, a form or a serializer that
+        makes a fresh instance) is saved by an UPDATE of every field, which
+        wrote its ``fence`` of 0 over the row's. A stale holder's claim
+        (``fence < F``) then passed again, after a newer holder had claimed::
+
+            B claims the row (fence 42) and reads it
+            somebody saves Product(pk=1, ...): fence 0
+            stale A (fence 41) claims: 0 < 41, accepted; A writes
+            B's write (WHERE fence = 42) is refused; A's stale sale stands
+
+        Every write of the fence goes through the claim, ``fenced_save`` and
+        ``fenced_update`` (queryset updates, which do not come here).
+        """
+        fence = _fence_field(type(self))
+        kept = [value for value in values if value[0] is not fence]
+        return super()._do_update(  # type: ignore[misc]
+            base_qs, using, pk_val, kept, *args, **kwargs)
 
     # -- names and locks -------------------------------------------------------------
     @classmethod
@@ -552,35 +577,35 @@ class LockableModel(models.Model):
 
     def fenced_save(self, lock: Any, update_fields: Iterable[str] | None = None,
                     using: str | None = None) -> None:
-        """Write this row only if it still carries the fence it was read with.
+        """Write this row only while it is still claimed by ``lock``'s hold.
 
-        One conditional UPDATE (``... SET <fields>, fence = F WHERE pk = %s AND
-        fence = <the fence this instance was loaded with>``, ``F = lock.fence``),
-        after checking that the loaded fence is not above ``F``:
+        One conditional UPDATE (``... SET <fields> WHERE pk = %s AND fence = F``,
+        ``F = lock.fence``) of an instance read *after* this hold claimed the
+        row: by ``Model.objects.locked()`` or
+        :meth:`LockingQuerySet.claim_and_get` (or :meth:`LockingQuerySet.claim`
+        and then a read). The write lands only while the row still carries this
+        hold's claim, so it is refused as soon as a newer holder claimed.
 
-        * read by ``Model.objects.locked()`` / :meth:`LockingQuerySet.claim_and_get`,
-          the instance was loaded with ``F`` itself (the row was claimed before
-          the read): the write lands only while the row is still claimed by this
-          holder, so it is refused as soon as a newer holder claimed;
-        * an instance read otherwise (loaded fence below ``F``) is a
-          compare-and-set: it lands only if nobody wrote the row since it was
-          read. Checking only "stored fence < F" is not enough::
+        An instance this hold did not claim is refused before anything is
+        written (claim first). Such an instance was once accepted as a
+        compare-and-set on the fence it was read with, but a write that keeps
+        the row's fence (every write of a claimed holder) does not show in that
+        fence, so the compare-and-set missed it::
 
-            A (fence 41) reads stock 10, is paused past its lease
-            B (fence 42) acquires, reads stock 10
-            A resumes and writes 9 with fence 41: accepted (stored fence < 41)
-            B writes 9 with fence 42: accepted, and A's sale is lost
+            A (fence 41) claims and reads stock 10, is paused past its lease
+            B (fence 42) acquires, reads stock 10 without a claim (fence 41)
+            A resumes and writes 9 WHERE fence = 41: accepted (nobody claimed)
+            B writes 9 WHERE fence = 41: accepted, and A's sale is lost
 
-          With the loaded fence in the WHERE clause, B's write is refused (the
-          row changed since B read it) and B re-reads under its lock.
+        With B's claim first, A's write matches nothing and B reads A's
+        last write.
 
         ``update_fields``: the fields to write (default: every concrete field
         except the primary key and fields not loaded). Raises
-        :class:`~django_redlock.FencedWriteRejected` when no row was written
-        (a newer holder wrote, the row changed since this instance was read, or
-        the row is gone), and ``ValueError`` when the lock has no fence
-        (``fencing=False`` or never acquired). On success ``self.fence`` is the
-        lock's fence.
+        :class:`~django_redlock.FencedWriteRejected` when nothing was written:
+        the instance was not claimed by this hold, a newer holder claimed the
+        row, or the row is gone; and ``ValueError`` when the lock has no fence
+        (``fencing=False`` or never acquired).
 
         Like ``QuerySet.update()``, it sends no ``pre_save``/``post_save`` signals
         and does not insert: save the row once before writing it fenced. Write a
@@ -600,27 +625,34 @@ class LockableModel(models.Model):
             field = meta.get_field(name)
             values[field.attname] = field.pre_save(self, False)  # type: ignore[union-attr]
         loaded = getattr(self, fence_field.attname) or 0
+        # Read after this hold's claim: it carries the lock's fence, and the row
+        # is one this hold claimed (not one another holder of the same fence
+        # claimed, possible after a node lost its data: fencedwrites.py).
+        claimed = loaded == fence and (meta.label, self.pk) in claimed_rows(lock, fence)
         written = 0
-        if fence >= loaded:
+        if claimed:
             written = model._base_manager.using(db).filter(
-                pk=self.pk, **{fence_field.attname: loaded}
-            ).update(**{fence_field.attname: fence}, **values)
+                pk=self.pk, **{fence_field.attname: fence}).update(**values) if values else \
+                model._base_manager.using(db).filter(
+                    pk=self.pk, **{fence_field.attname: fence}).count()
         if written == 0:
             stored = model._base_manager.using(db).filter(pk=self.pk).values_list(
                 fence_field.attname, flat=True).first()
             if stored is None:
                 why = "the row no longer exists"
-            elif stored > fence or fence < loaded:
+            elif stored > fence or loaded > fence:
                 why = (f"the row carries fence {max(stored, loaded)} > {fence}: a newer lock "
                        f"holder claimed or wrote it")
+            elif not claimed:
+                why = (f"this instance was not read after a claim by this lock (it carries "
+                       f"fence {loaded}, the lock {fence}): claim the row first "
+                       f"(Model.objects.locked(), claim_and_get()) and write what that read")
             else:
-                why = (f"the row was written (fence {loaded} -> {stored}) since this instance "
-                       f"was read: read it again under the lock and write once")
+                why = f"the row carries fence {stored}, no longer this lock's claim {fence}"
             raise _rejected(model,
                 f"fenced save of {meta.label} pk={self.pk!r} refused: {why}",
                 lock_name=getattr(lock, "name", None), fence=fence, stored_fence=stored)
         note_fenced_write(lock, fence)
-        setattr(self, fence_field.attname, fence)
         self._state.db = db
         self._state.adding = False
 

@@ -309,33 +309,39 @@ def test_majority_plan_breaks_three_of_five() -> None:
 # -- what the chaos run found, reproduced deterministically ---------------------------------
 @pytest.mark.django_db
 def test_fenced_save_refuses_a_write_based_on_a_stale_read() -> None:
-    """Found by the chaos run (safe schedule, a lost update on a DB row)."""
+    """Found by the chaos run (safe schedule, a lost update on a DB row); a
+    review later found the compare-and-set on the loaded fence that fixed it
+    blind to a claimed holder's write, so a write must rest on a claim."""
     from django_redlock import FencedWriteRejected
     from tests.testapp.models import Product
 
     row = Product.objects.create(name="stale-read", stock=0)
     lock_a = row.lock(ttl=0.5, auto_renew=False)
     assert lock_a.acquire(timeout=2)
-    seen_by_a = Product.objects.get(pk=row.pk)  # A reads under its lock...
+    seen_by_a = Product.objects.claim_and_get(lock_a, pk=row.pk)  # A claims, reads...
     time.sleep(0.7)  # ...and is paused past its lease
     lock_b = row.lock(ttl=5, auto_renew=False)
     assert lock_b.acquire(timeout=2)
     assert lock_b.fence > lock_a.fence
-    seen_by_b = Product.objects.get(pk=row.pk)  # B reads: stock 0
+    seen_by_b = Product.objects.get(pk=row.pk)  # B reads without a claim: stock 0
     seen_by_a.stock += 1
-    seen_by_a.fenced_save(lock_a, update_fields=["stock"])  # A resumes: nobody wrote yet
+    seen_by_a.fenced_save(lock_a, update_fields=["stock"])  # A resumes: nobody claimed yet
     seen_by_b.stock += 1
     try:
         seen_by_b.fenced_save(lock_b, update_fields=["stock"])
         b_written = True
     except FencedWriteRejected:
-        b_written = False  # what a compare-and-set on the loaded fence would do
+        b_written = False
+    try:
+        claimed = Product.objects.claim_and_get(lock_b, pk=row.pk)  # B claims, then reads
+        claimed.stock += 1
+        claimed.fenced_save(lock_b, update_fields=["stock"])
     finally:
         lock_b.release()
-    # Every write that was accepted must be in the value; B's is refused because
-    # the row changed since B read it.
+    # Every write that was accepted is in the value: B's unclaimed write
+    # (resting on a read from before A's write) is refused, its claimed one lands.
     assert not b_written
-    assert Product.objects.get(pk=row.pk).stock == 1 + int(b_written)
+    assert Product.objects.get(pk=row.pk).stock == 2
 
 
 @contextlib.contextmanager

@@ -125,12 +125,14 @@ def test_fenced_save_writes_with_a_newer_fence(alias: str) -> None:
     assert (row.stock, row.name, row.fence) == (2, "p", locked.fence)
     assert row.updated > before  # auto_now honoured (pre_save)
     with product.lock() as lock:
-        # `product` was read before the write above: writing it back would undo
-        # that write (stock 2 -> 1), so it is refused.
+        # `product` was read before the write above, and not after this hold's
+        # claim: writing it back would undo that write (stock 2 -> 1), so it
+        # is refused before anything is written.
         product.name = "renamed"
-        with pytest.raises(FencedWriteRejected, match="since this instance was read"):
+        with pytest.raises(FencedWriteRejected, match="not read after a claim"):
             product.fenced_save(lock)
-        product.refresh_from_db()
+        assert Product.objects.using(alias).get(pk=product.pk).name == "p"
+        product = Product.objects.using(alias).claim_and_get(lock, pk=product.pk)
         product.name = "renamed"
         product.fenced_save(lock)  # every field by default
     row = Product.objects.using(alias).get(pk=product.pk)
@@ -278,9 +280,11 @@ def test_interleaving_claim_then_fenced_update_of_several_rows(alias: str) -> No
 
 
 @pytest.mark.parametrize("alias", DATABASES)
-def test_interleaving_unclaimed_read_then_fenced_save_is_a_compare_and_set(alias: str) -> None:
-    """An instance read without a claim (``row.lock()``, then ``get()``): its
-    ``fenced_save`` lands only if the row still carries the fence it was read with."""
+def test_interleaving_unclaimed_reads_are_refused_and_nothing_is_lost(alias: str) -> None:
+    """An instance read without a claim (``row.lock()``, then ``get()``) is
+    refused, the stale holder's as the newer one's: a compare-and-set on the
+    fence it was read with cannot see a write that keeps the row's fence (the
+    next two tests). The newer holder then claims, reads and writes."""
     products = Product.objects.using(alias)
     product = products.create(name="p", stock=10)
     a_lock = product.lock(ttl=0.4, auto_renew=False)
@@ -290,13 +294,76 @@ def test_interleaving_unclaimed_read_then_fenced_save_is_a_compare_and_set(alias
     with product.lock(timeout=2) as b_lock:
         b = products.get(pk=product.pk)
         a.stock -= 1
-        a.fenced_save(a_lock, update_fields=["stock"])  # B has not claimed: A's CAS lands
+        with pytest.raises(FencedWriteRejected, match="not read after a claim"):
+            a.fenced_save(a_lock, update_fields=["stock"])
         b.stock -= 1
-        with pytest.raises(FencedWriteRejected, match="since this instance was read"):
-            b.fenced_save(b_lock, update_fields=["stock"])  # ...and B's is refused
+        with pytest.raises(FencedWriteRejected, match="not read after a claim"):
+            b.fenced_save(b_lock, update_fields=["stock"])
+        assert products.get(pk=product.pk).stock == 10  # nothing written
+        b = products.claim_and_get(b_lock, pk=product.pk)
+        b.stock -= 1
+        b.fenced_save(b_lock, update_fields=["stock"])
     with pytest.raises(LockLost):
         a_lock.release()
     assert products.get(pk=product.pk).stock == 9  # one sale, recorded once
+
+
+@pytest.mark.parametrize("alias", DATABASES)
+def test_interleaving_a_claimed_write_then_an_unclaimed_one_loses_no_sale(alias: str) -> None:
+    """The schedule that broke the unclaimed compare-and-set::
+
+        A claims (fence 41) and reads stock 10, is paused past its lease
+        B (fence 42) acquires and reads without a claim: stock 10, fence 41
+        A resumes, writes 9 WHERE fence = 41: lands (nobody claimed since)
+        B wrote 9 WHERE fence = 41 (the fence it read): landed, a sale lost
+
+    B's unclaimed write is refused now; B's claim-then-read sees A's sale."""
+    products = Product.objects.using(alias)
+    product = products.create(name="p", stock=10)
+    a_lock = product.lock(ttl=0.4, auto_renew=False)
+    assert a_lock.acquire(timeout=0)
+    a = products.claim_and_get(a_lock, pk=product.pk)
+    _pause_past(a_lock)
+    with product.lock(timeout=2) as b_lock:
+        assert b_lock.fence > a_lock.fence
+        b = products.get(pk=product.pk)  # no claim: fence 41, stock 10
+        a.stock -= 1
+        a.fenced_save(a_lock, update_fields=["stock"])  # nobody claimed since A: lands
+        b.stock -= 1
+        with pytest.raises(FencedWriteRejected, match="not read after a claim"):
+            b.fenced_save(b_lock, update_fields=["stock"])
+        b = products.claim_and_get(b_lock, pk=product.pk)
+        assert b.stock == 9  # A's sale
+        b.stock -= 1
+        b.fenced_save(b_lock, update_fields=["stock"])
+    with pytest.raises(LockLost):
+        a_lock.release()
+    assert products.get(pk=product.pk).stock == 8  # two sales, both recorded
+
+
+@pytest.mark.parametrize("alias", DATABASES)
+def test_interleaving_a_second_write_of_a_stale_holder_is_refused_after_a_claim(
+        alias: str) -> None:
+    """A writes twice; between them its lease runs out and B claims: A's
+    second write (at A's fence, which a write does not move) is refused."""
+    products = Product.objects.using(alias)
+    product = products.create(name="p", stock=10)
+    a_lock = product.lock(ttl=0.4, auto_renew=False)
+    assert a_lock.acquire(timeout=0)
+    a = products.claim_and_get(a_lock, pk=product.pk)
+    a.stock -= 1
+    a.fenced_save(a_lock, update_fields=["stock"])  # sale 1
+    _pause_past(a_lock)
+    with product.lock(timeout=2) as b_lock:
+        b = products.claim_and_get(b_lock, pk=product.pk)
+        a.stock -= 1
+        with pytest.raises(FencedWriteRejected, match="newer lock holder"):
+            a.fenced_save(a_lock, update_fields=["stock"])  # stale sale 2: refused
+        b.stock -= 1
+        b.fenced_save(b_lock, update_fields=["stock"])  # sale 2
+    with pytest.raises(LockLost):
+        a_lock.release()
+    assert products.get(pk=product.pk).stock == 8
 
 
 @pytest.mark.parametrize("alias", DATABASES)
@@ -389,12 +456,21 @@ def test_fenced_save_of_a_deleted_row_and_bad_fields() -> None:
 def test_plain_save_never_moves_the_fence_back() -> None:
     product = Product.objects.create(name="p", stock=1)
     stale = Product.objects.get(pk=product.pk)  # fence 0 in memory
-    with product.lock() as lock:
-        product.fenced_save(lock)
+    with Product.objects.locked(pk=product.pk) as held:
+        held.fenced_save(held.held_lock)
+        lock = held.held_lock
     stale.stock = 2
     stale.save()  # writes stock, not fence
     row = Product.objects.get(pk=product.pk)
     assert (row.stock, row.fence) == (2, lock.fence)
+    stale.save(update_fields=["stock", "fence"])  # named: still not the fence
+    assert Product.objects.get(pk=product.pk).fence == lock.fence
+    # An instance built with the row's pk (an upsert; a form or serializer
+    # that makes a fresh instance) is saved by an UPDATE of every field: its
+    # fence of 0 stays out of it.
+    Product(pk=product.pk, name="p", stock=3).save()
+    row = Product.objects.get(pk=product.pk)
+    assert (row.stock, row.fence) == (3, lock.fence)
     fresh = Product(name="q")
     fresh.save()  # inserts work as usual, fence 0
     assert Product.objects.get(pk=fresh.pk).fence == 0

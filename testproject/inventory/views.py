@@ -181,7 +181,8 @@ def decrement_striped(request: HttpRequest, pk: int) -> HttpResponse:
     purchases proceed at once, and waiting buyers are woken by releases. A
     segment read empty is skipped (``seg.skip``), so "sold out" is exact: a
     segment counts as empty when read empty under its lock, or read empty at
-    all (the stock of a product on sale never goes back up). The write is
+    all (the stock of a product on sale never goes back up). The segment's
+    row is claimed with the stripe's fence before it is read, and the write is
     fenced (``fenced_save``): a holder paused past its lease cannot overwrite a
     newer sale.
     """
@@ -208,9 +209,13 @@ def decrement_striped(request: HttpRequest, pk: int) -> HttpResponse:
                                  lock_name=exc.lock_name)
         index = seg.index
         assert index is not None
-        segment = ProductSegment.objects.filter(product_id=pk, index=index).first()
         fence = 0  # set once the sale is written (fenced and committed)
         try:
+            try:  # claim the segment's row with the stripe's fence, *then* read it
+                segment = ProductSegment.objects.claim_and_get(
+                    seg.lock, product_id=pk, index=index)
+            except ProductSegment.DoesNotExist:
+                segment = None
             if segment is not None and segment.stock > 0:
                 _work()
                 segment.stock -= 1
