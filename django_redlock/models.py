@@ -112,6 +112,44 @@ def _fence_field(model: type[models.Model]) -> models.Field[Any, Any]:
         f"from LockableModel) to use fenced writes")
 
 
+def _claim_field(model: type[models.Model]) -> models.Field[Any, Any]:
+    """The fence field of a model whose claims and fenced writes are one
+    conditional ``UPDATE`` each: its fence must be in the model's own table.
+
+    A child model of multi-table inheritance has its parent's fence. Django
+    writes a child's parent fields with two statements, a ``SELECT`` of the
+    pks the filter matches and then ``UPDATE parent ... WHERE pk IN (...)``,
+    so the fence condition is checked by the ``SELECT`` only::
+
+        A's fenced_save selects the row (fence = A's), is paused
+        B claims and writes (fence = B's)
+        A resumes: its UPDATE lands over B's write, and the fence goes back
+
+    Such a model is refused; its parent's rows (same pks) can be locked,
+    claimed and written: ``Parent.objects.locked(pk=child.pk)``.
+    """
+    field = _fence_field(model)
+    owner = field.model._meta.concrete_model if field.model is not None else None
+    if owner is not model._meta.concrete_model:
+        parent = owner._meta.label if owner is not None else "a parent model"
+        raise ImproperlyConfigured(
+            f"{model._meta.label}'s fence is in the table of {parent} (multi-table "
+            f"inheritance): Django updates it with a SELECT and then an UPDATE, so a claim or "
+            f"a fenced write would not be one conditional statement. Lock, claim and write the "
+            f"{parent} row instead ({parent.rsplit('.', 1)[-1]}.objects.locked(pk=...))")
+    return field
+
+
+def _writable(queryset: Any) -> Any:
+    """``queryset`` on the database writes go to (``router.db_for_write``),
+    unless a database was named: a claim's reads must see its own ``UPDATE``
+    (a replica that lags would show the row before the claim), and a fenced
+    write goes where ``save()`` would write."""
+    if queryset._db is not None:
+        return queryset
+    return queryset.using(router.db_for_write(queryset.model, **queryset._hints))
+
+
 def _same_fence(model: type[models.Model], lock: Any, fence: int, pk: Any) -> Exception:
     """The refusal of a claim that meets a row another holder claimed with the
     same fence (possible only after a node lost its data; fencedwrites.py)."""
@@ -273,7 +311,8 @@ class LockingQuerySet(models.QuerySet[Any]):
         UPDATE counts none of its rows as this hold's: they stay refused to it.
         """
         fence = _check_fence(lock, "claim()")
-        field = _fence_field(self.model)
+        field = _claim_field(self.model)
+        self = _writable(self)
         label = self.model._meta.label
         mine = claimed_rows(lock, fence)
         # A row already at this fence that this hold did not claim: another
@@ -325,7 +364,8 @@ class LockingQuerySet(models.QuerySet[Any]):
         own name (``locked()``, ``row.lock()``) would not be excluded by it.
         """
         fence = _check_fence(lock, "claim_and_get()")
-        field = _fence_field(self.model)
+        field = _claim_field(self.model)
+        self = _writable(self)
         selected = self.filter(**lookup) if lookup else self
         meta = self.model._meta
         by_pk = {"pk", meta.pk.name, meta.pk.attname}
@@ -400,7 +440,8 @@ class LockingQuerySet(models.QuerySet[Any]):
         are skipped, so a smaller count than expected means some were not ours.
         """
         fence = _check_fence(lock, "fenced_update()")
-        field = _fence_field(self.model)
+        field = _claim_field(self.model)
+        self = _writable(self)
         if field.name in values or field.attname in values:
             raise ValueError(f"fenced_update() writes only rows carrying the lock's fence; do "
                              f"not pass {field.name!r} (claim() sets it)")
@@ -494,8 +535,8 @@ class LockableModel(models.Model):
         Every write of the fence goes through the claim, ``fenced_save`` and
         ``fenced_update`` (queryset updates, which do not come here).
         """
-        fence = _fence_field(type(self))
-        kept = [value for value in values if value[0] is not fence]
+        # (Any FenceField: a child's save() comes here for its parent's table too.)
+        kept = [value for value in values if not isinstance(value[0], FenceField)]
         return super()._do_update(  # type: ignore[misc]
             base_qs, using, pk_val, kept, *args, **kwargs)
 
@@ -618,8 +659,8 @@ class LockableModel(models.Model):
                              f"once first")
         model = type(self)
         meta = self._meta
-        fence_field = _fence_field(model)
-        db = using or self._state.db or router.db_for_write(model, instance=self)
+        fence_field = _claim_field(model)
+        db = using or router.db_for_write(model, instance=self)  # as save() does
         values: dict[str, Any] = {}
         for name in self._unfenced_fields(update_fields):
             field = meta.get_field(name)

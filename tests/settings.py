@@ -40,7 +40,13 @@ DATABASES = {
     "default": {
         "ENGINE": "django.db.backends.sqlite3",
         "NAME": os.environ.get("REDLOCK_TEST_DB", "file:redlock-tests?mode=memory&cache=shared"),
-    }
+    },
+    # A second database for the primary/replica router tests (test_models.py);
+    # created only for the tests that ask for it.
+    "replica": {
+        "ENGINE": "django.db.backends.sqlite3",
+        "NAME": "file:redlock-tests-replica?mode=memory&cache=shared",
+    },
 }
 DATABASES.update(postgres_databases())  # alias "postgres" when DATABASE_URL is set
 if "postgres" in DATABASES:

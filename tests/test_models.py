@@ -20,7 +20,7 @@ from django_redlock import signals
 from django_redlock.exceptions import FencedWriteRejected, LockLost, RedlockError
 from django_redlock.models import FenceField, LockableModel
 from tests.testapp.dburl import skip_reason
-from tests.testapp.models import Product, SkuItem
+from tests.testapp.models import GiftProduct, Product, SkuItem
 
 PG_SKIP = skip_reason()
 
@@ -477,6 +477,78 @@ def test_plain_save_never_moves_the_fence_back() -> None:
     fresh.delete()
     fresh.save()  # a deleted instance (pk None) is inserted again, as with Model.save()
     assert Product.objects.filter(name="q").count() == 1
+
+
+class _PrimaryReplicaRouter:
+    """The router of Django's multi-database docs: reads from the replica,
+    writes to the primary."""
+
+    def db_for_read(self, model: Any, **hints: Any) -> str:
+        return "replica"
+
+    def db_for_write(self, model: Any, **hints: Any) -> str:
+        return "default"
+
+    def allow_relation(self, *args: Any, **hints: Any) -> bool:
+        return True
+
+    def allow_migrate(self, *args: Any, **hints: Any) -> bool:
+        return True
+
+
+@pytest.mark.django_db(databases=["default", "replica"])
+def test_claims_and_fenced_writes_go_to_the_primary_under_a_replica_router(settings: Any) -> None:
+    """A claim's read must see its own UPDATE, and a fenced write goes where
+    save() writes: with reads routed to a replica that lags (here: one never
+    written but at the start), the claim read the replica's row (fence 0) and
+    refused itself, and fenced_save wrote the replica."""
+    product = Product.objects.create(name="p", stock=10)
+    Product.objects.using("replica").create(pk=product.pk, name="p", stock=10)  # "replicated"
+    settings.DATABASE_ROUTERS = [_PrimaryReplicaRouter()]
+    assert Product.objects.get(pk=product.pk)._state.db == "replica"  # the router is on
+    with Product.objects.locked(pk=product.pk) as held:
+        assert held._state.db == "default" and held.fence == held.held_lock.fence
+        held.stock -= 1
+        held.fenced_save(held.held_lock, update_fields=["stock"])
+    with product.lock() as lock:
+        assert Product.objects.filter(pk=product.pk).claim(lock) == 1
+        assert Product.objects.filter(pk=product.pk).fenced_update(lock, stock=8) == 1
+        row = Product.objects.claim_and_get(lock, pk=product.pk)
+        row.stock -= 1
+        row._state.db = "replica"  # as if read from the replica after the claim
+        row.fenced_save(lock, update_fields=["stock"])
+    primary = Product.objects.using("default").get(pk=product.pk)
+    assert (primary.stock, primary.fence) == (7, lock.fence)
+    assert Product.objects.using("replica").get(pk=product.pk).stock == 10  # never written
+
+
+@pytest.mark.django_db
+def test_a_child_model_of_multi_table_inheritance_is_refused_fenced_writes() -> None:
+    """A child's fence is in its parent's table, which Django updates with a
+    SELECT and then an UPDATE: the fence condition would not be in the UPDATE
+    (a stale holder paused between the two wrote over a newer holder's write).
+    Its claims and fenced writes are refused; the parent's rows work, and a
+    plain save() of the child still never writes the fence."""
+    gift = GiftProduct.objects.create(name="g", stock=3)
+    with pytest.raises(ImproperlyConfigured, match="multi-table inheritance"):
+        with GiftProduct.objects.locked(pk=gift.pk):
+            pass
+    with gift.lock() as lock:
+        for write in (lambda: GiftProduct.objects.claim_and_get(lock, pk=gift.pk),
+                      lambda: GiftProduct.objects.filter(pk=gift.pk).claim(lock),
+                      lambda: GiftProduct.objects.filter(pk=gift.pk).fenced_update(lock, stock=1),
+                      lambda: gift.fenced_save(lock)):
+            with pytest.raises(ImproperlyConfigured, match="testapp.Product"):
+                write()
+    assert GiftProduct.objects.get(pk=gift.pk).fence == 0  # nothing claimed
+    with Product.objects.locked(pk=gift.pk) as parent:  # the parent's row: one statement
+        parent.stock -= 1
+        parent.fenced_save(parent.held_lock, update_fields=["stock"])
+        fence = parent.held_lock.fence
+    gift.wrapping = "gold"
+    gift.save()  # the child's plain save: every field but the fence
+    row = GiftProduct.objects.get(pk=gift.pk)
+    assert (row.stock, row.wrapping, row.fence) == (3, "gold", fence)
 
 
 def test_fence_field_defaults_and_migration_shape() -> None:

@@ -26,6 +26,13 @@ class Product(LockableModel):
         return fresh.stock
 
 
+class GiftProduct(Product):
+    """A child of multi-table inheritance: its fence is in Product's table,
+    so its own claims and fenced writes are refused (models._claim_field)."""
+
+    wrapping = models.CharField(max_length=20, default="plain")
+
+
 class SkuItem(LockableModel):
     """A LockableModel with its own lock name template."""
 
