@@ -10,7 +10,10 @@ rules, so the two flavours cannot drift apart (the sans-I/O style of h11).
 
 An exception raised by a step (``QuorumUnavailable``, ``KeyboardInterrupt``,
 ``CancelledError``) is thrown into the plan, which gives back what it took
-before the exception goes on.
+before the exception goes on. A :class:`Drop` is the exception: what
+interrupts it is held back until the plan has run its other steps up to the
+next that is not a ``Drop`` (:class:`_HeldBack`), so a give-back, once begun,
+gives back every lock.
 
 A plan that waits for any of its locks to be freed (segments) listens on a
 channel their release scripts publish on (:class:`Listen`, :class:`Notice`);
@@ -65,12 +68,65 @@ Step = Union[Take, Drop, Listen, Notice]
 Plan = Generator[Step, Any, Any]
 
 
+class _HeldBack:
+    """The exception that interrupted a :class:`Drop`, held back by a driver
+    until the plan's give-back is over.
+
+    Thrown into the plan at once, it cut the give-back short: the locks after
+    the interrupted one were never released, while the composite already
+    counted itself released (a second ``release()`` raised ``LockNotOwned``)
+    and, with ``auto_renew``, went on renewing them::
+
+        t0  amulti_lock.release(): Drop(c), its round in flight
+        t1  the task is cancelled (asyncio.timeout): c's round completes
+            (AsyncLock.release), CancelledError is thrown into release_all
+        t2  Drop(b) and Drop(a) never run; b and a stay held for ever
+
+    So the plan is answered None for that ``Drop`` (the lock's own release
+    saw to its lock) and runs on; the exception is thrown into it at its next
+    step that is not a ``Drop`` (it then gives back what it took, e.g. when
+    an acquire starts its set again), or raised when it ends. Of two (a
+    second cancellation during the give-back of an interrupted acquire), the
+    first goes on; an interrupt goes on rather than an error of the plan
+    (the ``LockLost`` of a cancelled release, its context)."""
+
+    __slots__ = ("exc",)
+
+    def __init__(self) -> None:
+        self.exc: BaseException | None = None
+
+    def keep(self, exc: BaseException) -> None:
+        if self.exc is None:
+            self.exc = exc
+
+    def pop(self) -> BaseException:
+        exc, self.exc = self.exc, None
+        assert exc is not None
+        return exc
+
+    def instead_of(self, raised: BaseException) -> None:
+        """Raise the one held back rather than ``raised``, an error of the
+        plan (an interrupt the plan raised came first: it goes on). Called
+        while ``raised`` is handled, which becomes its context."""
+        if self.exc is not None and isinstance(raised, Exception):
+            raise self.pop()
+
+    def end(self) -> None:
+        """The plan ended: raise the one held back, if any."""
+        if self.exc is not None:
+            raise self.pop()
+
+
 def run(locks: Sequence[Any], plan: Plan) -> Any:
     """Drive ``plan`` with sync ``locks``; return what the plan returns."""
     sub = None
+    held = _HeldBack()
     try:
         step = next(plan)
         while True:
+            if held.exc is not None and type(step) is not Drop:
+                step = plan.throw(held.pop())
+                continue
             try:
                 if type(step) is Take:
                     answer: Any = locks[step.at].acquire(timeout=step.timeout)
@@ -87,14 +143,22 @@ def run(locks: Sequence[Any], plan: Plan) -> Any:
                     sub.payload = None
                     sub.clear()
             except BaseException as exc:  # noqa: BLE001 - the plan gives back what it took, re-raises
-                step = plan.throw(exc)
-                continue
+                if type(step) is not Drop:
+                    step = plan.throw(exc)
+                    continue
+                held.keep(exc)  # the give-back goes on (_HeldBack)
+                answer = None
             step = plan.send(answer)
     except StopIteration as done:
-        return done.value
+        result = done.value
+    except BaseException as exc:
+        held.instead_of(exc)
+        raise
     finally:
         if sub is not None:
             sub.close()
+    held.end()
+    return result
 
 
 async def arun(locks: Sequence[Any], plan: Plan) -> Any:
@@ -102,9 +166,13 @@ async def arun(locks: Sequence[Any], plan: Plan) -> Any:
     from .aio import _subscribe
 
     waiter = None
+    held = _HeldBack()
     try:
         step = next(plan)
         while True:
+            if held.exc is not None and type(step) is not Drop:
+                step = plan.throw(held.pop())
+                continue
             try:
                 if type(step) is Take:
                     answer: Any = await locks[step.at].acquire(timeout=step.timeout)
@@ -122,14 +190,22 @@ async def arun(locks: Sequence[Any], plan: Plan) -> Any:
                     waiter.sub.payload = None
                     waiter.clear()
             except BaseException as exc:  # noqa: BLE001 - see run()
-                step = plan.throw(exc)
-                continue
+                if type(step) is not Drop:
+                    step = plan.throw(exc)
+                    continue
+                held.keep(exc)  # a cancellation: the give-back goes on (_HeldBack)
+                answer = None
             step = plan.send(answer)
     except StopIteration as done:
-        return done.value
+        result = done.value
+    except BaseException as exc:
+        held.instead_of(exc)
+        raise
     finally:
         if waiter is not None:
             waiter.close()
+    held.end()
+    return result
 
 
 def _drop(lock: Any) -> LockLost | None:

@@ -460,9 +460,13 @@ class Semaphore(SemaphoreBase, compose.Composed):
         mgr = self.manager
         locks = self._locks
         sub = None
+        held = compose._HeldBack()  # a give-back is not cut short (see there)
         try:
             step = next(plan)
             while True:
+                if held.exc is not None and not isinstance(step, Drop):
+                    step = plan.throw(held.pop())
+                    continue
                 try:
                     answer: Any = None
                     if isinstance(step, Take):
@@ -492,14 +496,21 @@ class Semaphore(SemaphoreBase, compose.Composed):
                         sub.payload = None
                         sub.clear()
                 except BaseException as exc:  # noqa: BLE001 - the plan gives back, re-raises
-                    step = plan.throw(exc)
-                    continue
+                    if not isinstance(step, Drop):
+                        step = plan.throw(exc)
+                        continue
+                    held.keep(exc)
                 step = plan.send(answer)
         except StopIteration as done:
-            return done.value
+            result = done.value
+        except BaseException as exc:
+            held.instead_of(exc)
+            raise
         finally:
             if sub is not None:
                 sub.close()
+        held.end()
+        return result
 
 
 class AsyncSemaphore(SemaphoreBase, compose.AsyncComposed):
@@ -525,9 +536,13 @@ class AsyncSemaphore(SemaphoreBase, compose.AsyncComposed):
         mgr = self.manager
         locks = self._locks
         waiter = None
+        held = compose._HeldBack()  # a give-back is not cut short (see there)
         try:
             step = next(plan)
             while True:
+                if held.exc is not None and not isinstance(step, Drop):
+                    step = plan.throw(held.pop())
+                    continue
                 try:
                     answer: Any = None
                     if isinstance(step, Take):
@@ -559,11 +574,18 @@ class AsyncSemaphore(SemaphoreBase, compose.AsyncComposed):
                         waiter.sub.payload = None
                         waiter.clear()
                 except BaseException as exc:  # noqa: BLE001 - see Semaphore._run
-                    step = plan.throw(exc)
-                    continue
+                    if not isinstance(step, Drop):
+                        step = plan.throw(exc)
+                        continue
+                    held.keep(exc)
                 step = plan.send(answer)
         except StopIteration as done:
-            return done.value
+            result = done.value
+        except BaseException as exc:
+            held.instead_of(exc)
+            raise
         finally:
             if waiter is not None:
                 waiter.close()
+        held.end()
+        return result
