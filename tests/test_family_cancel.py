@@ -21,12 +21,13 @@ Every wait is bounded.
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from typing import Any, Callable, Iterator
 
 import pytest
 
-from django_redlock import LockLost, LockNotOwned
+from django_redlock import LockLost, LockNotOwned, with_multi_lock, with_semaphore
 from django_redlock.engine import events
 from django_redlock.testing import RedisNodes
 
@@ -222,5 +223,84 @@ def test_a_cancelled_release_that_found_a_loss_still_ends_cancelled(
         assert task.cancelled()
         assert isinstance(raised.value.__context__, LockLost), raised.value.__context__
         assert _left(nodes3, ml._locks) == {}
+
+    asyncio.run(asyncio.wait_for(scenario(), 20))
+
+
+# -- a loss does not replace the body's exception -------------------------------------
+
+_KINDS = ["semaphore", "segments", "multi_lock"]
+
+
+def _make(mgr: Any, kind: str, prefix: str = "") -> Any:
+    options = dict(ttl=0.2, auto_renew=False, timeout=1)
+    if kind == "semaphore":
+        return getattr(mgr, prefix + "semaphore")("body-s", 2, **options)
+    if kind == "segments":
+        return getattr(mgr, prefix + "segments")("body-g", 2, **options)
+    return getattr(mgr, prefix + "multi_lock")(["body-a", "body-b"], **options)
+
+
+@pytest.mark.parametrize("kind", _KINDS)
+@pytest.mark.parametrize("body_error", [ValueError, KeyboardInterrupt])
+def test_a_loss_does_not_replace_the_exception_of_the_body(
+        nodes3: RedisNodes, make_manager: MakeManager, kind: str, body_error: type,
+        caplog: pytest.LogCaptureFixture) -> None:
+    mgr = make_manager(nodes3)
+    caplog.set_level(logging.WARNING, logger="django_redlock.engine")
+    with pytest.raises(body_error, match="the body failed"):
+        with _make(mgr, kind):
+            time.sleep(0.3)  # the lease (0.2 s) runs out
+            raise body_error("the body failed")
+    assert f"while the body raised {body_error.__name__}" in caplog.text
+    # A body that ended well still hears of the loss.
+    with pytest.raises(LockLost):
+        with _make(mgr, kind):
+            time.sleep(0.3)
+
+
+@pytest.mark.parametrize("kind", _KINDS)
+def test_a_loss_does_not_swallow_the_cancellation_of_the_body(
+        nodes3: RedisNodes, make_manager: MakeManager, kind: str) -> None:
+    """A deadline (``asyncio.timeout()``, ``wait_for``) cancels the body after
+    the lease ran out: the caller gets ``TimeoutError``, not ``LockLost``
+    (which swallowed the cancellation: the deadline never fired, and a
+    cancelled task ended with ``LockLost``)."""
+    mgr = make_manager(nodes3)
+
+    async def body() -> None:
+        async with _make(mgr, kind, "a"):
+            await asyncio.sleep(5)
+
+    async def scenario() -> None:
+        with pytest.raises(asyncio.TimeoutError):  # asyncio.timeout() is 3.11+
+            await asyncio.wait_for(body(), 0.5)
+        with pytest.raises(LockLost):  # a body that ended well still hears of it
+            async with _make(mgr, kind, "a"):
+                await asyncio.sleep(0.3)
+
+    asyncio.run(asyncio.wait_for(scenario(), 20))
+
+
+def test_a_loss_does_not_replace_the_exception_of_a_decorated_body(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    mgr = make_manager(nodes3)
+
+    @with_semaphore("deco-<pk>", 2, ttl=0.2, auto_renew=False, timeout=1, manager=mgr)
+    def work(pk: int) -> None:
+        time.sleep(0.3)
+        raise ValueError("the body failed")
+
+    @with_multi_lock(["deco-a-<pk>", "deco-b-<pk>"], ttl=0.2, auto_renew=False, timeout=1,
+                     manager=mgr)
+    async def awork(pk: int) -> None:
+        await asyncio.sleep(5)
+
+    with pytest.raises(ValueError, match="the body failed"):
+        work(1)
+
+    async def scenario() -> None:
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(awork(1), 0.5)
 
     asyncio.run(asyncio.wait_for(scenario(), 20))

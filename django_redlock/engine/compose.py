@@ -253,6 +253,19 @@ def release_all(count: int, what: str, name: str) -> Plan:
                        lock_name=lost[0].lock_name, lost=lost)
 
 
+def _lost_in_failed_body(lost: LockLost, exc_type: type[BaseException]) -> None:
+    """Log a loss found by the release at the end of a ``with`` block that
+    raised; the block's exception goes on, as with a plain lock's
+    ``__exit__`` (docs/api.rst: ``LockLost`` is raised on exit unless the
+    block itself raised).
+
+    Raised there, ``LockLost`` replaced the caller's own error (a ``ValueError``,
+    ``KeyboardInterrupt``, ``Http404``) and, under asyncio, a cancellation: the
+    task ended with ``LockLost``, and ``asyncio.timeout()`` never turned its
+    ``CancelledError`` into ``TimeoutError``."""
+    logger.warning("%s (while the body raised %s)", lost, exc_type.__name__)
+
+
 # -- the two drivers, as base classes of a composite primitive -----------------------
 SC = TypeVar("SC", bound="Composed")
 AC = TypeVar("AC", bound="AsyncComposed")
@@ -328,7 +341,12 @@ class Composed(Composite):
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         if self._holding():
-            self.release()
+            try:
+                self.release()
+            except LockLost as lost:
+                if exc_type is None:
+                    raise
+                _lost_in_failed_body(lost, exc_type)
 
 
 class AsyncComposed(Composite):
@@ -353,4 +371,9 @@ class AsyncComposed(Composite):
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         if self._holding():
-            await self.release()
+            try:
+                await self.release()
+            except LockLost as lost:
+                if exc_type is None:
+                    raise
+                _lost_in_failed_body(lost, exc_type)
