@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import pytest
 
-from django_redlock import LockLost, LockNotAcquired, QuorumUnavailable
+from django_redlock import LockLost, LockNotAcquired, LockNotOwned, QuorumUnavailable
 from django_redlock.decorators import with_lock
 from django_redlock.testing import RedisNodes
 from tests.family_exclusion import assert_no_lost_update, run_workers
@@ -118,7 +118,7 @@ def test_a_reentrant_hold_whose_thread_ended_is_joined_by_no_new_thread(
     thread = threading.Thread(target=take)
     thread.start()
     thread.join(10)
-    assert holder.owned()
+    assert not holder.owned()  # the ended thread's hold, not this thread's
     joined: list[bool] = []
     reused = 0
 
@@ -133,7 +133,8 @@ def test_a_reentrant_hold_whose_thread_ended_is_joined_by_no_new_thread(
         later.join(10)
     assert reused, "no thread got the ended thread's identifier: the schedule did not happen"
     assert joined == [False] * 20
-    holder.release()
+    with pytest.raises(LockNotOwned):  # nor is it this thread's to release
+        holder.release()
 
 
 def test_a_reentrant_hold_whose_task_ended_is_joined_by_no_other_task(
@@ -169,10 +170,9 @@ def test_a_reentrant_hold_whose_task_ended_is_joined_by_no_other_task(
             await asyncio.gather(*(other() for _ in range(100)))
             if reused:
                 break
-        assert holder.owned()
-        await holder.release()
-        gc.collect()
-        assert kept() is None  # let go with the hold
+        assert not holder.owned()  # the ended task's hold, not this task's
+        with pytest.raises(LockNotOwned):
+            await holder.release()
         return got
 
     got = asyncio.run(scenario())
@@ -189,6 +189,123 @@ def test_reentrant_hold_lost_is_reported_at_the_last_release(
     inner.release()  # not the last: nothing to report yet
     with pytest.raises(LockLost):
         outer.release()
+
+
+def _run_threads(*works: Callable[[], None], timeout: float = 15.0) -> None:
+    threads = [threading.Thread(target=work, daemon=True) for work in works]
+    for thread in threads:
+        thread.start()
+    deadline = time.monotonic() + timeout
+    for thread in threads:
+        thread.join(max(0.0, deadline - time.monotonic()))
+    assert not any(thread.is_alive() for thread in threads)
+
+
+def test_a_reentrant_lock_shared_by_threads_releases_only_the_callers_hold(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """One object used by two threads, as one would use a ``threading.RLock``.
+    T1's lease runs out while it pauses; T2 takes the key through the same
+    object. T1's ``with`` exit used to pop the object's last hold, T2's, and
+    release it (T1 got no ``LockLost``); another process then got in while T2
+    was still inside. Each thread ends only its own hold now."""
+    mgr = make_manager(nodes3, auto_renew=False)
+    rival_mgr = make_manager(nodes3)
+    shared = mgr.lock("re-shared", reentrant=True, ttl=0.3, timeout=5)
+    t1_out = threading.Event()
+    t2_in = threading.Event()
+    seen: dict[str, Any] = {}
+
+    def t1() -> None:
+        try:
+            with shared:
+                seen["t1 fence"] = shared.fence
+                assert t2_in.wait(5)  # paused past its lease: T2 got in meanwhile
+        except LockLost:
+            seen["t1 exit"] = "LockLost"
+        else:
+            seen["t1 exit"] = "none"
+        finally:
+            t1_out.set()
+
+    def t2() -> None:
+        time.sleep(0.05)  # after T1's acquire; waits for its lease to run out
+        try:
+            with shared:
+                seen["t2 fence"] = shared.fence
+                shared.extend(5.0)  # T2 wants time for its work
+                t2_in.set()
+                assert t1_out.wait(5)
+                seen["t2 owned after t1 left"] = shared.owned()
+                seen["t2 fence after t1 left"] = shared.fence
+                seen["rival got in"] = rival_mgr.lock("re-shared").acquire(timeout=0)
+        except Exception as exc:  # noqa: BLE001 - reported below
+            seen["t2 exit"] = type(exc).__name__
+        else:
+            seen["t2 exit"] = "none"
+
+    _run_threads(t1, t2)
+    assert seen["t1 exit"] == "LockLost"  # T1's own hold, lost, told at its exit
+    assert seen["t2 owned after t1 left"] is True
+    assert seen["t2 fence after t1 left"] == seen["t2 fence"] > seen["t1 fence"]
+    assert seen["rival got in"] is False  # T2's hold was left alone
+    assert seen["t2 exit"] == "none"
+    assert _holders(nodes3, shared.key) == 0  # T2's exit released its own hold
+    assert not shared.owned()
+
+
+def test_an_async_reentrant_lock_shared_by_tasks_releases_only_the_callers_hold(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """The asyncio twin: one object, two tasks, the first task's lease runs
+    out and the second takes the key; the first's exit ends only its own
+    (lost) hold."""
+    mgr = make_manager(nodes3, auto_renew=False)
+    rival_mgr = make_manager(nodes3)
+
+    async def scenario() -> dict[str, Any]:
+        shared = mgr.alock("are-shared", reentrant=True, ttl=0.3, timeout=5)
+        t1_out, t2_in = asyncio.Event(), asyncio.Event()
+        seen: dict[str, Any] = {}
+
+        async def t1() -> None:
+            try:
+                async with shared:
+                    seen["t1 fence"] = shared.fence
+                    await asyncio.wait_for(t2_in.wait(), 5)
+            except LockLost:
+                seen["t1 exit"] = "LockLost"
+            else:
+                seen["t1 exit"] = "none"
+            finally:
+                t1_out.set()
+
+        async def t2() -> None:
+            await asyncio.sleep(0.05)
+            try:
+                async with shared:
+                    seen["t2 fence"] = shared.fence
+                    await shared.extend(5.0)
+                    t2_in.set()
+                    await asyncio.wait_for(t1_out.wait(), 5)
+                    seen["t2 owned after t1 left"] = shared.owned()
+                    seen["t2 fence after t1 left"] = shared.fence
+                    seen["rival got in"] = await rival_mgr.alock("are-shared").acquire(
+                        timeout=0)
+            except Exception as exc:  # noqa: BLE001 - reported below
+                seen["t2 exit"] = type(exc).__name__
+            else:
+                seen["t2 exit"] = "none"
+
+        await asyncio.wait_for(asyncio.gather(t1(), t2()), 15)
+        assert not shared.owned()
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert seen["t1 exit"] == "LockLost"
+    assert seen["t2 owned after t1 left"] is True
+    assert seen["t2 fence after t1 left"] == seen["t2 fence"] > seen["t1 fence"]
+    assert seen["rival got in"] is False
+    assert seen["t2 exit"] == "none"
+    assert _holders(nodes3, mgr.key("are-shared")) == 0
 
 
 # -- multi_lock --------------------------------------------------------------------

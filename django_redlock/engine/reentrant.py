@@ -119,7 +119,22 @@ class HoldTable:
 
 
 class ReentrantBase:
-    """The rules; :class:`ReentrantLock` and :class:`AsyncReentrantLock` run them."""
+    """The rules; :class:`ReentrantLock` and :class:`AsyncReentrantLock` run them.
+
+    One object may be used by several threads (or tasks), as one would use a
+    ``threading.RLock``: each owner's holds are kept apart, and a release, an
+    ``extend()``, ``owned()`` and ``fence`` are about the caller's own hold.
+    With one list for all, a thread whose lease ran out ended the other
+    thread's hold at its ``with`` exit::
+
+        t=0.00  T1  with L: takes the key (ttl 0.3, no renewal), pauses
+        t=0.30  the lease runs out on the nodes
+        t=0.31  T2  with L: (the same object) takes the key anew
+        t=0.60  T1  leaves its block: popped T2's hold and released it
+                    (no LockLost for T1, whose lease was lost)
+        t=0.80  another process takes the key: T2 is still inside
+        t=1.31  T2  leaves: LockLost
+    """
 
     def __init__(self, manager: "LockHost", make: Callable[[], Any], timeout: float | None,
                  ) -> None:
@@ -132,26 +147,44 @@ class ReentrantBase:
         self.ttl: float = self._proto.ttl
         self.timeout = timeout
         self.retry_after = 0.0
-        #: The holds this object entered, innermost last.
-        self._holds: list[Hold] = []
+        #: owner -> the holds it entered through this object, innermost last.
+        self._holds: dict[object, list[Hold]] = {}
 
     def __repr__(self) -> str:
-        state = f"held x{len(self._holds)}" if self._holds else "unlocked"
+        mine = self._mine()
+        state = f"held x{len(mine)}" if mine else "unlocked"
         return f"<{type(self).__name__} {self.name!r} {state} fence={self.fence}>"
 
     @property
     def fence(self) -> int:
-        return self._holds[-1].lock.fence if self._holds else 0
+        mine = self._mine()
+        return mine[-1].lock.fence if mine else 0
 
     @property
     def validity(self) -> float:
-        return self._holds[-1].lock.validity if self._holds else 0.0
+        mine = self._mine()
+        return mine[-1].lock.validity if mine else 0.0
 
     def owned(self) -> bool:
-        return bool(self._holds) and self._holds[-1].lock.owned()
+        mine = self._mine()
+        return bool(mine) and mine[-1].lock.owned()
 
-    def _table_key(self) -> TableKey:
+    def _owner(self) -> object:
+        """The caller's owner (its thread's or its task)."""
         raise NotImplementedError
+
+    def _mine(self) -> list[Hold]:
+        """The caller's holds through this object, innermost last (none: empty)."""
+        return self._holds.get(self._owner(), [])
+
+    def _innermost(self) -> Hold:
+        mine = self._mine()
+        if not mine:
+            raise LockNotOwned(f"lock {self.name!r} is not held by this {self._who} "
+                               f"through this object", lock_name=self.name)
+        return mine[-1]
+
+    _who = "owner"
 
     def _make(self) -> Any:
         """The plain lock of a new hold, with this lock's metrics label (the
@@ -168,22 +201,27 @@ class ReentrantBase:
         wait = self.timeout if timeout is ... else check_timeout(timeout)
         if not isinstance(blocking, bool):
             raise ValueError(f"blocking must be True or False, not {blocking!r}")
-        hold = self.manager._reentrant.join(self._table_key())
+        owner = self._owner()
+        hold = self.manager._reentrant.join((self.key, owner))
         if hold is not None:
-            self._holds.append(hold)
+            self._holds.setdefault(owner, []).append(hold)
         return hold, (0.0 if not blocking else wait)
 
     def _took(self, lock: Any) -> None:
-        hold = Hold(lock, self._table_key())
+        owner = self._owner()
+        hold = Hold(lock, (self.key, owner))
         self.manager._reentrant.add(hold)
-        self._holds.append(hold)
+        self._holds.setdefault(owner, []).append(hold)
 
     def _leave(self) -> Hold | None:
-        """End one acquisition; the hold to release on the nodes when it was the last."""
-        if not self._holds:
-            raise LockNotOwned(f"lock {self.name!r} is not held by this object",
-                               lock_name=self.name)
-        hold = self._holds.pop()
+        """End one acquisition of the caller's; the hold to release on the nodes
+        when it was the last."""
+        self._innermost()  # raises if the caller holds nothing through this object
+        owner = self._owner()
+        mine = self._holds[owner]
+        hold = mine.pop()
+        if not mine:
+            del self._holds[owner]
         return hold if self.manager._reentrant.leave(hold) else None
 
     def _busy(self) -> LockNotAcquired:
@@ -195,8 +233,10 @@ class ReentrantBase:
 class ReentrantLock(ReentrantBase):
     """A lock its own thread may take again; from ``lock(name, reentrant=True)``."""
 
-    def _table_key(self) -> TableKey:
-        return self.key, _thread_owner()
+    _who = "thread"
+
+    def _owner(self) -> object:
+        return _thread_owner()
 
     def locked(self) -> bool:
         return bool(self._proto.locked())
@@ -221,10 +261,8 @@ class ReentrantLock(ReentrantBase):
             hold.lock.release()
 
     def extend(self, ttl: float | EllipsisType = ...) -> None:
-        if not self._holds:
-            raise LockNotOwned(f"lock {self.name!r} is not held by this object",
-                               lock_name=self.name)
-        self._holds[-1].lock.extend(ttl)
+        """Extend this thread's hold, as :meth:`Lock.extend` does."""
+        self._innermost().lock.extend(ttl)
 
     def __enter__(self) -> "ReentrantLock":
         if not self.acquire():
@@ -233,7 +271,7 @@ class ReentrantLock(ReentrantBase):
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if not self._holds:
+        if not self._mine():
             return
         try:
             self.release()
@@ -245,8 +283,10 @@ class ReentrantLock(ReentrantBase):
 class AsyncReentrantLock(ReentrantBase):
     """A lock its own asyncio task may take again; from ``alock(name, reentrant=True)``."""
 
-    def _table_key(self) -> TableKey:
-        return self.key, _task_owner()
+    _who = "task"
+
+    def _owner(self) -> object:
+        return _task_owner()
 
     async def locked(self) -> bool:
         return bool(await self._proto.locked())
@@ -269,10 +309,8 @@ class AsyncReentrantLock(ReentrantBase):
             await hold.lock.release()
 
     async def extend(self, ttl: float | EllipsisType = ...) -> None:
-        if not self._holds:
-            raise LockNotOwned(f"lock {self.name!r} is not held by this object",
-                               lock_name=self.name)
-        await self._holds[-1].lock.extend(ttl)
+        """Extend this task's hold, as :meth:`AsyncLock.extend` does."""
+        await self._innermost().lock.extend(ttl)
 
     async def __aenter__(self) -> "AsyncReentrantLock":
         if not await self.acquire():
@@ -281,7 +319,7 @@ class AsyncReentrantLock(ReentrantBase):
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        if not self._holds:
+        if not self._mine():
             return
         try:
             await self.release()
