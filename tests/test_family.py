@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import sys
 import threading
 import time
 import weakref
@@ -92,8 +93,10 @@ def test_async_reentrant_is_per_task(nodes3: RedisNodes, make_manager: MakeManag
             async with mgr.alock("are", reentrant=True, timeout=0) as inner:
                 assert inner.fence == outer.fence
             # Another task is another owner: it waits.
-            other = asyncio.ensure_future(mgr.alock("are", reentrant=True).acquire(timeout=0))
-            assert await other is False
+            async def another() -> bool:
+                return await mgr.alock("are", reentrant=True).acquire(timeout=0)
+
+            assert await asyncio.ensure_future(another()) is False
             assert outer.owned()
         assert _holders(nodes3, outer.key) == 0
 
@@ -139,25 +142,29 @@ def test_a_reentrant_hold_whose_thread_ended_is_joined_by_no_new_thread(
 
 def test_a_reentrant_hold_whose_task_ended_is_joined_by_no_other_task(
         nodes3: RedisNodes, make_manager: MakeManager) -> None:
-    """``await asyncio.wait_for(lock.acquire(), 5)`` runs the acquire in a
-    task of its own on Python 3.11, which ends with the hold still taken.
-    The table was keyed by ``id()`` of the task, and a later task given the
-    same address joined the hold at once (a helper's review found one in a
-    few hundred). The task itself is the owner now: no other task is it (the
-    table keeps it while the hold lives, so its address is nobody else's)."""
+    """A task takes a reentrant lock and ends without release. The table was
+    keyed by ``id()`` of the task, and a later task given the same address
+    joined the hold at once (a helper's review found one in a few hundred).
+    The task itself is the owner now, and its hold ends with it: no other task
+    joins it, also one at the ended task's address (the task is not kept: it
+    is freed, its address free to be reused), while its key lives out its
+    lease on the nodes."""
     mgr = make_manager(nodes3)
 
     async def scenario() -> list[bool]:
-        holder = mgr.alock("are-ended", reentrant=True, timeout=5)
-        first = asyncio.ensure_future(holder.acquire())  # a task that ends
-        assert await first
+        holder = mgr.alock("are-ended", reentrant=True, ttl=30, timeout=5)
+
+        async def take() -> None:
+            assert await holder.acquire()
+
+        first = asyncio.ensure_future(take())  # a task that ends holding
+        await first
         ended, kept = id(first), weakref.ref(first)
         del first
-        await asyncio.sleep(0)  # out of the callback that woke us (its arguments hold it)
-        gc.collect()  # the task is freed unless something keeps it
-        # The table keeps it while its hold lives: no other task can have
-        # its address (and one may go on to get it, below, if it did not).
-        assert kept() is not None
+        await asyncio.sleep(0)  # its done callbacks run
+        gc.collect()
+        assert kept() is None  # nothing keeps the ended task (its address is free)
+        assert _holders(nodes3, holder.key) == 3  # not released: its lease runs out
         got: list[bool] = []
         reused = 0
 
@@ -306,6 +313,133 @@ def test_an_async_reentrant_lock_shared_by_tasks_releases_only_the_callers_hold(
     assert seen["rival got in"] is False
     assert seen["t2 exit"] == "none"
     assert _holders(nodes3, mgr.key("are-shared")) == 0
+
+
+def _expires_within(nodes: RedisNodes, key: str, seconds: float) -> bool:
+    """Whether ``key`` is gone from every node within ``seconds`` (polled)."""
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        gc.collect()  # as for a plain lock: "dropped" is unreachable, cycles too
+        if _holders(nodes, key) == 0:
+            return True
+        time.sleep(0.05)
+    return _holders(nodes, key) == 0
+
+
+@pytest.mark.parametrize("case", ["thread ends", "thread ends, object kept",
+                                  "object dropped, thread lives on"])
+def test_a_reentrant_hold_dropped_without_release_expires_within_a_lease(
+        case: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """A request's thread takes a reentrant lock and fails before release: like
+    a plain lock dropped the same way, the hold stops being renewed and its key
+    expires within one lease. The manager's table kept every hold, and with
+    it its plain lock, which the renewal thread renewed until the process
+    exited: every other process waited for ever."""
+    mgr = make_manager(nodes3)
+    ttl = 0.5  # renewed every lease while held
+    name = "re-drop-" + case.split()[0] + str(len(case))
+    kept: list[Any] = []
+
+    def request() -> None:
+        lock = mgr.lock(name, reentrant=True, ttl=ttl)
+        assert lock.acquire(timeout=1)
+        assert lock.acquire(timeout=0)  # nested: one hold, entered twice
+        if case == "thread ends, object kept":
+            kept.append(lock)  # e.g. a module-level lock: the object outlives the thread
+
+    if case == "object dropped, thread lives on":
+        request()  # this thread (a pool's worker) goes on to other work
+    else:
+        _run_threads(request)
+    time.sleep(ttl * 1.5)  # past the first lease: had it not been renewed...
+    assert _expires_within(nodes3, mgr.key(name), ttl * 4)
+    assert len(mgr._reentrant) == 0
+    assert make_manager(nodes3).lock(name).acquire(timeout=0)  # another process gets in
+    if kept:
+        assert not kept[0].owned()  # not this thread's, nor anybody's now
+
+
+@pytest.mark.parametrize("case", ["task fails", "task fails, object kept",
+                                  "object dropped, task goes on"])
+def test_an_async_reentrant_hold_dropped_without_release_expires_within_a_lease(
+        case: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """The asyncio twin, in a loop that keeps running (an ASGI server): a task
+    that took a reentrant lock and failed before release. The table kept the
+    hold and the task object itself, renewed for the life of the loop."""
+    mgr = make_manager(nodes3)
+    ttl = 0.5
+    name = "are-drop-" + case.split()[0] + str(len(case))
+
+    async def scenario() -> list[Any]:
+        kept: list[Any] = []
+        ended: list[Any] = []
+
+        async def request() -> None:
+            lock = mgr.alock(name, reentrant=True, ttl=ttl)
+            assert await lock.acquire(timeout=1)
+            assert await lock.acquire(timeout=0)
+            if case == "object dropped, task goes on":
+                del lock
+                gc.collect()
+                await asyncio.sleep(ttl * 1.5)
+                assert await _aexpires_within(nodes3, mgr.key(name), ttl * 4)
+                return
+            if case == "task fails, object kept":
+                kept.append(lock)
+            raise RuntimeError("the view failed before release")
+
+        task = asyncio.ensure_future(request())
+        ended.append(task)  # the finished task may well live on: done is enough
+        try:
+            await task
+        except RuntimeError:
+            pass
+        await asyncio.sleep(ttl * 1.5)
+        assert await _aexpires_within(nodes3, mgr.key(name), ttl * 4)
+        assert len(mgr._reentrant) == 0
+        if kept:
+            assert not kept[0].owned()
+        return ended
+
+    ended = asyncio.run(scenario())
+    assert ended[0].done()
+    assert make_manager(nodes3).lock(name).acquire(timeout=0)
+
+
+async def _aexpires_within(nodes: RedisNodes, key: str, seconds: float) -> bool:
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline:
+        gc.collect()
+        if _holders(nodes, key) == 0:
+            return True
+        await asyncio.sleep(0.05)
+    return _holders(nodes, key) == 0
+
+
+def test_an_async_reentrant_acquire_in_a_task_of_its_own_is_refused(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """``asyncio.wait_for(lock.acquire(), 5)`` before Python 3.12, or
+    ``ensure_future(lock.acquire())``: the task that would own the hold is done
+    as soon as the acquire returns, and the hold with it, while the caller
+    believes it holds the lock. Refused before anything is taken."""
+    mgr = make_manager(nodes3)
+
+    async def scenario() -> None:
+        lock = mgr.alock("are-own-task", reentrant=True, timeout=1)
+        with pytest.raises(RuntimeError, match="task of its own"):
+            await asyncio.ensure_future(lock.acquire())
+        assert _holders(nodes3, lock.key) == 0
+        async with lock:  # awaited directly: the caller's task owns it
+            assert lock.owned()
+            if sys.version_info >= (3, 12):  # wait_for runs it in the caller's task
+                assert await asyncio.wait_for(lock.acquire(), 5)
+                await lock.release()
+            else:
+                with pytest.raises(RuntimeError, match="task of its own"):
+                    await asyncio.wait_for(lock.acquire(), 5)
+        assert _holders(nodes3, lock.key) == 0
+
+    asyncio.run(scenario())
 
 
 # -- multi_lock --------------------------------------------------------------------

@@ -179,7 +179,7 @@ class LockManager:
         self._async_transport: Any = None  # transport.aio.AsyncTransport, made by alock()
         self._lazy_lock = threading.Lock()
         self._closed = False
-        #: reentrant holds: (key, thread or task) -> engine.reentrant.Hold
+        #: reentrant holds: thread or task -> key -> engine.reentrant.Hold (weak)
         self._reentrant = HoldTable()
         #: lock key -> until when this process lets woken waiters go first
         self._handoff: dict[bytes, float] = {}

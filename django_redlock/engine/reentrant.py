@@ -14,7 +14,7 @@ once. The nodes see one hold: one key, one fence, one renewal; the holder's
 thread counts how often it entered, and the lock is released on the nodes by
 the matching last release, whichever object makes it.
 
-How: each manager keeps a table ``(key, owner) -> hold`` (owner: the thread,
+How: each manager keeps a table ``owner -> key -> hold`` (owner: the thread,
 or the asyncio task). The first acquisition makes a plain lock for the hold
 and acquires it; the others join the hold while it is still owned. A hold whose
 lease was lost is not joined: the caller acquires anew (and the holders of the
@@ -30,18 +30,39 @@ number::
     task 2   (another request) gets the child's id: acquire(blocking=False)
              joins the hold at once, without asking the nodes: two holders
 
-So a task is its own ``Task`` object (kept by the table while its hold
-lives, so no other task can be it), and a thread is an object kept in its
+So a task is its own ``Task`` object, and a thread is an object kept in its
 thread-local storage, which ends with the thread (a new thread with the old
 thread's identifier gets a new one).
+
+A hold lives no longer than its owner, nor than the lock objects that entered
+it: like a plain ``Lock`` dropped without release, it then stops being renewed
+and its key expires within one lease. The objects keep their owners' holds
+(``owner -> holds``, weakly keyed by the owner), the table keeps them only
+weakly, and nothing keeps an owner: when its thread ends (its thread-local
+owner is freed), its task is done (a done callback of the task) or the
+objects are dropped, the hold goes. The table used to keep every hold, and
+with it its plain lock and its task, for the life of the process::
+
+    t=0    a request's thread: lock("row:7", reentrant=True).acquire()
+    t=0.1  the view fails before release(); the thread ends
+    ...    the renewal thread kept renewing the hold the table kept
+    t=4    four leases later, every other process still waits for row:7
+
+A task of its own that runs only the ``acquire()`` (``asyncio.wait_for`` on
+Python 3.11, ``ensure_future``, ``create_task``) is done as soon as the
+acquire returns, so its hold would end at once, while the caller believes it
+holds the lock: such an acquire raises ``RuntimeError`` before taking anything.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import threading
+import weakref
 from types import EllipsisType, TracebackType
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 from ..core.arguments import check_timeout
 from ..exceptions import LockLost, LockNotAcquired, LockNotOwned
@@ -49,73 +70,99 @@ from ..exceptions import LockLost, LockNotAcquired, LockNotOwned
 if TYPE_CHECKING:
     from .protocol import LockHost
 
-#: (lock key, owner): the owner is this thread's :func:`_thread_owner` or the
-#: asyncio task itself, compared by identity.
-TableKey = tuple[str, object]
-
 _this_thread = threading.local()
+
+
+class _Owner:
+    """A thread's owner of reentrant holds (an object that can be referred to
+    weakly: the holds go when it goes)."""
+
+    __slots__ = ("__weakref__",)
 
 
 def _thread_owner() -> object:
     """This thread's owner of reentrant holds: an object of its own for as
-    long as the thread lives (its thread-local storage ends with it), never
-    another thread's, unlike ``threading.get_ident()``, which the system hands
-    to the next thread once this one ended."""
+    long as the thread lives (its thread-local storage ends with it, and the
+    thread's holds with it), never another thread's, unlike
+    ``threading.get_ident()``, which the system hands to the next thread once
+    this one ended."""
     try:
         return _this_thread.owner
     except AttributeError:
-        owner = _this_thread.owner = object()
+        owner = _this_thread.owner = _Owner()
         return owner
 
 
-def _task_owner() -> object:
-    """This asyncio task (outside a task, an owner of its own every call:
-    nothing to re-enter)."""
-    task = asyncio.current_task()
-    return task if task is not None else object()
+def _task_owner() -> asyncio.Task[Any] | None:
+    """This asyncio task (None outside a task, or outside a running loop: no holds)."""
+    try:
+        return asyncio.current_task()
+    except RuntimeError:  # no running event loop: owned() asked from sync code
+        return None
 
 
 class Hold:
     """One reentrant hold on the nodes: the plain lock that took it, and how many
-    acquisitions of its owner it serves."""
+    acquisitions of its owner it serves. It refers to no owner (the owner is
+    a weak key, which a value referring to it would keep alive)."""
 
-    __slots__ = ("lock", "count", "table_key")
+    __slots__ = ("lock", "count", "__weakref__")
 
-    def __init__(self, lock: Any, table_key: TableKey) -> None:
+    def __init__(self, lock: Any) -> None:
         self.lock = lock
         self.count = 1
-        self.table_key = table_key
 
 
 class HoldTable:
-    """The manager's table of reentrant holds (``(key, owner) -> Hold``)."""
+    """The manager's table of reentrant holds (``owner -> key -> Hold``), all
+    weak: the lock objects that entered a hold keep it (see the module's
+    docstring), the table only finds it for the owner's next acquisition."""
 
     def __init__(self) -> None:
-        self._holds: dict[TableKey, Hold] = {}
+        self._holds: weakref.WeakKeyDictionary[object, weakref.WeakValueDictionary[str, Hold]] = (
+            weakref.WeakKeyDictionary())
         self._guard = threading.Lock()
 
-    def join(self, table_key: TableKey) -> Hold | None:
+    def __len__(self) -> int:
+        """How many holds are alive (for tests and debugging)."""
+        with self._guard:
+            return sum(len(holds) for holds in list(self._holds.values()))
+
+    def join(self, key: str, owner: object) -> Hold | None:
         """The owner's live hold on this key, its count raised; None if there is none."""
         with self._guard:
-            hold = self._holds.get(table_key)
+            holds = self._holds.get(owner)
+            hold = holds.get(key) if holds is not None else None
             if hold is None or not hold.lock.owned():
                 return None
             hold.count += 1
             return hold
 
-    def add(self, hold: Hold) -> None:
+    def add(self, key: str, owner: object, hold: Hold) -> None:
         with self._guard:
-            self._holds[hold.table_key] = hold
+            holds = self._holds.get(owner)
+            if holds is None:
+                holds = self._holds[owner] = weakref.WeakValueDictionary()
+            holds[key] = hold
 
-    def leave(self, hold: Hold) -> bool:
+    def leave(self, key: str, owner: object, hold: Hold) -> bool:
         """One acquisition of ``hold`` ends; True when it was the last (release it)."""
         with self._guard:
             hold.count -= 1
             if hold.count > 0:
                 return False
-            if self._holds.get(hold.table_key) is hold:
-                del self._holds[hold.table_key]
+            holds = self._holds.get(owner)
+            if holds is not None and holds.get(key) is hold:
+                del holds[key]
             return True
+
+
+def _task_done(ref: "weakref.ref[ReentrantBase]", task: "asyncio.Task[Any]") -> None:
+    """A task is done: the holds it entered through this object go (they stop
+    being renewed; their keys expire), though the task object may live on."""
+    lock = ref()
+    if lock is not None:
+        lock._holds.pop(task, None)
 
 
 class ReentrantBase:
@@ -147,8 +194,10 @@ class ReentrantBase:
         self.ttl: float = self._proto.ttl
         self.timeout = timeout
         self.retry_after = 0.0
-        #: owner -> the holds it entered through this object, innermost last.
-        self._holds: dict[object, list[Hold]] = {}
+        #: owner -> the holds it entered through this object, innermost last;
+        #: weakly keyed: the holds of an ended thread (or a freed task) go.
+        self._holds: weakref.WeakKeyDictionary[object, list[Hold]] = (
+            weakref.WeakKeyDictionary())
 
     def __repr__(self) -> str:
         mine = self._mine()
@@ -169,13 +218,18 @@ class ReentrantBase:
         mine = self._mine()
         return bool(mine) and mine[-1].lock.owned()
 
-    def _owner(self) -> object:
-        """The caller's owner (its thread's or its task)."""
+    def _owner(self) -> object | None:
+        """The caller's owner: its thread's, or its task (None: no task)."""
         raise NotImplementedError
 
     def _mine(self) -> list[Hold]:
         """The caller's holds through this object, innermost last (none: empty)."""
-        return self._holds.get(self._owner(), [])
+        owner = self._owner()
+        return (self._holds.get(owner) or []) if owner is not None else []
+
+    def _watch(self, owner: object) -> None:
+        """Called once per owner that enters a hold through this object (the
+        asyncio driver drops the task's holds when it is done)."""
 
     def _innermost(self) -> Hold:
         mine = self._mine()
@@ -195,34 +249,38 @@ class ReentrantBase:
             lock.metrics_label = self.metrics_label
         return lock
 
-    def _enter(self, blocking: bool, timeout: float | None | EllipsisType
+    def _enter(self, blocking: bool, timeout: float | None | EllipsisType, owner: object,
                ) -> tuple[Hold | None, float | None]:
         """Join the owner's hold (no I/O), or say how long a new one may wait."""
         wait = self.timeout if timeout is ... else check_timeout(timeout)
         if not isinstance(blocking, bool):
             raise ValueError(f"blocking must be True or False, not {blocking!r}")
-        owner = self._owner()
-        hold = self.manager._reentrant.join((self.key, owner))
+        hold = self.manager._reentrant.join(self.key, owner)
         if hold is not None:
-            self._holds.setdefault(owner, []).append(hold)
+            self._push(owner, hold)
         return hold, (0.0 if not blocking else wait)
 
-    def _took(self, lock: Any) -> None:
-        owner = self._owner()
-        hold = Hold(lock, (self.key, owner))
-        self.manager._reentrant.add(hold)
-        self._holds.setdefault(owner, []).append(hold)
+    def _took(self, lock: Any, owner: object) -> None:
+        hold = Hold(lock)
+        self.manager._reentrant.add(self.key, owner, hold)
+        self._push(owner, hold)
+
+    def _push(self, owner: object, hold: Hold) -> None:
+        mine = self._holds.get(owner)
+        if mine is None:
+            # Kept (empty) while the owner lives: watched once per owner, not
+            # once per acquisition (a task's done callbacks would pile up).
+            mine = self._holds[owner] = []
+            self._watch(owner)
+        mine.append(hold)
 
     def _leave(self) -> Hold | None:
         """End one acquisition of the caller's; the hold to release on the nodes
         when it was the last."""
-        self._innermost()  # raises if the caller holds nothing through this object
+        hold = self._innermost()  # raises if the caller holds nothing through this object
         owner = self._owner()
-        mine = self._holds[owner]
-        hold = mine.pop()
-        if not mine:
-            del self._holds[owner]
-        return hold if self.manager._reentrant.leave(hold) else None
+        self._holds[owner].pop()
+        return hold if self.manager._reentrant.leave(self.key, owner, hold) else None
 
     def _busy(self) -> LockNotAcquired:
         return LockNotAcquired(f"lock {self.name!r} is busy: not acquired within "
@@ -235,7 +293,7 @@ class ReentrantLock(ReentrantBase):
 
     _who = "thread"
 
-    def _owner(self) -> object:
+    def _owner(self) -> object | None:
         return _thread_owner()
 
     def locked(self) -> bool:
@@ -243,14 +301,15 @@ class ReentrantLock(ReentrantBase):
 
     def acquire(self, blocking: bool = True, timeout: float | None | EllipsisType = ...) -> bool:
         """Join this thread's hold at once, or acquire like :meth:`Lock.acquire`."""
-        hold, wait = self._enter(blocking, timeout)
+        owner = self._owner()
+        hold, wait = self._enter(blocking, timeout, owner)
         if hold is not None:
             return True
         lock = self._make()
         if not lock.acquire(timeout=wait):
             self.retry_after = lock.retry_after
             return False
-        self._took(lock)
+        self._took(lock, owner)
         return True
 
     def release(self) -> None:
@@ -285,22 +344,42 @@ class AsyncReentrantLock(ReentrantBase):
 
     _who = "task"
 
-    def _owner(self) -> object:
+    def _owner(self) -> object | None:
         return _task_owner()
+
+    def _watch(self, owner: object) -> None:
+        cast("asyncio.Task[Any]", owner).add_done_callback(
+            functools.partial(_task_done, weakref.ref(self)))
+
+    def _acquiring_owner(self, frame: Any) -> "asyncio.Task[Any]":
+        """The task that will own the hold; refused when it runs only this
+        acquire (see the module's docstring)."""
+        task = _task_owner()
+        if task is None:
+            raise RuntimeError(f"lock {self.name!r}: a reentrant alock is acquired in an "
+                               f"asyncio task (its owner)")
+        if getattr(task.get_coro(), "cr_frame", None) is frame:
+            raise RuntimeError(
+                f"lock {self.name!r}: acquire() runs in a task of its own (asyncio.wait_for "
+                f"before Python 3.12, ensure_future, create_task), which is done as soon as "
+                f"it returns, and a reentrant hold ends with its task: await acquire() "
+                f"directly (with its timeout=)")
+        return task
 
     async def locked(self) -> bool:
         return bool(await self._proto.locked())
 
     async def acquire(self, blocking: bool = True,
                       timeout: float | None | EllipsisType = ...) -> bool:
-        hold, wait = self._enter(blocking, timeout)
+        owner = self._acquiring_owner(inspect.currentframe())
+        hold, wait = self._enter(blocking, timeout, owner)
         if hold is not None:
             return True
         lock = self._make()
         if not await lock.acquire(timeout=wait):
             self.retry_after = lock.retry_after
             return False
-        self._took(lock)
+        self._took(lock, owner)
         return True
 
     async def release(self) -> None:
