@@ -253,6 +253,36 @@ def test_force_release_frees_a_read_write_lock(nodes: RedisNodes,
         reader.release()
 
 
+def test_a_plain_holder_whose_name_a_reader_took_since_is_told_it_lost_the_lock(
+        nodes: RedisNodes, make_manager: MakeManager, caplog: pytest.LogCaptureFixture) -> None:
+    """The operator force-releases a plain lock; a reader then takes the name
+    (the key is now a hash). The former holder learns it at its next renewal
+    or release, as after any force release: extend.lua and release.lua read
+    the key with a GET, whose WRONGTYPE error made the extend a
+    QuorumUnavailable with ``owned()`` still true, and the release a warning
+    about a foreign value, with resends, instead of LockLost."""
+    mgr = make_manager(nodes, node_timeout=0.5)
+    extended = mgr.lock("taken", ttl=30, auto_renew=False)
+    released = mgr.lock("taken2", ttl=30, auto_renew=False)
+    assert extended.acquire(timeout=0) and released.acquire(timeout=0)
+    readers = []
+    for name in ("taken", "taken2"):
+        mgr.force_release(name)
+        reader = mgr.read_lock(name, ttl=30, auto_renew=False)
+        assert reader.acquire(timeout=0)
+        readers.append(reader)
+    with pytest.raises(LockLost):
+        extended.extend(30)
+    assert not extended.owned()
+    with caplog.at_level("WARNING", logger="django_redlock"):
+        with pytest.raises(LockLost):
+            released.release()
+    assert "WRONGTYPE" not in caplog.text and "did not confirm" not in caplog.text, caplog.text
+    for reader in readers:  # the readers' hold untouched
+        assert reader.owned()
+        reader.release()
+
+
 @pytest.mark.timeout(180)
 def test_processes_never_overlap_a_writer(redis_nodes_factory: Callable[..., RedisNodes],
                                           tmp_path: Path) -> None:

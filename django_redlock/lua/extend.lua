@@ -11,8 +11,12 @@
 -- node, and the holder believes the shorter (the safe side).
 --#include fence_writeback
 local mine = ARGV[1] .. '|'
-local current = redis.call('GET', KEYS[1])
-if not current or string.sub(current, 1, #mine) ~= mine then
+-- pcall: a key of another type (a read-write lock's hash, after an operator
+-- deleted this lock and a reader took the name) is not ours: 0, so the holder
+-- learns it lost the lock, where GET's WRONGTYPE error read as a node failure
+-- (QuorumUnavailable, owned() still true).
+local current = redis.pcall('GET', KEYS[1])
+if type(current) ~= 'string' or string.sub(current, 1, #mine) ~= mine then
   return 0
 end
 if redis.call('PTTL', KEYS[1]) < tonumber(ARGV[2]) then

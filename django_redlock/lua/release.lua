@@ -20,8 +20,10 @@ if ARGV[5] and ARGV[5] ~= '' then
   redis.call('LREM', KEYS[3], 0, ARGV[5])
 end
 local mine = ARGV[1] .. '|'
-local current = redis.call('GET', KEYS[1])
-if not current or string.sub(current, 1, #mine) ~= mine then
+-- pcall: a key of another type is not ours (0: the holder lost the lock), not
+-- a script error (see extend.lua).
+local current = redis.pcall('GET', KEYS[1])
+if type(current) ~= 'string' or string.sub(current, 1, #mine) ~= mine then
   return 0
 end
 if ARGV[7] and not cleanup_may_delete(attempt_of(current), tonumber(ARGV[7])) then
