@@ -109,3 +109,39 @@ def test_asyncio_locks_renew_in_batches_and_each_loss_is_its_own(
         asyncio.run(scenario())
     finally:
         signals.lock_lost.disconnect(on_lost)
+
+
+def test_a_foreign_value_at_one_locks_fencing_counter_loses_no_lock(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """Some other code writes a list where one held lock keeps its fencing
+    counter, on every node. The renewal writes each lock's fence back to its
+    counter in the batch's one script call (fence_writeback.lua): a GET there
+    answered WRONGTYPE and failed the whole call, so every lock of the batch
+    (up to EXTEND_BATCH) was lost, none of them for a reason the log named.
+    The counter is left alone: every lock keeps renewing, and releases."""
+    from django_redlock.core.keys import fence_key
+
+    mgr = make_manager(nodes3, auto_renew=True)
+    locks = [mgr.lock(f"poison:{i}", ttl=TTL) for i in range(5)]
+    for lock in locks:
+        assert lock.acquire(timeout=1) and lock.fence > 0
+    lost: list[str] = []
+
+    def on_lost(name: str, **kwargs: Any) -> None:
+        lost.append(name)
+
+    signals.lock_lost.connect(on_lost)
+    try:
+        counter = fence_key(locks[2].key)
+        for server in nodes3:
+            server.client().delete(counter)
+            server.client().rpush(counter, "someone else's")
+        time.sleep(3 * TTL)  # about nine renewal periods, each a batch
+        assert lost == []
+        assert all(lock.owned() for lock in locks)
+    finally:
+        signals.lock_lost.disconnect(on_lost)
+    for lock in locks:
+        lock.release()  # no LockLost, not even for the lock whose counter it is
+    for server in nodes3:  # the foreign value is left as it was
+        assert server.client().lrange(counter, 0, -1) == [b"someone else's"]
