@@ -297,7 +297,10 @@ class RedisLockAdmin(admin.ModelAdmin):  # type: ignore[type-arg]  # not subscri
                                    f"nothing to release.")
         else:
             messages.success(request, f"Released lock {name!r} (held by {held_by}): deleted on "
-                                      f"{len(report.deleted)} of {report.total} nodes; its "
-                                      f"waiters were woken.")
+                                      f"{len(report.deleted)} of {report.total} nodes; "
+                                      + ("the lock's other holders still hold it."
+                                         if report.shared
+                                         and len(report.shared) == len(report.deleted)
+                                         else "its waiters were woken."))
         return HttpResponseRedirect(reverse("admin:django_redlock_redislock_changelist",
                                             current_app=self.admin_site.name))

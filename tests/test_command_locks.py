@@ -531,6 +531,29 @@ def test_release_with_a_holder_spares_a_lock_that_changed_hands(nodes: RedisNode
         mgr.close()
 
 
+def test_release_with_a_readers_token_releases_that_reader_only(nodes: RedisNodes) -> None:
+    """``locks release NAME --force --holder=TOKEN`` on a read-write lock held
+    by two readers: the stuck one goes, the healthy one keeps reading (the
+    whole hash was deleted), and the command does not claim waiters were woken."""
+    mgr = LockManager(nodes.urls, node_timeout=0.5)
+    try:
+        stuck = mgr.read_lock("shared", ttl=30, auto_renew=False)
+        healthy = mgr.read_lock("shared", ttl=30, auto_renew=False)
+        assert stuck.acquire(timeout=0) and healthy.acquire(timeout=0)
+        out, _ = run("release", "shared", "--force", f"--holder={stuck._token}")
+        assert "Released lock 'shared': deleted on 3 of 3 nodes" in out, out
+        assert "other holders of this read-write lock still hold it" in out, out
+        assert "waiters were woken" not in out, out
+        assert healthy.owned() and mgr.write_lock("shared").acquire(timeout=0) is False
+        for server in nodes:
+            assert server.client().hkeys(healthy.key) == [healthy._token.encode()]
+        out, _ = run("release", "shared", "--force", f"--holder={healthy._token}")
+        assert "waiters were woken" in out, out
+        assert not any(server.client().exists(healthy.key) for server in nodes)
+    finally:
+        mgr.close()
+
+
 def test_release_force_wakes_a_blocked_waiter(nodes: RedisNodes, holders: Any) -> None:
     proc, fence = holders(nodes.urls, "job", 30.0)
     # A long fallback retry: only the release notice can wake the waiter early.

@@ -253,6 +253,57 @@ def test_force_release_frees_a_read_write_lock(nodes: RedisNodes,
         reader.release()
 
 
+def test_force_release_of_one_reader_spares_the_others(nodes: RedisNodes,
+                                                      make_manager: MakeManager) -> None:
+    """``force_release(name, holder=<one reader's token>)``: the operator saw a
+    stuck reader and must not delete the healthy ones. The script deleted the
+    whole hash once one field matched: the healthy reader went on reading
+    (``owned()`` true) while a writer got in beside it. Only that reader's
+    field goes; the key, and the wake-up of its waiters, only with the last
+    holder."""
+    mgr = make_manager(nodes, node_timeout=0.5, retry_delay=30)
+    stuck = mgr.read_lock("doc", ttl=30, auto_renew=False)
+    healthy = mgr.read_lock("doc", ttl=30, auto_renew=False)
+    assert stuck.acquire(timeout=0) and healthy.acquire(timeout=0)
+    got: dict[str, Any] = {}
+
+    def writer() -> None:  # waits in line: only a release notice wakes it early
+        w = mgr.write_lock("doc", ttl=30, auto_renew=False)
+        got["ok"] = w.acquire(timeout=10)
+        got["at"] = time.monotonic()
+        got["lock"] = w
+
+    thread = threading.Thread(target=writer)
+    thread.start()
+    try:
+        assert wait_until(lambda: any(server.client().llen(waiters_key(mgr.key("doc")))
+                                      for server in nodes), timeout=5)
+        replies = mgr.force_release("doc", holder=stuck._token)
+        assert all(isinstance(r, list) and r[0] == 1 and r[1].startswith(stuck._token.encode())
+                   for r in replies), replies
+        for server in nodes:
+            assert server.client().hkeys(mgr.key("doc")) == [healthy._token.encode()]
+        assert healthy.owned()
+        assert mgr.write_lock("doc").acquire(timeout=0) is False
+        time.sleep(0.3)
+        assert "ok" not in got  # nobody was woken: the healthy reader still reads
+        with pytest.raises(LockLost):
+            stuck.release()
+        # The last holder, force-released by its token: the key goes, the
+        # writer in line is woken at once (its retry delay is 30 s).
+        released = time.monotonic()
+        replies = mgr.force_release("doc", holder=healthy._token)
+        assert all(isinstance(r, bytes) for r in replies), replies
+        thread.join(timeout=12)
+        assert got.get("ok") and got["at"] - released < 5, got
+        with pytest.raises(LockLost):
+            healthy.release()
+    finally:
+        thread.join(timeout=12)
+        if got.get("lock") is not None and got["lock"].owned():
+            got["lock"].release()
+
+
 def test_a_plain_holder_whose_name_a_reader_took_since_is_told_it_lost_the_lock(
         nodes: RedisNodes, make_manager: MakeManager, caplog: pytest.LogCaptureFixture) -> None:
     """The operator force-releases a plain lock; a reader then takes the name

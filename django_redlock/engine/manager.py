@@ -643,7 +643,9 @@ class LockManager:
         delete the healthy one that took the lock since).
 
         Returns each node's deleted value (bytes), None where there was none,
-        ``[0, value]`` where another holder than ``holder`` holds it (kept), or
+        ``[0, value]`` where another holder than ``holder`` holds it (kept),
+        ``[1, value]`` where ``holder`` was one holder of a read-write lock and
+        only it was deleted (the others still hold the lock: nobody woken), or
         a :class:`NodeError`. For operators (``manage.py locks release
         --force``); the holder finds out at its next renewal.
         """

@@ -550,6 +550,10 @@ class ReleaseReport:
     #: (node, StoredLock or None) where another holder than the one asked for
     #: holds the lock: kept (``force_release(..., holder=...)``).
     kept: list[tuple[str, Any]] = field(default_factory=list)
+    #: Nodes where the holder asked for was deleted from a read-write lock
+    #: that other holders still hold (counted in ``deleted`` too): the key
+    #: stays, and nobody was woken there.
+    shared: list[str] = field(default_factory=list)
 
     @property
     def answered(self) -> int:
@@ -565,11 +569,16 @@ def force_release(manager: "LockHost", name: str, holder: str = "") -> ReleaseRe
     deleted: list[tuple[str, Any]] = []
     absent: list[str] = []
     kept: list[tuple[str, Any]] = []
+    shared: list[str] = []
     failures: list[NodeFailure] = []
     for node, reply in zip(manager.nodes, replies, strict=True):
-        if isinstance(reply, list) and len(reply) == 2 and reply[0] == 0:
+        if isinstance(reply, list) and len(reply) == 2 and reply[0] in (0, 1):
             raw = reply[1] if isinstance(reply[1], (bytes, str)) else str(reply[1])
-            kept.append((node.name, parse_value(raw)))
+            if reply[0] == 0:
+                kept.append((node.name, parse_value(raw)))
+            else:  # one holder of a read-write lock, the others still hold it
+                deleted.append((node.name, parse_value(raw)))
+                shared.append(node.name)
         elif isinstance(reply, NodeError):
             failures.append(NodeFailure(node.name, short_reason(node, Exception(reply.reason))))
         elif isinstance(reply, Exception):
@@ -580,6 +589,7 @@ def force_release(manager: "LockHost", name: str, holder: str = "") -> ReleaseRe
             raw = reply if isinstance(reply, (bytes, str)) else str(reply)
             deleted.append((node.name, parse_value(raw)))
     return ReleaseReport(name=name, deleted=deleted, absent=absent, failures=failures,
-                         total=len(manager.nodes), quorum_size=manager.quorum, kept=kept)
+                         total=len(manager.nodes), quorum_size=manager.quorum, kept=kept,
+                         shared=shared)
 
 

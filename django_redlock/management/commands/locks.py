@@ -525,7 +525,10 @@ class Command(BaseCommand):
         self.stdout.write(self.style.SUCCESS(
             f"Released lock {name!r}: deleted on {len(report.deleted)} of {report.total} nodes"
             + (f", {len(report.failures)} not reached (their copy expires with its lease)"
-               if report.failures else "") + "; waiters were woken."))
+               if report.failures else "")
+            + ("; other holders of this read-write lock still hold it, so no waiter was woken."
+               if report.shared and len(report.shared) == len(report.deleted)
+               else "; waiters were woken.")))
         holders: dict[str, list[str]] = {}
         fences: dict[str, int] = {}
         for node, stored in report.deleted:
