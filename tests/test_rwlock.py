@@ -172,6 +172,57 @@ def test_one_name_two_kinds_is_an_error_at_once(nodes: RedisNodes,
         pass
 
 
+@pytest.mark.parametrize("fields", [{"name": "alice", "visits": "12"},
+                                    {"r.someone": "99999999999999"}],
+                         ids=["user-hash", "number-field"])
+def test_a_hash_no_lock_wrote_is_busy_and_named_never_taken(
+        nodes: RedisNodes, make_manager: MakeManager, fields: dict[str, str]) -> None:
+    """Other code's hash at the lock's name (``HSET redlock:profile:7 name alice
+    visits 12``, no expiry). rw_acquire.lua took every field for an expired
+    holder (a value with no leading expiry read as 0), deleted the user's data
+    and granted the lock; a field holding a large number was a holder that
+    never expires (busy forever, nothing said); a plain lock() called the hash
+    a read-write lock (LockKindConflict). Each now finds the key busy with a
+    value no lock wrote, says so, and leaves the hash as it was."""
+    from django_redlock import LockNotAcquired
+
+    mgr = make_manager(nodes, node_timeout=0.5, retry_delay=0.1)
+    key = mgr.key("profile:7")
+    for server in nodes:
+        server.client().hset(key, mapping=fields)
+    for make in (mgr.read_lock, mgr.write_lock, mgr.lock):
+        assert make("profile:7").acquire(timeout=0) is False
+        with pytest.raises(LockNotAcquired) as info:
+            with make("profile:7", timeout=0.3):
+                pass
+        assert not isinstance(info.value, LockKindConflict)
+        message = str(info.value)
+        assert "held by something other than a lock" in message, message
+        assert "hash no read-write lock wrote" in message, message
+    expected = {k.encode(): v.encode() for k, v in fields.items()}
+    for server in nodes:
+        assert server.client().hgetall(key) == expected
+
+
+def test_a_string_no_lock_wrote_is_not_called_a_plain_lock(
+        nodes: RedisNodes, make_manager: MakeManager) -> None:
+    """rw_acquire.lua called any string at the key a plain lock's
+    (LockKindConflict: "give each kind its own name"); a string not in a
+    lock's format is a value no lock wrote, busy and named as such."""
+    from django_redlock import LockNotAcquired
+
+    mgr = make_manager(nodes, node_timeout=0.5, retry_delay=0.1)
+    for server in nodes:
+        server.client().set(mgr.key("raw"), "someone else's")
+    for make in (mgr.read_lock, mgr.write_lock):
+        with pytest.raises(LockNotAcquired) as info:
+            with make("raw", timeout=0.3):
+                pass
+        assert not isinstance(info.value, LockKindConflict)
+        assert "a string not written by a lock" in str(info.value), str(info.value)
+    assert all(server.client().get(mgr.key("raw")) == b"someone else's" for server in nodes)
+
+
 def test_a_reader_paused_past_its_lease_is_told_its_lock_was_lost(
         nodes: RedisNodes, make_manager: MakeManager) -> None:
     mgr = make_manager(nodes)

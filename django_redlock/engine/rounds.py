@@ -500,7 +500,8 @@ def error_reply_reason(reply: BaseException) -> str:
         else f"answered with an error: {text}"
 
 
-_FOREIGN_KINDS = {1: "a value of another type (not a string)",
+_FOREIGN_KINDS = {1: "a value of another type (not a string; or a hash no read-write lock "
+                     "wrote)",
                   2: "a string not written by a lock",
                   3: "a read-write lock (read_lock / write_lock)",
                   4: "a plain lock (lock)"}

@@ -52,11 +52,15 @@ local mine = ARGV[1] .. '|'
 local queue = ARGV[6]
 -- pcall: GET on a key of another type is an error, which would hide the
 -- answer "busy" behind a script error (the node answered; it is not down).
+-- A hash is a read-write lock's (3) only in that lock's format; any other
+-- hash is a value no lock wrote (1), not a LockKindConflict.
+--#include rw_format
 local current = redis.pcall('GET', KEYS[1])
 local foreign = 0
 if type(current) == 'table' then
   foreign = 1
-  if redis.call('TYPE', KEYS[1]).ok == 'hash' then
+  if redis.call('TYPE', KEYS[1]).ok == 'hash'
+      and rw_hash_is_lock(redis.call('HGETALL', KEYS[1])) then
     foreign = 3  -- a read-write lock's (rw_acquire.lua): one name, two kinds of lock
   end
 elseif current and not string.find(current, '^[^|]+|%d+|') then

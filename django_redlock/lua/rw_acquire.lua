@@ -1,7 +1,9 @@
 -- Acquire a read-write lock on one node (a reader or the writer, by the token's
 -- first character: see rw_common.lua). KEYS and ARGV as acquire.lua's; the
 -- replies too, with one more reason for a fourth element: 4 when the key is a
--- plain lock's (a name used as two kinds of lock; 1: another type).
+-- plain lock's (a name used as two kinds of lock); 1 another type, or a hash
+-- not in the read-write lock's format (rw_format.lua); 2 a string not in the
+-- plain lock's format. Such a key is busy, and nothing of it is touched.
 -- Readers share the lock; the writer holds it alone. A reader also queues
 -- behind a writer that stands in line before it (no writer starvation),
 -- unless it was just woken by name (ARGV[6] '2': a release let it go first).
@@ -15,15 +17,26 @@ local key, token, lease = KEYS[1], ARGV[1], tonumber(ARGV[2])
 local queue = ARGV[6]
 local now = rw_now()
 local kind = redis.call('TYPE', key).ok
+local all = nil
+if kind == 'hash' then  -- (no key: nobody holds it, nothing to read)
+  all = redis.call('HGETALL', key)
+  if not rw_hash_is_lock(all) then
+    kind = 'foreign'
+  end
+end
 if kind ~= 'none' and kind ~= 'hash' then
   local code = 1
-  if kind == 'string' then code = 4 end
+  if kind == 'string' then
+    code = 2
+    if string.find(redis.call('GET', key), '^[^|]+|%d+|') then
+      code = 4  -- a plain lock's value (acquire.lua's format)
+    end
+  end
   return {0, redis.call('PTTL', key), now, code}
 end
 local writer = string.sub(token, 1, 1) == 'w'
 local mine, busy_until, holders_until = nil, 0, 0
-if kind == 'hash' then  -- (no key: nobody holds it, nothing to read)
-  local all = redis.call('HGETALL', key)
+if all then
   for i = 1, #all, 2 do
     local field, value = all[i], all[i + 1]
     local expiry = rw_expiry(value)

@@ -4,6 +4,8 @@
 -- reader, 'w.<token>' the writer), valued '<expiry ms>|<fence>|<owner>' (this
 -- node's clock). Expired fields are dropped by
 -- whichever script looks at them next; the key's own expiry covers the latest.
+-- A hash in another format is none of theirs (rw_format.lua).
+--#include rw_format
 local function rw_now()
   local t = redis.call('TIME')
   return tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
