@@ -691,6 +691,68 @@ def test_a_forked_child_exits_while_a_parent_thread_was_renewing(
     lock.release()
 
 
+def _child_status(pid: int, within: float) -> int | None:
+    """The forked child's exit code, or None (and the child killed) when it
+    has not ended within ``within`` seconds (bounded polling)."""
+    started = time.monotonic()
+    while time.monotonic() - started < within:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    return None
+
+
+@pytest.mark.parametrize("table", ["reentrant holds", "hand-off"])
+def test_a_forked_child_acquires_while_a_parent_thread_held_a_manager_table(
+        nodes3: RedisNodes, make_manager: MakeManager, table: str,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A parent thread is inside the manager's reentrant hold table (a
+    reentrant join or leave, all in memory) or its hand-off table (a release
+    stepping back) when the process forks. The child's copy of that table's
+    lock stays held by a thread the child does not have: its first reentrant
+    acquire, or its first release that woke a waiter, waited for ever (the
+    acquire's timeout never applied: no I/O had begun)."""
+    from django_redlock.engine import manager as manager_module
+
+    monkeypatch.setattr(manager_module, "_HANDOFF_KEYS_MAX", 0)  # every release sweeps
+    mgr = make_manager(nodes3.urls)
+    guard = mgr._reentrant._guard if table == "reentrant holds" else mgr._handoff_lock
+    inside, leave = threading.Event(), threading.Event()
+
+    def hold_it() -> None:
+        with guard:  # what the parent thread is doing at the fork
+            inside.set()
+            leave.wait(10)
+
+    parent_thread = threading.Thread(target=hold_it)
+    parent_thread.start()
+    assert inside.wait(5)
+    try:
+        pid = os.fork()
+        if pid == 0:  # child: no pytest teardown here
+            code = 3
+            try:
+                if table == "reentrant holds":
+                    lock = mgr.lock("fork-table", reentrant=True, ttl=5, auto_renew=False)
+                    if lock.acquire(timeout=2):
+                        lock.release()
+                        code = 0
+                else:
+                    mgr._note_release(b"fork-table", 1)  # a release that woke a waiter
+                    code = 0
+            finally:
+                os._exit(code)
+        status = _child_status(pid, 10.0)
+    finally:
+        leave.set()
+        parent_thread.join(10)
+    assert status is not None, f"the forked child hung on the parent thread's {table} table"
+    assert status == 0
+
+
 _HOLD_MANY_THEN_EXIT = textwrap.dedent("""
     import sys, time
     from django_redlock import LockManager

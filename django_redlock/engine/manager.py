@@ -512,6 +512,12 @@ class LockManager:
         self._leftovers = None  # the parent's to send, not the child's
         self._notifier = None
         self._lazy_lock = threading.Lock()
+        # Locks a parent thread may have held at the fork, with no thread in
+        # the child to let go of them: a reentrant acquire (the table's guard)
+        # or a release stepping back (the hand-off table's) would wait for
+        # ever. The parent's reentrant holds are not the child's either.
+        self._reentrant = HoldTable()
+        self._handoff_lock = threading.Lock()
         for node in self.nodes:
             node.reset_backoff()
 
