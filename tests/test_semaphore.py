@@ -297,6 +297,99 @@ def test_a_caller_with_another_count_takes_no_permit_anywhere(
                    for server in nodes3 for i in range(3))
 
 
+def _permit_keys(nodes: RedisNodes, mgr: Any, name: str, permits: int) -> list[list[int]]:
+    """Per node, the permits of ``name`` (0 to ``permits`` - 1) whose key it holds."""
+    return [[i for i in range(permits)
+             if server.client().exists(lock_key(mgr.key_prefix, f"{name}#{i}"))]
+            for server in nodes]
+
+
+def test_another_count_gets_no_permit_while_one_node_at_a_time_is_out(
+        redis_nodes_factory: NodesFactory, make_manager: MakeManager) -> None:
+    """The reviewers' schedule, never more than one node out at a time:
+
+        node 3 paused; A1..A3 (permits=3) take #0..#2 on nodes 1, 2: node 3 never records 3
+        node 3 resumed, node 1 paused; B (permits=5): node 2 says "3", node 3 records 5
+
+    B's first try counted only the nodes that disagreed (one: not enough to
+    refuse) and went on to the line, whose head took #3 on nodes 2 and 3 with
+    no count check: four holders of a 3-permit semaphore. Now agreement is
+    counted (one node of three) and B gets PermitsMismatch."""
+    nodes = redis_nodes_factory(3)
+    a = make_manager(nodes, node_timeout=0.3)
+    b = make_manager(nodes, node_timeout=0.3)
+    held = []
+    nodes[2].pause()
+    try:
+        for _ in range(3):
+            sem = a.semaphore("mix", 3, timeout=2, ttl=30)
+            assert sem.acquire()
+            held.append(sem)
+    finally:
+        nodes[2].resume()
+    assert sorted(sem.index for sem in held) == [0, 1, 2]
+    nodes[0].pause()
+    try:
+        other = b.semaphore("mix", 5, timeout=3, ttl=30)
+        with pytest.raises(semaphore_module.PermitsMismatch) as info:
+            other.acquire()
+        assert info.value.permits == 5 and info.value.recorded == 3
+        assert other.index is None and not other.owned()
+    finally:
+        nodes[0].resume()
+    assert all(sem.owned() for sem in held)
+    # Nothing of B's anywhere: no fourth permit, and the line given back.
+    assert wait_until(lambda: all(keys == [0, 1, 2] or keys == []
+                                  for keys in _permit_keys(nodes, a, "mix", 5)), timeout=3)
+    assert wait_until(lambda: _holders(nodes, lock_key(a.key_prefix, "mix#line")) == 0,
+                      timeout=3)
+    for sem in held:
+        sem.release()
+
+
+def test_the_head_of_the_line_checks_the_count_with_every_try(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """Every try of a permit carries the count check, the head's too. The head
+    waits (permits=5, all held); meanwhile nodes 1 and 2 came to record
+    permits=3 (written here by hand: the record of another count's users,
+    say after this one's lease ran out) and permit #3 is released. The head's
+    try of #3 used to carry no check and took it on all three nodes; now
+    nodes 1 and 2 refuse it and the head gets PermitsMismatch, holding
+    nothing and leaving the line."""
+    mgr = make_manager(nodes3)
+    holders = [mgr.semaphore("headcount", 5, timeout=2) for _ in range(5)]
+    assert all(sem.acquire() for sem in holders)
+    outcome: list[Any] = []
+    head = mgr.semaphore("headcount", 5, timeout=5)
+
+    def wait() -> None:
+        try:
+            outcome.append(head.acquire())
+        except RedlockError as exc:
+            outcome.append(exc)
+
+    waiter = threading.Thread(target=wait, daemon=True)
+    waiter.start()
+    line_key = lock_key(mgr.key_prefix, "headcount#line")
+    assert wait_until(lambda: _holders(nodes3, line_key) == 3, timeout=5)  # it is the head
+    count_key = permits_key(lock_key(mgr.key_prefix, "headcount"))
+    for server in nodes3[:2]:
+        server.client().set(count_key, b"3", px=60_000)
+    third = next(sem for sem in holders if sem.index == 3)
+    third.release()
+    waiter.join(10)
+    assert not waiter.is_alive()
+    assert isinstance(outcome[0], semaphore_module.PermitsMismatch), outcome
+    assert head.index is None
+    assert wait_until(lambda: all(3 not in keys
+                                  for keys in _permit_keys(nodes3, mgr, "headcount", 5)),
+                      timeout=3)
+    assert wait_until(lambda: _holders(nodes3, line_key) == 0, timeout=3)
+    for sem in holders:
+        if sem is not third:
+            sem.release()
+
+
 # -- leases: a crashed holder, a paused one ------------------------------------------
 
 CRASHING = textwrap.dedent("""

@@ -305,7 +305,7 @@ def attempt_owner(owner: str, attempt: int) -> str:
 
 
 class Guard(NamedTuple):
-    """What a semaphore's first try of a permit adds to the permit's acquire
+    """What every try of a semaphore's permit adds to the permit's acquire
     script (acquire.lua, KEYS[4..6] and ARGV[9..11]): its count key, its line's
     lock and waiter queue keys; its permits, the count record's lease (ms) and
     whether to step aside while anyone is in line (b"1") or not (b"0")."""
@@ -316,6 +316,10 @@ class Guard(NamedTuple):
 
 #: Guard refusals (acquire.lua): another permit count is recorded; someone is in line.
 GUARD_COUNT, GUARD_LINE = 5, 6
+#: Beside a refused round's guard refusals (:func:`refused`): a node that gave
+#: no verdict (silent, or an error reply). A semaphore counts the nodes that
+#: agreed on its count; a node it did not hear agreed to nothing.
+GUARD_UNHEARD = 0
 
 
 def guard_stops(guard: dict[str, tuple[int, Any]]) -> bool:
@@ -681,9 +685,12 @@ def refused(tally: AcquireTally, *, n_nodes: int, start: float, elapsed: float, 
                     "retrying", lock_name, elapsed, ttl)
     busy = sorted(tally.busy_ttls)
     holder_ttl = busy[len(busy) // 2] if busy else None  # None: wait the normal pace
+    guard = tally.guard
+    if guard:  # and the nodes that said nothing (GUARD_UNHEARD)
+        guard = {**{name: (GUARD_UNHEARD, why) for name, why in tally.errors.items()}, **guard}
     return AcquireResult(False, holder_ttl=holder_ttl, errors=tally.errors, asked_at=start,
                          queued_ms=tally.queued_ms, obstacle=obstacle(tally, key),
-                         guard=tally.guard)
+                         guard=guard)
 
 
 # -- a lock handed over by a release (the hand-over node) --------------------------
@@ -1022,9 +1029,10 @@ def acquire_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token
     ``attempt``: this attempt's number within its ``acquire()`` call (1, 2...),
     written into the lock value (:func:`attempt_owner`) so that no late request
     of an earlier attempt undoes this one's grant (0: unnumbered).
-    ``guard``: a first attempt's checks on every node (:class:`Guard`); when any
-    node's guard refuses, the round is lost even with a quorum of grants (what
-    was granted is released): one node in another count or in line is enough.
+    ``guard``: a semaphore's checks on every node (:class:`Guard`); a node's
+    guard refusal grants nothing there, and one node with someone in line
+    loses the round even with a quorum of grants (what was granted is
+    released; :func:`guard_stops`).
     """
     nodes = mgr.nodes
     n = len(nodes)
@@ -1092,10 +1100,11 @@ def acquire_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token
         replies[gate] = first
     else:
         handed = None  # the gate is not trusted now: its copy is asked like any
-        # A guarded attempt (a semaphore's first try) hears every node out
+        # A guarded attempt (a semaphore's try of a permit) hears every node out
         # (within the node timeout): one node's guard refusal loses the
         # round, and a round settled on a quorum of grants left it unread
-        # about one run in three. A first attempt settles at once: a
+        # about one run in three; and a refused round's verdicts are all
+        # counted (semaphore.py's _check_count). A first attempt settles at once: a
         # newcomer whose round ends before the hand-over node answers may
         # pass the line (barging); a waiter in it asks the gate first.
         settle = None if n > 1 and guard is not None else acquire_settle(mgr.quorum, acks)

@@ -46,16 +46,28 @@ try (``timeout=0`` or ``blocking=False``): it does not queue, and takes a
 permit that is free at that moment, if any.
 
 Permits must agree: ``permits`` is recorded per name on the nodes (the key
-``keys.permits_key``, written by the first try's script when absent) and
-checked on every node the first try reaches, before it grants the permit: a
-node with a different count grants nothing and says so; the grant itself
-needs a quorum, so a quorum agreed on the count, and two counts never both
-have one. When so many nodes hold another count that the rest cannot make a
-quorum, the caller gets :class:`PermitsMismatch` (any permit other nodes
-granted is given back); a minority with another count (a node restarted
-empty that a caller with a wrong count reached first) is outvoted. Every acquire renews the record's lease
-(:data:`COUNT_LEASE`); once it runs out, after the last acquire of the name, a
-new count may be used.
+``keys.permits_key``, written by a try's script when absent) and checked by
+*every* try of a permit (the first try, the head's, a ``timeout=0`` try's),
+on every node, in the script that grants it: a node with a different count
+grants nothing and says so. A permit is held only when a quorum granted it,
+so a quorum of nodes that record this count: two counts never both have one
+(two majorities share a node, which holds one record). Checking the first
+try only was not enough; the head's tries then asked no node, and one node
+paused at a time made four holders of ``semaphore(name, 3)``::
+
+    t0  node 3 paused; A1..A3 (permits=3) hold #0..#2 on nodes 1, 2; node 3 never sees 3
+    t1  node 3 resumed, node 1 paused; B (permits=5) tries: node 2 says "3",
+        node 3 records 5; one node against, so B went on and queued on the line
+    t2  B, head of the line, takes #3 on nodes 2 and 3 unchecked: a fourth holder
+
+The caller gets :class:`PermitsMismatch` (any permit other nodes granted is
+given back) when a try finds nodes that record another count and fewer than
+a quorum that agree with its own: the nodes that answered without a count
+refusal are counted, and a node that did not answer agrees to nothing (B
+above, at t1). A minority with another count (a node restarted empty that a
+caller with a wrong count reached first) is outvoted while a quorum of the
+others agrees. Every acquire renews the record's lease (:data:`COUNT_LEASE`);
+once it runs out, after the last acquire of the name, a new count may be used.
 """
 
 from __future__ import annotations
@@ -76,7 +88,7 @@ from ..exceptions import (
 from ..transport.resp import SEMAPHORE_PEEK, Call
 from . import compose
 from .compose import Drop, Take
-from .rounds import GUARD_COUNT, Guard
+from .rounds import GUARD_COUNT, GUARD_UNHEARD, Guard
 
 if TYPE_CHECKING:
     from .protocol import LockHost
@@ -84,8 +96,7 @@ if TYPE_CHECKING:
 #: How long a permit count stays recorded after the last acquire of its name (s).
 COUNT_LEASE = 3600.0
 #: Rounds asked again, while time is left, after one that reached no quorum:
-#: of the first try (with the count check), and of the head's tries of the
-#: permits (in a row).
+#: of the first try, and of the head's tries of the permits (in a row).
 COUNT_RETRIES = 2
 #: The shortest wait of a head between two tries when no notice comes (s).
 MIN_PAUSE = 0.005
@@ -137,11 +148,12 @@ def line_name(name: str) -> str:
     return f"{name}#line"
 
 
-class First(NamedTuple):
+class TryPermit(NamedTuple):
     """Try permit ``at`` once with the guard (the count check; with ``aside``,
     stepping aside while anyone is in line); answer ``(granted, refusal)``,
     ``refusal`` the guards' answers (``LockBase._guard_refusal``), or throw
-    the ``RedlockError`` of the round."""
+    the ``RedlockError`` of the round. Every try of a permit is one of these:
+    no permit is granted by a node that records another count."""
 
     at: int
     aside: bool
@@ -190,8 +202,8 @@ class Notice(NamedTuple):
     seconds: float
 
 
-Step = Union[Take, Drop, First, Listen, Peek, HandOn, Notice]
-#: A semaphore's plan: the composites' steps and its own three.
+Step = Union[Take, Drop, TryPermit, Listen, Peek, HandOn, Notice]
+#: A semaphore's plan: the composites' steps and its own.
 Plan = Generator[Step, Any, Any]
 
 
@@ -254,22 +266,35 @@ class SemaphoreBase(compose.Composite):
                      (str(self.permits).encode(), lease_ms, b"1" if aside else b"0"))
 
     def _check_count(self, refusal: dict[str, tuple[int, Any]]) -> None:
-        """Raise :class:`PermitsMismatch` when so many nodes recorded another
-        count that the rest cannot make a quorum: this count can never be
-        granted. A minority with another count (a node restarted empty that a
-        stray caller reached first) only grants nothing (rounds.guard_stops)."""
+        """After a refused try of a permit: raise :class:`PermitsMismatch` when
+        some nodes record another count and fewer than a quorum agree with
+        this one. Agreement is counted, not assumed: the nodes that answered
+        without a count refusal (they granted, or found the permit busy, or
+        someone in line, all after the count check passed); a node that did
+        not answer (``GUARD_UNHEARD``) agrees to nothing. Counting "not
+        enough disagree" instead let a caller with another count through
+        while one node was out (the module docstring, t1). A minority with
+        another count beside a quorum that agrees (a node restarted empty
+        that a stray caller reached first) only grants nothing there."""
         others = [detail for code, detail in refusal.values() if code == GUARD_COUNT]
-        nodes = len(self.manager.nodes)
-        if nodes - len(others) >= self.manager.quorum:
+        if not others:
             return
-        for detail in others:
-            recorded = detail.decode() if isinstance(detail, bytes) else str(detail)
-            raise PermitsMismatch(
-                f"semaphore {self.name!r}: permits={self.permits} was asked, but its "
-                f"holders use permits={recorded}; every user of one name must give the "
-                f"same count (the recorded one expires {COUNT_LEASE:g} s after the last "
-                f"acquire)", lock_name=self.name, permits=self.permits,
-                recorded=int(recorded) if recorded.isdigit() else 0)
+        nodes = len(self.manager.nodes)
+        unheard = sum(1 for code, _ in refusal.values() if code == GUARD_UNHEARD)
+        agreed = nodes - len(others) - unheard
+        if agreed >= self.manager.quorum:
+            return
+        counts = [detail.decode() if isinstance(detail, bytes) else str(detail)
+                  for detail in others]
+        recorded = max(set(counts), key=counts.count)
+        heard = (f" ({len(others)} of {nodes} nodes record permits={recorded}, {agreed} "
+                 f"agree and {unheard} did not answer)") if unheard else ""
+        raise PermitsMismatch(
+            f"semaphore {self.name!r}: permits={self.permits} was asked, but its "
+            f"holders use permits={recorded}{heard}; every user of one name must give the "
+            f"same count (the recorded one expires {COUNT_LEASE:g} s after the last "
+            f"acquire)", lock_name=self.name, permits=self.permits,
+            recorded=int(recorded) if recorded.isdigit() else 0)
 
     def _acquire_plan(self, wait: float | None) -> Plan:  # type: ignore[override]
         clock = self.manager.clock
@@ -280,7 +305,7 @@ class SemaphoreBase(compose.Composite):
         self._rng.shuffle(order)
         for asked in range(COUNT_RETRIES + 1):
             try:
-                got, refusal = yield First(order[0], aside=wait != 0)
+                got, refusal = yield TryPermit(order[0], aside=wait != 0)
                 break
             except QuorumUnavailable:
                 # A cold manager under a burst can miss a round with every node
@@ -288,18 +313,20 @@ class SemaphoreBase(compose.Composite):
                 # finds them ready. A majority that is down fails each round.
                 if asked == COUNT_RETRIES or (deadline is not None and clock() >= deadline):
                     raise
-        self._check_count(refusal)
         if got:  # nobody in line, and this permit was free: one round trip in all
             self.index = order[0]
             return True
+        self._check_count(refusal)
         if wait == 0:
             # A try (timeout 0, blocking=False) does not queue: it takes a free
             # permit if there is one now. Through the line it would answer busy
             # whenever another acquirer held the line for its own try.
             for index in order[1:]:
-                if (yield Take(index, 0)):
+                got, refusal = yield TryPermit(index, aside=False)
+                if got:
                     self.index = index
                     return True
+                self._check_count(refusal)
             self.retry_after = min(lock.retry_after for lock in self._locks[:line])
             return False
         # Listen while in line, not only once at its head: the free channel
@@ -340,7 +367,9 @@ class SemaphoreBase(compose.Composite):
                 named, freed = freed is not None, None
                 for index in candidates:
                     try:
-                        got = yield Take(index, 0)
+                        # The count check goes with every try (aside: no,
+                        # the head holds the line it would step aside for).
+                        got, refusal = yield TryPermit(index, aside=False)
                     except QuorumUnavailable:
                         # A try has no time of its own to ask again; the head
                         # has the caller's. Missed rounds in a row end it.
@@ -354,6 +383,7 @@ class SemaphoreBase(compose.Composite):
                         self.index = index
                         yield HandOn(line)  # the next in line becomes the head
                         return True
+                    self._check_count(refusal)
                 left = None if deadline is None else deadline - clock()
                 if left is not None and left <= 0:
                     self.retry_after = min(lock.retry_after for lock in self._locks[:line])
@@ -473,7 +503,7 @@ class Semaphore(SemaphoreBase, compose.Composed):
                         answer = locks[step.at].acquire(timeout=step.timeout)
                     elif isinstance(step, Drop):
                         answer = compose._drop(locks[step.at])
-                    elif isinstance(step, First):
+                    elif isinstance(step, TryPermit):
                         lock = locks[step.at]
                         lock._guard = self._guard(step.aside)
                         try:
@@ -549,7 +579,7 @@ class AsyncSemaphore(SemaphoreBase, compose.AsyncComposed):
                         answer = await locks[step.at].acquire(timeout=step.timeout)
                     elif isinstance(step, Drop):
                         answer = await compose._adrop(locks[step.at])
-                    elif isinstance(step, First):
+                    elif isinstance(step, TryPermit):
                         lock = locks[step.at]
                         lock._guard = self._guard(step.aside)
                         try:
