@@ -404,3 +404,75 @@ def test_a_redirection_parsed_as_a_bare_response_error_is_followed() -> None:
     assert _cluster_error(garbled) is garbled
     already = MovedError("1 h:2")
     assert _cluster_error(already) is already
+
+
+# -- a semaphore: its keys must share one slot ---------------------------------------
+
+def _script_calls(server: RedisServer) -> int:
+    stats = server.client().info("commandstats")
+    return sum(v["calls"] for k, v in stats.items() if k in ("cmdstat_evalsha", "cmdstat_eval"))
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_a_semaphore_name_without_a_hash_tag_is_refused_before_anything_is_sent(
+        cluster: RedisClusterGroup, make_manager: MakeManager, mixed: bool,
+        redis_nodes_factory: Callable[..., Any]) -> None:
+    """A semaphore's script touches its permit's keys, its count key and its
+    line's: in several slots unless the name has a hash tag, and a Cluster
+    answers CROSSSLOT to every try. Alone, the Cluster node made every
+    acquire QuorumUnavailable; beside plain nodes (``mixed``) it silently
+    never voted (one fault from no quorum). Refused at construction now."""
+    plain = redis_nodes_factory(2) if mixed else None
+    nodes = [*plain.urls, cluster.node_setting()] if plain else [cluster.node_setting()]
+    mgr = make_manager(nodes)
+    servers = [*cluster, *(plain or [])]
+    before = [_script_calls(server) for server in servers]
+    for make in (mgr.semaphore, mgr.asemaphore):
+        for name in ("exports", "odd}name", "{}x"):
+            with pytest.raises(ValueError, match=r"hash tag.*\{pool\}"):
+                make(name, 3)
+    assert [_script_calls(server) for server in servers] == before
+    assert all(server.client().dbsize() == 0 for server in servers)
+
+
+@pytest.mark.parametrize("mixed", [False, True])
+def test_a_semaphore_with_a_hash_tag_works_on_a_cluster_node(
+        cluster: RedisClusterGroup, make_manager: MakeManager, mixed: bool,
+        redis_nodes_factory: Callable[..., Any]) -> None:
+    """Its keys share the tag's slot: the permits, the line, the count check
+    and the read of the permits all run there, and the Cluster votes."""
+    from django_redlock.engine.semaphore import PermitsMismatch
+
+    plain = redis_nodes_factory(2) if mixed else None
+    nodes = [*plain.urls, cluster.node_setting()] if plain else [cluster.node_setting()]
+    mgr = make_manager(nodes)
+    name = "{pool}exports"
+    held = [mgr.semaphore(name, 2, timeout=1) for _ in range(2)]
+    assert all(sem.acquire() for sem in held)
+    master = owner(cluster, mgr.key(name))
+    assert sorted(master.execute("EXISTS", mgr.key(f"{name}#{sem.index}"))
+                  for sem in held) == [1, 1]  # the Cluster granted both
+    assert mgr.semaphore(name, 2, timeout=0).acquire() is False  # two permits, no more
+    with pytest.raises(PermitsMismatch):
+        mgr.semaphore(name, 3, timeout=0).acquire()
+    # A waiter goes through the line (on the tag's slot too) and is woken.
+    waiter = mgr.semaphore(name, 2, timeout=5)
+    outcome: list[Any] = []
+    thread = threading.Thread(target=lambda: outcome.append(waiter.acquire()), daemon=True)
+    thread.start()
+    line_key = mgr.key(f"{name}#line")
+    assert wait_until(lambda: master.execute("EXISTS", line_key) == 1, timeout=5)
+    freed = held.pop()
+    index = freed.index
+    freed.release()
+    thread.join(10)
+    assert outcome == [True] and waiter.index == index
+
+    async def try_async() -> bool:
+        return bool(await mgr.asemaphore(name, 2, timeout=0).acquire())
+
+    assert asyncio.run(try_async()) is False  # the asyncio flavour: the same permits
+    for sem in (*held, waiter):
+        sem.release()
+    assert wait_until(lambda: all(master.execute("EXISTS", mgr.key(f"{name}#{i}")) == 0
+                                  for i in range(2)), timeout=3)

@@ -68,6 +68,13 @@ above, at t1). A minority with another count (a node restarted empty that a
 caller with a wrong count reached first) is outvoted while a quorum of the
 others agrees. Every acquire renews the record's lease (:data:`COUNT_LEASE`);
 once it runs out, after the last acquire of the name, a new count may be used.
+
+On a Redis Cluster node (``one_slot_per_call``) a script's keys must share a
+hash slot, and a try's script touches a permit's keys, the count key and the
+line's: the name must have a hash tag (``"{pool}"``, ``"{pool}:exports"``),
+or the semaphore is refused when it is made (``ValueError``), before anything
+is sent. Unrefused, the Cluster answered ``CROSSSLOT`` to every try: alone it
+made every acquire ``QuorumUnavailable``; beside plain nodes it never voted.
 """
 
 from __future__ import annotations
@@ -169,9 +176,8 @@ class Peek(NamedTuple):
     """Read which permits may be free, in one round; answer ``(maybe_free,
     soonest)``: a flag per permit (absent on enough nodes to be granted) and
     the shortest lease left among the busy ones (seconds; None: unknown), or
-    None when it could not tell (too few nodes answered; a Cluster node,
-    where the permits' keys lie in different slots): then every permit is
-    tried.
+    None when it could not tell (too few nodes answered): then every permit
+    is tried.
 
     First the free notices already heard are dropped: this read covers them.
     A notice is read after the release script that published it ran, so a
@@ -226,6 +232,8 @@ class SemaphoreBase(compose.Composite):
         for permit in self._locks[:self.permits]:
             permit._notify = self._free_channel  # published by the release script
         self.ttl = float(self._locks[0].ttl)
+        if any(getattr(node, "one_slot_per_call", False) for node in manager.nodes):
+            self._check_one_slot()
         #: The permit held (0 to permits - 1), or None.
         self.index: int | None = None
         self.retry_after = 0.0
@@ -258,6 +266,29 @@ class SemaphoreBase(compose.Composite):
             raise LockNotOwned(f"semaphore {self.name!r}: this object already holds permit "
                                f"{self.index}", lock_name=self.name)
         return 0.0 if not blocking else wait
+
+    def _check_one_slot(self) -> None:
+        """Refuse, before anything is sent, a name whose keys lie in several
+        hash slots when a node is a Redis Cluster (``one_slot_per_call``).
+        One script touches a permit's keys, the count key and the line's
+        (:meth:`_guard`), another every permit's (:class:`Peek`): without a
+        hash tag in the name they lie in several slots, and the Cluster
+        answers every try ``CROSSSLOT``. A Cluster node alone made every
+        acquire ``QuorumUnavailable``; beside plain nodes it never voted,
+        which silently left the semaphore one fault from no quorum."""
+        from redis.crc import key_slot
+
+        line = self._locks[self.permits]
+        keys = [self._count_key, line._key_b, line._fence_key_b, line._waiters_key_b]
+        for lock in self._locks[:self.permits]:
+            keys += [lock._key_b, lock._fence_key_b, lock._waiters_key_b]
+        if len({key_slot(key) for key in keys}) > 1:
+            raise ValueError(
+                f"semaphore {self.name!r}: a Redis Cluster node runs a script on one hash "
+                f"slot, and this name's keys (its permits, its line, its permit count) lie "
+                f"in several; give the name a hash tag, e.g. \"{{pool}}\" or "
+                f"\"{{pool}}:exports\" (every key of \"{{pool}}...\" shares the slot of "
+                f"\"pool\")")
 
     def _guard(self, aside: bool) -> Guard:
         line = self._locks[self.permits]
