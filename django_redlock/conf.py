@@ -2,9 +2,10 @@
 
 Nothing is read at import time and nothing is written back into
 ``django.conf.settings`` (debug-toolbar's ``get_config()`` pattern): the manager is
-built on first use from ``REDLOCK_NODES`` and ``REDLOCK``, and thrown away when a
-``setting_changed`` signal (``override_settings`` in tests) touches them or
-``CACHES``.
+built on first use from ``REDLOCK_NODES`` and ``REDLOCK``, and retired when a
+``setting_changed`` signal (``override_settings`` in tests) touches them, or
+``CACHES`` when a ``cache:`` node is configured. A retired manager is no longer
+handed out, and is closed once the locks it still holds are released.
 """
 
 from __future__ import annotations
@@ -74,15 +75,27 @@ def get_manager() -> LockManager:
 
 
 def reset_manager() -> None:
-    """Close and forget the settings' manager (the next ``get_manager()`` rebuilds it)."""
+    """Forget the settings' manager (the next ``get_manager()`` rebuilds it)
+    and retire it: it is closed at once when it holds no lock, else when its
+    last held lock is released, and until then keeps renewing the locks it
+    holds (``LockManager.retire``: closing it there stopped their renewal
+    silently, and a second holder got in once their leases ran out)."""
     global _manager
     with _lock:
         manager, _manager = _manager, None
     if manager is not None:
-        manager.close()
+        manager.retire()
+
+
+def _uses_caches(manager: LockManager | None) -> bool:
+    """Whether ``manager`` borrows a connection pool from ``CACHES`` (a ``cache:`` node)."""
+    return manager is not None and any(node.spec.kind == "cache" for node in manager.nodes)
 
 
 @receiver(setting_changed)
 def _on_setting_changed(*, setting: str, **kwargs: Any) -> None:
-    if setting in WATCHED_SETTINGS:
+    # CACHES matters only to a manager with a cache: node; others are left
+    # alone (every override_settings(CACHES=...) in a test suite rebuilt the
+    # manager and its connections for nothing).
+    if setting in WATCHED_SETTINGS and (setting != "CACHES" or _uses_caches(_manager)):
         reset_manager()

@@ -212,3 +212,81 @@ def test_get_manager_refuses_a_cache_node_it_cannot_borrow(settings: Any) -> Non
                        "locks": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
     with pytest.raises(ImproperlyConfigured, match=r"redlock\.E006.*not django-redis"):
         get_manager()
+
+
+LOCMEM = {"default": {"BACKEND": "django.core.cache.backends.locmem.LocMemCache"}}
+
+
+@pytest.mark.parametrize("change", ["CACHES", "REDLOCK", "REDLOCK_NODES"])
+def test_a_settings_change_under_a_held_lock_keeps_renewing_it(settings: Any,
+                                                                change: str) -> None:
+    """A settings change retires the manager instead of closing it: its renewal
+    thread stopped, the lease (0.6 s) ran out silently during a 1.5 s hold, and a
+    second holder got the lock; LockLost came only at release."""
+    import time
+
+    import django_redlock
+    from django_redlock import get_manager
+    from django_redlock.signals import lock_lost
+
+    lost: list[Any] = []
+
+    def on_lost(**kwargs: Any) -> None:
+        lost.append(kwargs["name"])
+
+    lock_lost.connect(on_lost)
+    try:
+        lock = django_redlock.lock("stale:settings", ttl=0.6, auto_renew=True)
+        old = lock.manager
+        assert lock.acquire(timeout=0)
+        if change == "CACHES":
+            settings.CACHES = LOCMEM
+        elif change == "REDLOCK":
+            settings.REDLOCK = {"TTL": 7.5}
+        else:
+            settings.REDLOCK_NODES = list(settings.REDLOCK_NODES)
+        if change != "CACHES":
+            assert get_manager() is not old  # a retired manager is not handed out
+        time.sleep(1.5)  # more than two leases: only the renewal keeps it
+        assert lock.owned() and lock.validity > 0.3, lock.validity
+        other = django_redlock.lock("stale:settings", timeout=0)
+        assert not other.acquire(timeout=0), "a second holder got a held lock"
+        lock.release()  # no LockLost
+        assert lost == []
+        if change != "CACHES":
+            assert old._closed, "the retired manager is closed with its last lock released"
+    finally:
+        lock_lost.disconnect(on_lost)
+
+
+def test_a_retired_manager_holding_nothing_is_closed_at_once(settings: Any) -> None:
+    from django_redlock import get_manager
+
+    old = get_manager()
+    settings.REDLOCK = {"TTL": 7.5}
+    assert old._closed
+
+
+def test_a_caches_change_rebuilds_only_a_manager_with_a_cache_node(settings: Any) -> None:
+    from django_redlock import get_manager
+
+    first = get_manager()
+    settings.CACHES = LOCMEM
+    assert get_manager() is first and not first._closed
+
+
+def test_a_caches_change_rebuilds_a_manager_with_a_cache_node(settings: Any,
+                                                              session_nodes: Any) -> None:
+    from django.core.cache import caches
+
+    from django_redlock import get_manager
+
+    cache = {"BACKEND": "django_redis.cache.RedisCache", "LOCATION": session_nodes[0].url}
+    settings.CACHES = {"default": LOCMEM["default"], "locks": cache}
+    settings.REDLOCK_NODES = ["cache:locks"]
+    try:
+        first = get_manager()
+        settings.CACHES = {"default": LOCMEM["default"], "locks": dict(cache, TIMEOUT=5)}
+        assert get_manager() is not first and first._closed
+    finally:
+        caches["locks"].close()

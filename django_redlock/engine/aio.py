@@ -691,17 +691,22 @@ class AsyncLock(LockBase):
         ``Lock._release_unawaited``)."""
         plan = self._release_plan()
         step = next(plan)  # the state as release() changes it (LockNotOwned if not held)
-        plan.close()
-        assert type(step) is ReleaseRound
-        timer, self._renewal_timer = self._renewal_timer, None
-        if timer is not None:
-            timer.cancel()
-        renewal, self._renewal = self._renewal, None
-        if renewal is not None and not renewal.done():
-            renewal.cancel()
-        _, cancelled = await _complete(_release_round(
-            self.manager, self.transport, self._key_b, self._fence_key_b, self._waiters_key_b,
-            step.token, step.fence, notify=self._notify, wait=False, redo=step.lease))
+        mgr = self.manager
+        mgr._release_begins()  # the plan's own count ends at close(), before the round
+        try:
+            plan.close()
+            assert type(step) is ReleaseRound
+            timer, self._renewal_timer = self._renewal_timer, None
+            if timer is not None:
+                timer.cancel()
+            renewal, self._renewal = self._renewal, None
+            if renewal is not None and not renewal.done():
+                renewal.cancel()
+            _, cancelled = await _complete(_release_round(
+                mgr, self.transport, self._key_b, self._fence_key_b, self._waiters_key_b,
+                step.token, step.fence, notify=self._notify, wait=False, redo=step.lease))
+        finally:
+            mgr._release_done()
         if cancelled:  # sent all the same, as release() does
             raise asyncio.CancelledError
 

@@ -161,3 +161,16 @@ def enrol(lock: Any) -> None:
     """Remember a lock just acquired (``LockBase._enter_hold``)."""
     with _acquired_guard:
         _acquired.add(lock)
+
+
+def holds_any(manager: Any) -> bool:
+    """Whether this process still holds a lock of ``manager`` with lease left
+    (``LockManager.retire``: a retired manager closes when this turns False).
+
+    A lock that was lost, or whose lease ran out without a release, does not
+    count: its ``release()`` only reports that (``LockLost``), and a lock
+    object dropped unreleased is gone from the set, so neither keeps a retired
+    manager's threads and connections for the rest of the process."""
+    with _acquired_guard:
+        candidates = list(_acquired)
+    return any(lock.manager is manager and lock.owned() for lock in candidates)

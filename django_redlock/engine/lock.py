@@ -247,11 +247,16 @@ class Lock(LockBase):
         plan = self._release_plan()
         with self._io:  # the state changes before the round (the renewal reads it)
             step = next(plan)
-        plan.close()
-        assert type(step) is ReleaseRound
-        self.manager._release_round(self._key_b, self._fence_key_b, self._waiters_key_b,
-                                    step.token, step.fence, notify=self._notify, wait=False,
-                                    redo=step.lease)
+        mgr = self.manager
+        mgr._release_begins()  # the plan's own count ends at close(), before the round
+        try:
+            plan.close()
+            assert type(step) is ReleaseRound
+            mgr._release_round(self._key_b, self._fence_key_b, self._waiters_key_b,
+                               step.token, step.fence, notify=self._notify, wait=False,
+                               redo=step.lease)
+        finally:
+            mgr._release_done()
 
     # -- extend / renew --------------------------------------------------------
     def extend(self, ttl: float | EllipsisType = ...) -> None:

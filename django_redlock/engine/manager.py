@@ -44,6 +44,7 @@ from ..transport.notify import ReleaseNotifier
 from ..transport.resp import FORCE_RELEASE, Call
 from ..transport.sync import SyncTransport
 from . import rounds
+from .held import holds_any
 from .leftovers import Leftovers, failed_requests
 from .lock import Lock
 from .multilock import AsyncMultiLock, MultiLock, check_names
@@ -179,6 +180,10 @@ class LockManager:
         self._async_transport: Any = None  # transport.aio.AsyncTransport, made by alock()
         self._lazy_lock = threading.Lock()
         self._closed = False
+        #: retire(): close once no lock of ours is held or being released.
+        self._retired = False
+        self._releasing = 0
+        self._retire_lock = threading.Lock()
         #: reentrant holds: thread or task -> key -> engine.reentrant.Hold (weak)
         self._reentrant = HoldTable()
         #: lock key -> until when this process lets woken waiters go first
@@ -448,6 +453,58 @@ class LockManager:
         self.transport.close()
         if self._async_transport is not None:
             self._async_transport.close()
+
+    def retire(self) -> None:
+        """Close this manager once none of its locks is held any more.
+
+        What replaced ``close()`` when the settings change under held locks
+        (``django_redlock.conf.reset_manager``; ``override_settings`` and
+        pytest-django's ``settings`` fixture send ``setting_changed``)::
+
+            t=0    lock A (ttl 0.6, auto_renew) acquired on manager M
+            t=0.1  override_settings(CACHES=...): M is closed, its renewal
+                   thread stopped; nothing is logged, no lock_lost is sent
+            t=0.6  A's keys expire; B acquires the same lock: two holders,
+                   A's owned() and validity say nothing until its release()
+
+        A retired manager keeps renewing and releasing the locks it holds
+        (and serves any lock object still pointing at it); it closes when
+        its last held lock is released (``_release_done``), or at once when
+        it holds none. A lock lost or expired meanwhile does not keep it
+        open (``held.holds_any``); one still held at process exit is
+        released by the exit hook, with this manager still open.
+        """
+        with self._retire_lock:
+            self._retired = True
+        self._close_if_idle()
+
+    def _release_begins(self) -> None:
+        """A release round is about to go out (``LockBase._release_plan``): a
+        retired manager must not close under it. Timeline without the count::
+
+            t=0  A and B, the last two locks of retired M, release at once
+            t=0  A's round is done: B already counts as not held, M closes
+            t=0  B's round meets closed connections: B's keys stay a lease
+        """
+        with self._retire_lock:
+            self._releasing += 1
+
+    def _release_done(self) -> None:
+        """A release round came back (or was dropped): a retired manager with
+        nothing left held or being released closes."""
+        with self._retire_lock:
+            self._releasing -= 1
+            check = self._retired
+        if check:
+            self._close_if_idle()
+
+    def _close_if_idle(self) -> None:
+        with self._retire_lock:
+            if (self._closed or not self._retired or self._releasing
+                    or holds_any(self)):
+                return
+            self._closed = True  # this thread closes it, no other
+        self.close()
 
     async def aclose(self) -> None:
         """:meth:`close`, closing the running event loop's connections before returning."""
