@@ -718,6 +718,39 @@ def _is_async_view(view_self: Any, func: Callable[..., Any]) -> bool:
         return False
 
 
+def _refuse_unheld_body(func: Any, template: str) -> None:
+    """``TypeError`` for what ``with_lock`` would wrap without holding its lock
+    while the body runs: it holds the lock for the call, and these calls return
+    before their body ran.
+
+    * a class (a ``View`` decorated directly): the class became a function,
+      and ``as_view()`` failed with a bare ``AttributeError``;
+    * a generator function, sync or async (an ``async def`` with ``yield`` is
+      no coroutine function, so it took the sync path)::
+
+          call    acquire; produce(1) returns the generator object; release
+          next()  the body runs: current_lock() is None, another holder gets in
+    """
+    where = f"with_lock({template!r}) on {_describe(func)}"
+    if isinstance(func, type):
+        raise TypeError(
+            f"{where}: a class cannot be decorated directly (a view class would no longer "
+            f"have as_view()); decorate its dispatch: "
+            f"@method_decorator(with_lock({template!r}), name=\"dispatch\")")
+    unheld = ("returns before its body runs: the lock would be released before the body "
+              "ran, and nothing would hold it meanwhile. Take the lock inside the generator")
+    if inspect.isasyncgenfunction(func):
+        # No view alternative here: an async stream is sent after the view's
+        # lock is released (docs/howto/views.rst).
+        raise TypeError(f"{where}: an async generator function {unheld} "
+                        f"(async with django_redlock.alock(...): ...)")
+    if inspect.isgeneratorfunction(func):
+        raise TypeError(f"{where}: a generator function {unheld} "
+                        f"(with django_redlock.lock(...): ...), or decorate a sync view that "
+                        f"returns a StreamingHttpResponse of it: that lock is held until the "
+                        f"stream ends")
+
+
 def _ensure_owned(lock: Any) -> None:
     """Raise :class:`LockLost` unless ``lock`` is still held (checked right before commit).
 
@@ -811,6 +844,7 @@ def with_lock(template: str, *, ttl: float | EllipsisType = ...,
                             "function")
         if not callable(func):
             raise TypeError(f"with_lock(...) decorates a callable, not {func!r}")
+        _refuse_unheld_body(func, template)
         is_async = iscoroutinefunction(func)
         if atomic and is_async:
             raise ImproperlyConfigured(

@@ -639,3 +639,66 @@ def test_a_placeholder_the_urlconf_never_provides_is_still_a_server_error(
     """The URLconf (not the client) lacks <nope>: ImproperlyConfigured, a 500."""
     with pytest.raises(ImproperlyConfigured, match="nope"):
         client.get("/broken/1/")
+
+
+# -- what a decorator cannot hold its lock around ------------------------------------
+def _family() -> list[Any]:
+    from django_redlock.decorators import with_multi_lock, with_segments, with_semaphore
+
+    return [with_lock("gen:<n>", timeout=0), with_lock("gen:<n>", mode="read"),
+            with_lock("gen:<n>", reentrant=True), with_semaphore("gen:<n>", 2),
+            with_segments("gen:<n>", 2), with_multi_lock(["gen:<n>", "gen2:<n>"])]
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_a_generator_function_is_refused_at_decoration_time(index: int) -> None:
+    """The lock was held for the call, which only returns the generator object:
+    the body ran afterwards with current_lock() None, and another holder got in."""
+    decorate = _family()[index]
+
+    def produce(n: int) -> Iterator[int]:  # pragma: no cover - never runs
+        yield n
+
+    with pytest.raises(TypeError, match=r"generator function .*lock would be released before"
+                                        r".*with django_redlock\.lock\(.*StreamingHttpResponse"):
+        decorate(produce)
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_an_async_generator_function_is_refused_at_decoration_time(index: int) -> None:
+    """Not a coroutine function, so it took the sync path: the lock was released
+    as soon as the async generator object was returned."""
+    decorate = _family()[index]
+
+    async def produce(n: int) -> Any:  # pragma: no cover - never runs
+        yield n
+
+    with pytest.raises(TypeError, match=r"async generator function .*lock would be released"
+                                        r".*async with django_redlock\.alock\("):
+        decorate(produce)
+
+
+def test_a_sync_view_streaming_a_generator_is_still_accepted() -> None:
+    """The advice of the generator refusal: a view that returns a stream."""
+    from django.http import StreamingHttpResponse
+
+    @with_lock("gen-view:<n>")
+    def view(request: Any, n: int) -> StreamingHttpResponse:
+        return StreamingHttpResponse(iter([b"a"]))
+
+    assert b"".join(view(RequestFactory().get("/"), n=1)) == b"a"
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_a_view_class_decorated_directly_is_refused(index: int) -> None:
+    """It became a function: as_view() failed later with a bare AttributeError."""
+    decorate = _family()[index]
+
+    class Direct(View):  # pragma: no cover - never served
+        def get(self, request: Any, n: int) -> HttpResponse:
+            return HttpResponse("ok")
+
+    with pytest.raises(TypeError, match=r"class cannot be decorated directly.*"
+                                        r"@method_decorator\(with_lock\('gen.*:<n>'\), "
+                                        r"name=\"dispatch\"\)"):
+        decorate(Direct)
