@@ -79,6 +79,8 @@ def test_cache_alias_must_be_django_redis(settings: Any) -> None:
     ({"DRIFT_FACTOR": 0.9}, "redlock.E010"),
     ({"BUSY_STATUS": 200}, "redlock.E010"),
     ({"KEY_PREFIX": "has space"}, "redlock.E010"),
+    # "$" matched before a trailing newline: "x\n" passed the check and the runtime
+    ({"KEY_PREFIX": "x\n"}, "redlock.E010"),
     ({"TTL": 0.5, "NODE_TIMEOUT": 0.1}, "redlock.W002"),
 ])
 def test_option_problems(settings: Any, options: Any, expected: str) -> None:
@@ -290,3 +292,13 @@ def test_a_caches_change_rebuilds_a_manager_with_a_cache_node(settings: Any,
         assert get_manager() is not first and first._closed
     finally:
         caches["locks"].close()
+
+
+@pytest.mark.parametrize("prefix", ["x\n", "redlock\n", "\nx"])
+def test_a_key_prefix_with_a_newline_is_refused_at_run_time(session_nodes: Any,
+                                                            prefix: str) -> None:
+    """What the check refuses, the runtime refuses too (settings.rst)."""
+    from django_redlock import LockManager
+
+    with pytest.raises(ImproperlyConfigured, match=r"redlock\.E010.*KEY_PREFIX"):
+        LockManager(list(session_nodes.urls), key_prefix=prefix)

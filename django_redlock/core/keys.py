@@ -49,7 +49,8 @@ import re
 MAX_NAME_LENGTH = 200
 
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-_PREFIX_OK = re.compile(r"^[A-Za-z0-9_.:\-]+$")
+#: Used with fullmatch: "^...$" let "x\n" through ("$" matches before a final newline).
+_PREFIX_OK = re.compile(r"[A-Za-z0-9_.:\-]+")
 
 
 class InvalidLockName(ValueError):
@@ -89,7 +90,7 @@ def validate_name(name: object) -> str:
 
 
 def validate_prefix(prefix: object) -> str:
-    if not isinstance(prefix, str) or not _PREFIX_OK.match(prefix):
+    if not isinstance(prefix, str) or not _PREFIX_OK.fullmatch(prefix):
         raise InvalidLockName(
             f"KEY_PREFIX must be a non-empty string of letters, digits, '_', '.', ':', '-': "
             f"got {prefix!r}")
