@@ -49,6 +49,11 @@ def test_valid_settings_have_no_problems(settings: Any) -> None:
     (["unix:///tmp/redis.sock?db=x"], "redlock.E004"),
     (["unix:///tmp/\ud800.sock"], "redlock.E004"),
     (["redis://127.0.0.1:6379/0?socket_timeout=5"], "redlock.W003"),
+    # an IP address with a trailing dot is looked up as a name: never found
+    (["redis://127.0.0.1.:6379/0"], "redlock.E004"),
+    (["redis://2130706433.:6379/0"], "redlock.E004"),
+    (["redis://256.0.0.1:6379/0"], "redlock.E004"),
+    (["redis://1.2.3.4.5:6379/0"], "redlock.E004"),
 ])
 def test_node_problems(settings: Any, nodes: Any, expected: str) -> None:
     if nodes is None:

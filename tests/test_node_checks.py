@@ -64,6 +64,64 @@ def health_json() -> list[dict[str, Any]]:
     return data
 
 
+# -- a node's host: what the check accepts is what connects ---------------------------
+#: Hosts of digits and dots (and inet_aton's other forms), each with whether it
+#: names this machine's loopback for the resolver.
+HOST_FORMS = [("127.0.0.1", True), ("127.1", True), ("2130706433", True), ("0x7f.1", True),
+              ("0177.0.0.1", True), ("127.0.0.1.", False), ("2130706433.", False),
+              ("0x7f.1.", False), ("256.0.0.1", False), ("1.2.3.4.5", False),
+              ("09.0.0.1", False), ("4294967296", False)]
+
+
+@pytest.mark.parametrize("host,connects", HOST_FORMS)
+def test_a_host_the_check_accepts_is_one_that_connects(settings: Any, redis_server: RedisServer,
+                                                       host: str, connects: bool) -> None:
+    """``redis://127.0.0.1.:PORT/0`` passed the check (a name may end with a dot),
+    then every acquire failed QuorumUnavailable ("Name or service not known"):
+    the resolver looks an address with a trailing dot up as a name."""
+    from django.core.exceptions import ImproperlyConfigured
+
+    from django_redlock import LockManager
+    from django_redlock.checks import check_settings
+
+    url = f"redis://{host}:{redis_server.port}/0"
+    settings.REDLOCK_NODES = [url]
+    errors = [m for m in check_settings() if m.level >= checks.ERROR]
+    if not connects:
+        assert [m.id for m in errors] == ["redlock.E004"], errors
+        assert repr(host) in errors[0].msg
+        with pytest.raises(ImproperlyConfigured, match=r"redlock\.E004"):
+            LockManager([url])
+        return
+    assert errors == []
+    with LockManager([url], node_timeout=2.0) as mgr:
+        lock = mgr.lock("host-form", timeout=0)
+        assert lock.acquire()
+        lock.release()
+
+
+def test_the_ipv4_forms_the_check_reads_are_the_resolvers() -> None:
+    """The check reads an IPv4 address as the resolver's inet_aton does (it looks
+    nothing up itself): compared with this platform's, form by form."""
+    import socket
+
+    from django_redlock.core.config import _ipv4_form
+
+    forms = ["0", "00", "08", "0x", "0x0", "0X1f", "0xg", "1", "255", "256", "127.1", "127.0.1",
+             "1.2.3.4", "1.2.3.256", "1.16777215", "1.16777216", "255.255.65535",
+             "4294967295", "4294967296", "0xffffffff", "0x100000000", "0177.0.0.1",
+             "09.0.0.1", "1.2.3.4.5", "1..2", "1.2.", ".1", "01.02.03.04",
+             "000000000000000000001", "1.0x", "0x7f.0x0.0.01"]
+    for form in forms:
+        try:
+            socket.inet_aton(form)
+        except OSError:
+            expected = False
+        else:
+            expected = True
+        assert _ipv4_form(form) is expected, form
+
+
 def test_eviction_drops_a_held_lock(evicting: RedisServer, make_manager: MakeManager) -> None:
     """Why the check exists: ordinary cache traffic on an evicting node deletes a held
     lock, a second holder gets it, and the first still believes it holds it."""

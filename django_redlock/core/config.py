@@ -358,6 +358,9 @@ _HOST_NAME = re.compile(r"[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?"
                         r"(?:\.[a-z0-9_](?:[a-z0-9_-]{0,61}[a-z0-9_])?)*\.?")
 _HOST_PORT = re.compile(r"(\[[^\]]*\]|[^:\[\]]*)(?::([^:]*))?")
 _TCP_PATH = re.compile(r"/?([0-9]*)/?")
+#: One part of an IPv4 address as the resolver reads it (BSD ``inet_aton``):
+#: hexadecimal, octal (a leading 0), or decimal.
+_IPV4_PART = re.compile(r"0x[0-9a-f]+|0[0-7]*|[1-9][0-9]*", re.IGNORECASE)
 _SCHEME = re.compile(r"([A-Za-z][A-Za-z0-9+.-]*)://")
 _ENCODE_HINT = ("Percent-encode special characters in a password: / as %2F, ? as %3F, "
                 "# as %23, @ as %40 (urllib.parse.quote(password, safe='')).")
@@ -392,6 +395,46 @@ class _URL:
         if host in _LOOPBACK:
             host = "loopback"
         return ("tcp", host, self.port, self.db)
+
+
+def _ipv4_form(host: str) -> bool:
+    """Whether the resolver reads ``host`` as an IPv4 address without a lookup:
+    BSD ``inet_aton``'s forms (``127.0.0.1``, ``127.1``, ``2130706433``,
+    ``0x7f.1``), which ``getaddrinfo`` tries before any name service. Pure
+    parsing; tests/test_node_checks.py holds it to ``socket.inet_aton``."""
+    parts = host.split(".")
+    if not 1 <= len(parts) <= 4 or not all(_IPV4_PART.fullmatch(p) for p in parts):
+        return False
+    values = [int(p, 16) if p[1:2] in ("x", "X") else int(p, 8) if p[:1] == "0" else int(p)
+              for p in parts]
+    *leading, last = values
+    return all(v <= 0xFF for v in leading) and last < 256 ** (5 - len(values))
+
+
+def _unresolvable_host(host: str) -> str | None:
+    """Why a host that passed the syntax check still cannot resolve, by its
+    form alone (no lookup), or None. A host of digits and dots only is no DNS
+    name (RFC 3696 2: a top-level domain is not all-numeric): the resolver
+    connects to it only when it reads it as an IPv4 address::
+
+        redis://127.0.0.1.:6379/0   the check passed it (a name may end with
+                                    a dot); getaddrinfo, not reading it as an
+                                    address, looked the name up: "Name or
+                                    service not known" at every acquire
+
+    A name with a trailing dot (``redis.example.com.``) is left alone: a
+    fully qualified name, which resolves."""
+    name = host[:-1] if host.endswith(".") else host
+    if _ipv4_form(name):
+        if name != host:
+            return (f"has host {host!r}: an IP address followed by a dot is looked up as "
+                    f"a name, and is not found; write {name!r}")
+        return None
+    if all(label.isdigit() for label in name.split(".")):
+        return (f"has host {host!r}, which is not an IPv4 address (a part above 255, more "
+                f"than 4 parts, or an 8 or 9 after a leading 0), and a host name is not "
+                f"all digits")
+    return None
 
 
 class _Refused(NamedTuple):
@@ -501,6 +544,9 @@ def _parse_url(url: str) -> _URL | _Refused:
                 return _Refused("has no host")
             if not _HOST_NAME.fullmatch(host) or len(host) > 253:
                 return _Refused(f"has an invalid host name {host!r}")
+            unresolvable = _unresolvable_host(host)
+            if unresolvable:
+                return _Refused(unresolvable)
         if port_text:
             if not _DIGITS.fullmatch(port_text):
                 # Not shown: a URL whose '@host' went missing (an empty host
