@@ -307,3 +307,26 @@ def test_a_key_prefix_with_a_newline_is_refused_at_run_time(session_nodes: Any,
 
     with pytest.raises(ImproperlyConfigured, match=r"redlock\.E010.*KEY_PREFIX"):
         LockManager(list(session_nodes.urls), key_prefix=prefix)
+
+
+def test_a_settings_change_under_a_held_async_lock_keeps_renewing_it(settings: Any) -> None:
+    """The asyncio flavour through the retirement: its renewal runs on the loop
+    (not the renewal thread closing stopped), and the retired manager closes
+    once the lock is released from the loop."""
+    import asyncio
+
+    import django_redlock
+
+    async def main() -> None:
+        lock = django_redlock.alock("stale:async", ttl=0.6, auto_renew=True)
+        old = lock.manager
+        assert await lock.acquire(timeout=0)
+        settings.REDLOCK = {"TTL": 7.5}
+        await asyncio.sleep(1.5)  # more than two leases: only the renewal keeps it
+        assert lock.owned(), "the lease ran out: the renewal stopped"
+        other = django_redlock.alock("stale:async", timeout=0)
+        assert not await other.acquire(timeout=0)
+        await lock.release()  # no LockLost
+        assert old._closed
+
+    asyncio.run(main())
