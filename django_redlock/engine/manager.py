@@ -575,6 +575,8 @@ class LockManager:
         # ever. The parent's reentrant holds are not the child's either.
         self._reentrant = HoldTable()
         self._handoff_lock = threading.Lock()
+        self._retire_lock = threading.Lock()
+        self._releasing = 0  # the parent's releases in flight are not the child's
         for node in self.nodes:
             node.reset_backoff()
 
