@@ -280,6 +280,45 @@ def test_release_after_a_force_release_reports_the_loss(nodes3: RedisNodes,
     run(scenario())
 
 
+def test_a_lock_acquired_again_after_a_loss_has_one_renewal_chain(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """A hold that ended without ``release()`` (lost: an operator's force
+    release, found by ``extend()``) left its renewal timer pending; the next
+    acquire of the same object set a new one over it without cancelling it.
+    The old timer then fired during the new hold, renewed it and set a timer
+    of its own: two renewal chains, one more for every such cycle (here 4
+    cycles: 5 chains, about 15 renewals where 3 were due). A timer belongs
+    to the hold that set it."""
+    mgr = make_manager(nodes3)
+    renewals: list[float] = []
+
+    def extended(sender: Any, **kw: Any) -> None:
+        if kw["name"] == "relost":
+            renewals.append(kw["ttl"])
+
+    async def scenario() -> None:
+        lock = mgr.alock("relost", ttl=1.5, auto_renew=True)  # renewed every 0.5 s
+        for _ in range(4):
+            assert await lock.acquire(timeout=1)
+            mgr.force_release("relost")
+            with pytest.raises(LockLost):
+                await lock.extend()  # the hold ends here; its timer is still pending
+        assert await lock.acquire(timeout=1)
+        renewals.clear()
+        await asyncio.sleep(1.6)  # three renewal periods of this hold
+        assert lock.owned()
+        count = len(renewals)
+        await lock.release()
+        await asyncio.sleep(0.6)  # no timer of any hold fires after the release
+        assert count == len(renewals) and 2 <= count <= 4, (count, len(renewals))
+
+    signals.lock_extended.connect(extended, dispatch_uid="test_aio_relost")
+    try:
+        run(scenario())
+    finally:
+        signals.lock_extended.disconnect(dispatch_uid="test_aio_relost")
+
+
 # -- cancellation ----------------------------------------------------------------------------
 def test_task_cancelled_inside_async_with_leaves_no_key(nodes3: RedisNodes,
                                                         make_manager: MakeManager) -> None:

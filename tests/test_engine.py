@@ -608,6 +608,37 @@ def test_renewal_thread_does_not_wake_once_per_dropped_lock(
     assert not len(watchdog._queue)
 
 
+def test_a_reused_lock_object_is_renewed_once_per_period(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """One ``Lock`` object acquired and released in a loop (a worker's job
+    loop): each acquire queued a renewal entry and none was ever dropped, so
+    an entry of an earlier hold fell due during a later hold, renewed it and
+    queued itself again. After 20 cycles the lock was renewed 20 times per
+    period (and 51 times after 51 cycles: without limit). An entry belongs to
+    the hold that queued it; a later hold's tick drops it."""
+    mgr = make_manager(nodes3, ttl=1.5)  # renewed every 0.5 s
+    lock = mgr.lock("reused", ttl=1.5)
+    for _ in range(20):  # well within the 0.5 s before the first entry falls due
+        with lock:
+            pass
+    renewals: list[str] = []
+
+    def extended(sender: Any, **kw: Any) -> None:
+        if kw["name"] == "reused":
+            renewals.append(kw["name"])
+
+    signals.lock_extended.connect(extended)
+    try:
+        with lock:
+            time.sleep(1.6)  # three renewal periods of this hold
+            assert lock.owned()
+    finally:
+        signals.lock_extended.disconnect(extended)
+    assert 2 <= len(renewals) <= 4, len(renewals)
+    time.sleep(0.6)  # every entry of an earlier hold fell due: none is queued again
+    assert not len(mgr.watchdog._queue)
+
+
 def test_step_back_entries_of_keys_never_acquired_again_are_swept(
         nodes3: RedisNodes, make_manager: MakeManager) -> None:
     from django_redlock.engine import manager as manager_module

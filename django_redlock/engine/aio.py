@@ -363,14 +363,16 @@ async def _holders(mgr: LockHost, transport: AsyncTransport, key: bytes) -> int:
 RENEWAL_SLOT = 0.02
 
 
-def _renewal_due(ref: weakref.ref[AsyncLock]) -> None:
+def _renewal_due(ref: weakref.ref[AsyncLock], hold: int) -> None:
     """Timer callback: hand the lock to its manager's batch of this loop (the
-    lock is held only weakly until then)."""
+    lock is held only weakly until then). ``hold``: the hold that set the
+    timer (``LockBase._hold_no``); a timer of an earlier hold renews nothing
+    (see ``AsyncLock._schedule_renewal``)."""
     lock = ref()
-    if lock is None or lock._state != _HELD:
+    if lock is None or lock._state != _HELD or lock._hold_no != hold:
         return
     lock._renewal_timer = None
-    _Renewals.of(lock).add(lock)
+    _Renewals.of(lock).add(lock, hold)
 
 
 class _Renewals:
@@ -390,7 +392,7 @@ class _Renewals:
     def __init__(self, mgr: LockHost, transport: AsyncTransport) -> None:
         self.mgr = mgr
         self.transport = transport
-        self.due: list[AsyncLock] = []
+        self.due: list[tuple[AsyncLock, int]] = []  # each lock, and the hold due
         self.task: asyncio.Task[None] | None = None
 
     @classmethod
@@ -402,8 +404,8 @@ class _Renewals:
             batch = per_mgr[lock.manager] = cls(lock.manager, lock.transport)
         return batch
 
-    def add(self, lock: AsyncLock) -> None:
-        self.due.append(lock)
+    def add(self, lock: AsyncLock, hold: int) -> None:
+        self.due.append((lock, hold))
         if self.task is None:
             self.task = asyncio.get_running_loop().create_task(self._run())
 
@@ -419,17 +421,17 @@ class _Renewals:
         finally:
             self.task = None
 
-    async def _renew(self, locks: list[AsyncLock]) -> None:
-        begun: list[tuple[AsyncLock, HoldPlan, ExtendRound]] = []
-        for lock in locks:
+    async def _renew(self, locks: list[tuple[AsyncLock, int]]) -> None:
+        begun: list[tuple[AsyncLock, int, HoldPlan, ExtendRound]] = []
+        for lock, hold in locks:
             try:
-                first = await lock._renewal_begin()
+                first = await lock._renewal_begin(hold)
             except Exception:  # noqa: BLE001 - one lock's failure must not stop the others'
                 logger.exception("renewal of lock %r failed unexpectedly", lock.name)
                 continue
             if isinstance(first, tuple):
-                begun.append((lock, *first))
-            elif first is not None and lock._state == _HELD:
+                begun.append((lock, hold, *first))
+            elif first is not None and lock._still(hold):
                 lock._schedule_renewal(first)
         if not begun:
             return
@@ -437,21 +439,21 @@ class _Renewals:
             results: list[Any] = await _run(self.mgr, self.transport, rounds.extend_many_steps(
                 self.mgr, [rounds.Extension(lock._key_b, lock._fence_key_b, step.token,
                                             step.fence, step.ttl)
-                           for lock, _, step in begun]))
+                           for lock, _, _, step in begun]))
         except Exception:  # noqa: BLE001 - every lock of the batch tries again soon
             logger.exception("batched renewal failed unexpectedly")
-            for lock, plan, _ in begun:
+            for lock, hold, plan, _ in begun:
                 lock._renewal_abort(plan)
-                if lock._state == _HELD:
+                if lock._still(hold):
                     lock._schedule_renewal(self.mgr.clock() + 0.05)
             return
-        for (lock, plan, _), result in zip(begun, results):
+        for (lock, hold, plan, _), result in zip(begun, results):
             try:
                 due = await lock._renewal_end(plan, result)
             except Exception:  # noqa: BLE001
                 logger.exception("renewal of lock %r failed unexpectedly", lock.name)
                 continue
-            if due is not None and lock._state == _HELD:
+            if due is not None and lock._still(hold):
                 lock._schedule_renewal(due)
 
 
@@ -493,6 +495,8 @@ class AsyncLock(LockBase):
         mgr = self.manager
         started, deadline, token, owner, ttl_ms, pause = self._start_acquire(blocking, timeout)
         stale = self._end_stale_hold()
+        if self._state == _UNLOCKED:
+            self._cancel_renewal_timer()  # an earlier hold's, left by a lease that lapsed
         if stale is not None:
             await self._report_lost(*stale)
         if pause:
@@ -593,24 +597,55 @@ class AsyncLock(LockBase):
             self._schedule_renewal(self._first_renewal())
 
     def _schedule_renewal(self, due: float) -> None:
-        # A timer, not a sleeping task: nothing to create or tear down per
-        # acquisition, and the timer refers to the lock only weakly. Rounded up
-        # to a slot of the loop's clock, so that locks due about together fire
-        # in one turn and share one batched round (_Renewals).
+        """Set the renewal timer of the current hold, due at ``due``.
+
+        A timer, not a sleeping task: nothing to create or tear down per
+        acquisition, and the timer refers to the lock only weakly. Rounded up
+        to a slot of the loop's clock, so that locks due about together fire
+        in one turn and share one batched round (:class:`_Renewals`).
+
+        One chain of renewals per object: a timer left pending by a hold that
+        ended without ``release()`` (lost, or its lease lapsed) is cancelled,
+        and carries its hold's number besides (a timer already fired, its
+        lock waiting in a batch, is not cancellable). Timeline of the two
+        chains this stops::
+
+            t0      acquire (hold 1): timer T1 due t0+ttl/3
+            t0+     the hold is lost (extend() finds the key gone)
+            t0+     acquire again (hold 2): timer T2, set over T1
+            t0+ttl/3  T1 fires, renews hold 2, sets a timer of its own:
+                    two chains now renew hold 2, and release() cancels one
+        """
+        self._cancel_renewal_timer()
         loop = asyncio.get_running_loop()
         at = loop.time() + max(0.0, due - self.manager.clock())
         at = math.ceil(at / RENEWAL_SLOT) * RENEWAL_SLOT
-        self._renewal_timer = loop.call_at(at, _renewal_due, weakref.ref(self))
+        self._renewal_timer = loop.call_at(at, _renewal_due, weakref.ref(self), self._hold_no)
 
-    async def _renewal_begin(self) -> "tuple[HoldPlan, ExtendRound] | float | None":
+    def _cancel_renewal_timer(self) -> None:
+        timer, self._renewal_timer = self._renewal_timer, None
+        if timer is not None:
+            timer.cancel()
+
+    def _still(self, hold: int) -> bool:
+        """Whether hold number ``hold`` is still on (held, not ended meanwhile)."""
+        return self._state == _HELD and self._hold_no == hold
+
+    async def _renewal_begin(self, hold: int) -> "tuple[HoldPlan, ExtendRound] | float | None":
         """A batched renewal's first half (:class:`_Renewals`): the renewal plan
-        run up to its extension round, holding ``_io`` until
-        :meth:`_renewal_end`; or, when no round is needed, the next due time
-        (None: stop renewing). The twin of ``Lock._renewal_begin``."""
+        of hold number ``hold`` run up to its extension round, holding ``_io``
+        until :meth:`_renewal_end`; or, when no round is needed, the next due
+        time (None: stop renewing, as for a later hold than ``hold``). The twin
+        of ``Lock._renewal_begin``."""
         mgr = self.manager
+        if self._hold_no != hold:
+            return None
         if self._io.locked():
             return mgr.clock() + min(0.05, self.ttl / 10)  # an extend() is running
         await self._io.acquire()
+        if self._hold_no != hold:  # ended and acquired again while we waited
+            self._io.release()
+            return None
         try:
             reports, outcome = run_to_round(self._renew_plan())
             for report in reports:
@@ -673,9 +708,7 @@ class AsyncLock(LockBase):
         plan = self._release_plan()
         step = next(plan)  # the state changes here, before anything yields to the loop
         assert type(step) is ReleaseRound
-        timer, self._renewal_timer = self._renewal_timer, None
-        if timer is not None:
-            timer.cancel()
+        self._cancel_renewal_timer()
         renewal, self._renewal = self._renewal, None
         result, cancelled = await _complete(self._release_nodes(renewal, step))
         try:
@@ -696,9 +729,7 @@ class AsyncLock(LockBase):
         try:
             plan.close()
             assert type(step) is ReleaseRound
-            timer, self._renewal_timer = self._renewal_timer, None
-            if timer is not None:
-                timer.cancel()
+            self._cancel_renewal_timer()
             renewal, self._renewal = self._renewal, None
             if renewal is not None and not renewal.done():
                 renewal.cancel()

@@ -277,27 +277,36 @@ class Lock(LockBase):
         with self._io:
             self._run_plan(self._extend_call_plan(new_ttl))
 
-    def _watchdog_tick(self) -> float | None:
-        """Called by the watchdog thread; returns the next due time or None."""
+    def _watchdog_tick(self, hold: int) -> float | None:
+        """Called by the watchdog thread for the entry of hold number ``hold``;
+        returns the next due time or None (an entry of an earlier hold of this
+        object, see ``watchdog._Entry``, stops: the current hold has its own)."""
         mgr = self.manager
         if not self._io.acquire(blocking=False):
             return mgr.clock() + min(0.05, self.ttl / 10)  # a release/extend is running
         try:
+            if hold != self._hold_no:
+                return None
             due: float | None = self._run_plan(self._renew_plan())
             return due
         finally:
             self._io.release()
 
-    def _renewal_begin(self) -> "tuple[HoldPlan, ExtendRound] | float | None":
+    def _renewal_begin(self, hold: int) -> "tuple[HoldPlan, ExtendRound] | float | None":
         """A batched renewal's first half (the watchdog thread, see
-        ``Watchdog._renew``): the renewal plan run up to its extension round.
+        ``Watchdog._renew``): the renewal plan of hold number ``hold`` run up
+        to its extension round.
 
         Returns that plan and round, holding ``_io`` until :meth:`_renewal_end`;
-        or, when no round is needed, the next due time (None: stop renewing).
+        or, when no round is needed, the next due time (None: stop renewing,
+        as for an entry of an earlier hold: see :meth:`_watchdog_tick`).
         """
         mgr = self.manager
         if not self._io.acquire(blocking=False):
             return mgr.clock() + min(0.05, self.ttl / 10)  # a release/extend is running
+        if hold != self._hold_no:
+            self._io.release()
+            return None
         try:
             reports, outcome = run_to_round(self._renew_plan())
             for report in reports:

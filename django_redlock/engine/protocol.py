@@ -359,6 +359,9 @@ class LockBase:
         self._valid_until = 0.0
         self._acquired_at = 0.0
         self._pid = 0
+        #: How many holds this object began (``_enter_hold``): a renewal
+        #: scheduled for one hold never renews a later one (``watchdog._Entry``).
+        self._hold_no = 0
         self._lost_reason = ""
         #: What held the key at the last refusal when it was not a lock
         #: (rounds.obstacle), for the busy error.
@@ -732,6 +735,7 @@ class LockBase:
         self._acquired_at = self.manager.clock()
         self._pid = getpid()
         self._state = _HELD
+        self._hold_no += 1
         self._lost_reason = ""
         held.enrol(self)
 
