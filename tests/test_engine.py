@@ -736,6 +736,8 @@ def _child_status(pid: int, within: float) -> int | None:
     return None
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork() with threads, Python 3.12+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
 @pytest.mark.parametrize("table", ["reentrant holds", "hand-off"])
 def test_a_forked_child_acquires_while_a_parent_thread_held_a_manager_table(
         nodes3: RedisNodes, make_manager: MakeManager, table: str,
@@ -782,6 +784,68 @@ def test_a_forked_child_acquires_while_a_parent_thread_held_a_manager_table(
         parent_thread.join(10)
     assert status is not None, f"the forked child hung on the parent thread's {table} table"
     assert status == 0
+
+
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork() with threads, Python 3.12+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork()")
+def test_a_child_forked_during_a_renewal_round_neither_hangs_nor_owns(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """The renewal thread holds a lock's ``_io`` for its whole round, and a
+    paused node stretches the round to the node timeout. A fork then copied
+    ``_io`` held by a thread that does not exist in the child, and the child's
+    ``release()``, ``extend()`` and ``acquire()`` on the inherited object waited
+    for it forever. In the child they raise ``LockNotOwned`` (release, extend)
+    or acquire anew (here: busy, the parent holds it), each at once."""
+    mgr = make_manager(nodes3, node_timeout=0.5)
+    lock = mgr.lock("fork-renewing", ttl=1.5)  # renewed every 0.5 s
+    assert lock.acquire()
+    nodes3[2].pause()  # each renewal round now waits 0.5 s for it
+    try:
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline:  # until a renewal round holds _io
+            if not lock._io.acquire(blocking=False):
+                break
+            lock._io.release()
+            time.sleep(0.001)
+        else:
+            pytest.fail("no renewal round was seen in flight")
+        pid = os.fork()
+        if pid == 0:  # child: no pytest teardown here
+            code = 0
+            try:
+                signal.signal(signal.SIGALRM, signal.SIG_DFL)  # not a plugin's handler
+                signal.alarm(5)  # a hang ends the child
+                for call in (lock.release, lock.extend):
+                    try:
+                        call()
+                        code = code or 2
+                    except LockNotOwned:
+                        pass
+                if lock.owned() or lock.acquire(timeout=0):
+                    code = code or 3  # the parent holds it
+            except BaseException as exc:  # noqa: BLE001 - any failure is the child's exit code
+                print(f"child: {exc!r}", file=sys.stderr, flush=True)
+                code = code or 4
+            finally:
+                os._exit(code)
+        started = time.monotonic()
+        status = None
+        while time.monotonic() - started < 10:  # bounded
+            done, status = os.waitpid(pid, os.WNOHANG)
+            if done:
+                break
+            time.sleep(0.05)
+        else:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            pytest.fail("the forked child hung")
+    finally:
+        nodes3[2].resume()
+    assert status is not None and not os.WIFSIGNALED(status), "the child hung (SIGALRM)"
+    assert os.waitstatus_to_exitcode(status) == 0
+    assert time.monotonic() - started < 5
+    assert lock.owned()  # the parent's: still renewed
+    lock.release()
 
 
 _HOLD_MANY_THEN_EXIT = textwrap.dedent("""

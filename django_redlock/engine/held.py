@@ -29,9 +29,31 @@ _acquired_guard = threading.Lock()
 
 def _after_fork_in_child() -> None:
     """A fork may happen while a parent thread holds the guard: the child's
-    copy would stay held by a thread that does not exist there."""
+    copy would stay held by a thread that does not exist there.
+
+    So may every sync lock's ``_io``: the renewal thread holds it for its
+    whole round (a slow node stretches that to a node timeout or more), and
+    the child's ``release()``, ``extend()`` or ``acquire()`` of the inherited
+    object waited for it forever. Each lock this process acquired gets a new
+    one in the child, unless the forking thread itself holds it (it lets it
+    go as it unwinds)::
+
+        parent  renewal thread: extend round of L, holding L._io; node 3 slow
+        parent  fork() from the main thread
+        child   L.release() waits for L._io: no thread there ever lets it go
+    """
     global _acquired_guard
     _acquired_guard = threading.Lock()
+    try:
+        locks = list(_acquired.data)  # weak references; no lock of this process is taken
+    except Exception:  # noqa: BLE001 - a set changed mid-fork: nothing else to do
+        return
+    for ref in locks:
+        lock = ref()
+        io = getattr(lock, "_io", None)
+        if io is None or isinstance(io, asyncio.Lock) or io._is_owned():
+            continue
+        lock._io = threading.RLock()
 
 
 if hasattr(os, "register_at_fork"):

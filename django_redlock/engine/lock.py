@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any, cast
 
 from ..core.arguments import check_ttl
 from ..core.pid import getpid
-from ..exceptions import LockLost, QuorumUnavailable, RedlockError
+from ..exceptions import LockLost, LockNotOwned, QuorumUnavailable, RedlockError
 from . import events
 from .held import release_held_locks
 from .protocol import (
@@ -73,8 +73,15 @@ class Lock(LockBase):
         started, deadline, token, owner, ttl_ms, pause = self._start_acquire(blocking, timeout)
         stale = None
         if self._state != _UNLOCKED:  # only this thread's acquire leaves "unlocked"
-            with self._io:  # the renewal thread reads the state under it
-                stale = self._end_stale_hold()
+            if self._pid != getpid():
+                # A parent's hold (a forked child): no thread here renews it,
+                # and the parent's renewal thread may have held ``_io`` at the
+                # fork (engine/held.py gives the child a new one; this is for
+                # a fork that ran no such hook). A fresh acquire follows.
+                self._io = threading.RLock()
+            else:
+                with self._io:  # the renewal thread reads the state under it
+                    stale = self._end_stale_hold()
         if stale is not None:
             self._report_lost(*stale)
         if pause:
@@ -226,6 +233,7 @@ class Lock(LockBase):
         this call: the key is still deleted wherever it is ours, but the caller
         learns that its critical section was not protected to the end.
         """
+        self._check_process()
         plan = self._release_plan()
         with self._io:  # the state changes before the first step (the renewal reads it)
             step = next(plan)
@@ -244,6 +252,7 @@ class Lock(LockBase):
         the next head is woken by the release script as it would be, and the
         head's ``acquire()`` returns without one more round trip. Raises
         :class:`LockNotOwned` as ``release()`` does."""
+        self._check_process()
         plan = self._release_plan()
         with self._io:  # the state changes before the round (the renewal reads it)
             step = next(plan)
@@ -274,8 +283,17 @@ class Lock(LockBase):
         held until its current lease ends; the renewal thread keeps trying).
         """
         new_ttl = self.ttl if ttl is ... else check_ttl(ttl)  # before anything is sent
+        self._check_process()
         with self._io:
             self._run_plan(self._extend_call_plan(new_ttl))
+
+    def _check_process(self) -> None:
+        """Raise :class:`LockNotOwned` in a process that never acquired this
+        object (a forked child), before ``_io`` is waited for: a parent thread
+        that held it at the fork does not exist here (see engine/held.py)."""
+        if self._pid != getpid():
+            raise LockNotOwned(f"lock {self.name!r} is not held by this object",
+                               lock_name=self.name)
 
     def _watchdog_tick(self, hold: int) -> float | None:
         """Called by the watchdog thread for the entry of hold number ``hold``;
