@@ -406,6 +406,54 @@ def test_cancelled_acquire_leaves_nothing_behind(nodes3: RedisNodes,
     run(scenario())
 
 
+def test_a_cancelled_acquires_take_back_is_sent_again_to_a_node_it_missed(
+        nodes3: RedisNodes, make_manager: MakeManager,
+        fault_proxy_factory: Callable[..., Any]) -> None:
+    """An acquire cancelled mid-round takes back what the round may have set;
+    that clean-up was sent once, and a node whose link was down when it
+    arrived kept the key for the whole TTL (30 s here: with two nodes of
+    three, the lock stayed busy for everyone). It goes to the late sender
+    like any release, for as long as the key may be there::
+
+        t=0.0   acquire() sent; nodes 1 and 2 are 0.6 s away (node 0 grants)
+        t=0.3   the task is cancelled: the take-back is sent behind it
+        t=0.6   the acquire reaches nodes 1 and 2: they set the key
+        t=0.75  their links are cut: the take-back never arrives
+        t=1.3   the take-back round gives up on them; the links heal later
+    """
+    latency = 0.6
+    proxies = [fault_proxy_factory(server) for server in nodes3.servers[1:]]
+    mgr = make_manager([nodes3[0].url, *(p.url for p in proxies)], node_timeout=1.0)
+    landed: list[int] = []
+
+    async def scenario() -> str:
+        async with mgr.alock("warm", ttl=5):  # connections set up before the latency
+            pass
+        for proxy in proxies:
+            proxy.set_latency(latency)
+        lock = mgr.alock("take-back", ttl=30, timeout=0)
+        task = asyncio.ensure_future(lock.acquire())
+        await asyncio.sleep(0.3)
+        task.cancel()  # the take-back is written behind the acquire
+        await asyncio.sleep(0.45)  # the acquire reached nodes 1 and 2, the take-back not
+        for proxy in proxies:
+            await asyncio.to_thread(proxy.cut)
+        landed.append(holders(nodes3, lock.key))
+        with pytest.raises(asyncio.CancelledError):
+            await task
+        assert not lock.owned()
+        await asyncio.sleep(0.3)
+        for proxy in proxies:
+            await asyncio.to_thread(proxy.heal)
+            proxy.set_latency(0)
+        return lock.key
+
+    key = run(scenario())
+    assert landed and landed[0] >= 2  # the interleaving really happened
+    assert wait_until(lambda: holders(nodes3, key) == 0, timeout=5.0), \
+        f"{holders(nodes3, key)} nodes still hold the cancelled acquire's key"
+
+
 # -- errors ----------------------------------------------------------------------------------
 def test_release_and_extend_of_a_lock_not_held(nodes3: RedisNodes,
                                               make_manager: MakeManager) -> None:

@@ -20,6 +20,7 @@ the grant: the caller never gets the lock, so it must not stay held.
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from typing import Any, Callable
 
@@ -87,6 +88,59 @@ def test_an_acquire_interrupted_mid_round_takes_its_key_back(
     other = mgr.lock("interrupted", ttl=TTL)
     assert other.acquire(blocking=False), "the lock stayed busy after the interrupted acquire"
     other.release()
+
+
+def test_an_interrupted_acquires_take_back_is_sent_again_to_a_node_it_missed(
+        redis_nodes_factory: Callable[..., RedisNodes], make_manager: MakeManager,
+        fault_proxy_factory: Callable[..., FaultProxy]) -> None:
+    """The take-back was sent once: a node whose link was down when it
+    arrived kept the interrupted acquire's key for the whole TTL (two nodes
+    of three: the lock stayed busy for everyone). It goes to the late sender
+    like any release (docs/safety.rst)::
+
+        t=0.0   acquire() sent; nodes 1 and 2 are 0.6 s away (node 0 is near)
+        t=0.3   the interrupt: the take-back is sent behind the acquire
+        t=0.6   the acquire reaches nodes 1 and 2: they set the key
+        t=0.75  their links are cut: the take-back never arrives
+        t=1.3   the take-back round gives up on them; the interrupt goes on
+    """
+    nodes = redis_nodes_factory(3)
+    proxies = [fault_proxy_factory(server) for server in nodes.servers[1:]]
+    mgr = make_manager([nodes[0].url, *(p.url for p in proxies)], node_timeout=1.0,
+                       auto_renew=False)
+    with mgr.lock("warm"):  # connections set up before the latency
+        pass
+    for proxy in proxies:
+        proxy.set_latency(0.6)
+    lock = mgr.lock("taken-back", ttl=TTL, timeout=0)
+    landed: list[int] = []
+
+    def cut() -> None:
+        for proxy in proxies:
+            proxy.cut()
+        landed.append(_holders(nodes, lock.key))
+
+    def handler(signum: int, frame: Any) -> None:
+        raise SoftTimeLimit("soft time limit")
+
+    cutter = threading.Timer(0.75, cut)
+    previous = signal.signal(signal.SIGALRM, handler)
+    signal.setitimer(signal.ITIMER_REAL, 0.3)
+    cutter.start()
+    try:
+        with pytest.raises(SoftTimeLimit):
+            lock.acquire()
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+        cutter.join(5)
+        for proxy in proxies:
+            proxy.heal()
+            proxy.set_latency(0)
+    assert not lock.owned()
+    assert landed and landed[0] >= 2  # the interleaving really happened
+    assert wait_until(lambda: _holders(nodes, lock.key) == 0, timeout=5.0), \
+        f"{_holders(nodes, lock.key)} nodes still hold the interrupted acquire's key"
 
 
 def test_the_key_really_was_granted_before_the_interrupt(

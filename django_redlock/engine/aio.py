@@ -523,10 +523,13 @@ class AsyncLock(LockBase):
                                 handed=self._take_handover(sub, refusal),
                                 attempt=step.number, guard=self._guard)
                         except asyncio.CancelledError:
-                            # The round may have set our key on some nodes: take it back.
+                            # The round may have set our key on some nodes: take it
+                            # back, and again where it missed a node, for as long as
+                            # the key may be there (Lock._take_back).
                             await _complete(_release_round(mgr, self.transport, self._key_b,
                                                            self._fence_key_b,
-                                                           self._waiters_key_b, token, 0))
+                                                           self._waiters_key_b, token, 0,
+                                                           redo=self.ttl))
                             raise
                         except QuorumUnavailable as exc:
                             step = plan.throw(exc)  # re-raised, or the plan asks again

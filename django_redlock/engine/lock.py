@@ -175,7 +175,11 @@ class Lock(LockBase):
         (``NodeClient.checkout``), so this release reaches each node after the
         acquire it follows, even when that acquire's reply was never read.
         Bounded by the node timeouts; an error here is logged, and the
-        interrupting exception goes on.
+        interrupting exception goes on. A node it does not reach (its link
+        down when it arrives) is sent it again by the late sender for as long
+        as the key may be there (the TTL), as the clean-up of a lost attempt
+        is (``rounds.acquire_steps``): sent once, it left the key there for
+        the whole lease, and the lock busy when that was two nodes of three.
         """
         with self._io:
             if self._token == token:
@@ -184,7 +188,7 @@ class Lock(LockBase):
                 self._valid_until = 0.0
         try:
             self.manager._release_round(self._key_b, self._fence_key_b, self._waiters_key_b,
-                                        token, 0)
+                                        token, 0, redo=self.ttl)
         except Exception:  # noqa: BLE001 - the interrupt matters more than this round
             logger.warning("lock %r: acquire interrupted by %s; its key could not be taken "
                            "back on every node and expires with its lease (%.3f s at most)",
