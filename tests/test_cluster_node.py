@@ -476,3 +476,81 @@ def test_a_semaphore_with_a_hash_tag_works_on_a_cluster_node(
         sem.release()
     assert wait_until(lambda: all(master.execute("EXISTS", mgr.key(f"{name}#{i}")) == 0
                                   for i in range(2)), timeout=3)
+
+
+def _forked_exit_code(pid: int, within: float) -> int:
+    """The exit code of forked child ``pid``, waited for at most ``within``
+    seconds (then killed: the test fails, it never hangs)."""
+    import os
+    import signal
+
+    started = time.monotonic()
+    while time.monotonic() - started < within:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail(f"the forked child was still running after {within:g} s")
+
+
+def test_a_child_forked_while_the_slot_map_loads_loads_its_own(
+        cluster: RedisClusterGroup, make_manager: MakeManager) -> None:
+    """A fork while a background thread reloads the slot map (every master
+    slow to answer: paused). The child inherited ``_refreshing`` set, and
+    redis-py's map with its ``_initialization_lock`` held, by a thread that
+    does not exist in it: it never loaded a map again (a slot whose master
+    failed over was never found there; a reload would have blocked for
+    good). Now the child's node loads a map of its own, and serves locks."""
+    import os
+
+    if not hasattr(os, "fork"):
+        pytest.skip("needs fork()")
+    mgr = make_manager([cluster.node_setting()], node_timeout=0.5, connect_timeout=0.5)
+    node = node_of(mgr)
+    with mgr.lock("forked-while-loading", timeout=5, auto_renew=False):
+        pass  # a map is loaded
+    assert wait_until(lambda: node._manager is not None and not node._refreshing, timeout=5.0)
+    loaded = node.refreshes
+    try:
+        for master in cluster.masters:
+            master.pause()
+        time.sleep(0.15)  # past REFRESH_MIN
+        node.refresh()
+        # The worst moment: the load is under way, redis-py's lock held.
+        assert wait_until(lambda: node._refreshing, timeout=2.0)
+        time.sleep(0.1)
+        assert node._refreshing
+        pid = os.fork()
+        if pid == 0:  # child: no pytest here; the code says what went wrong
+            code = 0
+            try:
+                # (Threads of the child first: a reload's thread reusing the
+                # dead loader's stack, and so its thread id, would take
+                # redis-py's RLock as its own.)
+                started = [threading.Thread(target=time.sleep, args=(0.5,), daemon=True)
+                           for _ in range(4)]
+                for thread in started:
+                    thread.start()
+                deadline = time.monotonic() + 10.0
+                while node.refreshes <= loaded and time.monotonic() < deadline:
+                    node.refresh()
+                    time.sleep(0.1)
+                if node.refreshes <= loaded:
+                    code = 2
+                lock = mgr.lock("forked-while-loading", timeout=5, auto_renew=False)
+                if lock.acquire():
+                    lock.release()
+                else:
+                    code = code or 3
+            except BaseException:  # noqa: BLE001 - anything: not a pass
+                code = code or 4
+            finally:
+                os._exit(code)
+    finally:
+        for master in cluster.masters:
+            master.resume()
+    assert _forked_exit_code(pid, 30.0) == 0  # 2: no map loaded, 3: not acquired, 4: raised
+    with mgr.lock("forked-while-loading", timeout=5, auto_renew=False):
+        pass  # the parent's node still serves

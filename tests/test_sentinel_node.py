@@ -488,3 +488,77 @@ def test_a_dead_master_that_every_sentinel_names_fails_the_call_in_bounded_time(
         # Two connection waits (0.5 s each) and a node timeout, with room for a slow CI
         assert took < 2 * 0.5 + TEST_NODE_TIMEOUT + 1.0, took
         assert node_of(mgr).name in str(raised.value)
+
+
+def _bounded_child(pid: int, within: float) -> int:
+    """The exit code of forked child ``pid``, waited for at most ``within``
+    seconds (then killed: the test fails, it never hangs)."""
+    import os
+    import signal
+
+    started = time.monotonic()
+    while time.monotonic() - started < within:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail(f"the forked child was still running after {within:g} s")
+
+
+def test_a_child_forked_while_the_master_is_resolved_resolves_its_own(
+        group: SentinelGroup, make_manager: MakeManager) -> None:
+    """A fork while a parent thread asks the sentinels where the master is
+    (the sentinel asked first does not answer: each costs CONNECT_TIMEOUT).
+    The child inherited ``_resolving`` (and the pool's lock) held by a thread
+    that does not exist in it: every connection set-up there blocked for
+    good, every call failed QuorumUnavailable and ``resolve()`` never
+    returned. Now the child's node has locks of its own and asks again."""
+    import os
+    import socket
+
+    if not hasattr(os, "fork"):
+        pytest.skip("needs fork()")
+    hole = socket.socket()  # accepts, never answers
+    hole.bind(("127.0.0.1", 0))
+    hole.listen(16)
+    try:
+        setting = group.node_setting()
+        setting["SENTINELS"] = [f"redis://127.0.0.1:{hole.getsockname()[1]}",
+                                *setting["SENTINELS"]]
+        mgr = make_manager([setting], connect_timeout=1.0)
+        node = node_of(mgr)
+        resolving = threading.Thread(target=node.resolve, daemon=True)
+        resolving.start()
+        # The worst moment: the parent thread is inside resolve, holding its
+        # lock, waiting for the silent sentinel (1 s).
+        assert wait_until(node._resolving.locked, timeout=5.0)
+        time.sleep(0.2)
+        assert node._resolving.locked() and resolving.is_alive()
+        pid = os.fork()
+        if pid == 0:  # child: no pytest here; the code says what went wrong
+            code = 0
+            try:
+                # resolve() first, as inspection in the child would (no round
+                # has used the node yet), then a call
+                again = threading.Thread(target=node.resolve, daemon=True)
+                again.start()
+                again.join(5.0)
+                if again.is_alive():
+                    code = 3
+                lock = mgr.lock("forked-while-resolving", timeout=5, auto_renew=False)
+                if not lock.acquire():
+                    code = code or 2
+                else:
+                    lock.release()
+            except BaseException:  # noqa: BLE001 - QuorumUnavailable before the fix
+                code = code or 4
+            finally:
+                os._exit(code)
+        assert _bounded_child(pid, 20.0) == 0  # 3: resolve hung, 2: not acquired, 4: raised
+        resolving.join(5.0)
+        with mgr.lock("forked-while-resolving", timeout=2, auto_renew=False):
+            pass  # the parent's node was never touched
+    finally:
+        hole.close()

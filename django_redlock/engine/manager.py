@@ -578,6 +578,7 @@ class LockManager:
         self._retire_lock = threading.Lock()
         self._releasing = 0  # the parent's releases in flight are not the child's
         for node in self.nodes:
+            node._after_fork()  # now: a parent thread's held locks, not at first use
             node.reset_backoff()
 
     def _note_release(self, key: bytes, woken: int) -> None:

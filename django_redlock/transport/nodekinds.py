@@ -57,6 +57,7 @@ from redis.exceptions import (
     BusyLoadingError,
     MovedError,
     ReadOnlyError,
+    RedisClusterException,
     RedisError,
     ResponseError,
     TryAgainError,
@@ -258,6 +259,29 @@ class SentinelNode(NodeClient):
                 self.switches += 1
                 self._forget_connections()
             return address
+
+    def _after_fork(self) -> None:
+        """In a forked child: what the parent's threads held is free, and the
+        master is asked again. Timeline (a sentinel that does not answer is
+        asked first, each costs ``CONNECT_TIMEOUT``)::
+
+            t0  parent thread A resolves: holds _resolving (and _pool_lock,
+                when the pool is being built), waits for the first sentinel
+            t1  another thread forks (multiprocessing, a pre-fork server)
+            t1+ before: in the child A does not exist, _resolving stays held:
+                every connection set-up blocks for good (every call fails
+                QuorumUnavailable, resolve() never returns); a recheck under
+                way at the fork left _checking set: no recheck ever again
+                now: both locks are new, nothing is being checked, and the
+                address (maybe the one A was replacing) is asked again
+
+        Not :meth:`distrust`: no I/O and no connection touched here (the
+        idle ones are the parent's, dropped by the base class)."""
+        super()._after_fork()
+        self._resolving = threading.Lock()
+        self._checking = False
+        self._checked = 0.0
+        self._stale = True
 
     def distrust(self) -> None:
         """The master may have moved: ask the sentinels at the next set-up, and
@@ -624,7 +648,9 @@ class ClusterNode(NodeClient):
                 self._manager.initialize()
             self._moved = {}
             self.refreshes += 1
-        except (RedisError, OSError, IndexError, KeyError) as e:
+        except (RedisError, RedisClusterException, OSError, IndexError, KeyError) as e:
+            # (RedisClusterException: no start-up node reachable; not a
+            # RedisError, it ended the thread with a traceback)
             logger.info("node %s: no slot map yet: %s", self.name, scrub(str(e)))
         finally:
             with self._refresh_lock:
@@ -729,6 +755,25 @@ class ClusterNode(NodeClient):
             return shown, f"the Cluster is not fully served ({shown}): locks on the " \
                           f"slots without a master fail"
         return shown, None
+
+    def _after_fork(self) -> None:
+        """In a forked child: what the parent's threads held is free, and the
+        slot map is loaded again. A load under way at the fork (a background
+        thread, in redis-py's ``NodesManager.initialize`` under its
+        ``_initialization_lock``) left ``_refreshing`` set and that lock
+        held: before, the child never loaded a map again (every request went
+        to a start-up node and followed MOVED; a slot whose owner failed
+        over was never found), and ``locks list`` in the child waited for
+        good. The parent's map is dropped with its locks (its connections
+        are the parent's too); the child's first request loads its own."""
+        super()._after_fork()
+        self._shards_lock = threading.Lock()
+        self._refresh_lock = threading.Lock()
+        self._refreshing = False
+        self._refresh_started = -REFRESH_MIN
+        self._manager = None
+        for shard in self.shards:
+            shard._after_fork()
 
     def new_connection(self) -> Any:
         # The map may have changed since the pool was built (a failover).

@@ -415,8 +415,15 @@ class NodeClient:
             return None
 
     def _after_fork(self) -> None:
+        """In a forked child (lazily, at its first use of the node, and from
+        the manager's fork hook): none of the parent's connections, set-ups
+        or locks. A lock a parent thread held at the fork (building the pool:
+        a Sentinel node resolves its master there) stays held in the child
+        for good, by a thread that does not exist in it."""
         self._idle = []
         self._owed = []
+        self._owed_lock = threading.Lock()
+        self._pool_lock = threading.Lock()
         self._later = []
         self._later_tags = []
         self._setting_up_conns = []  # the parent's set-ups: no thread here
