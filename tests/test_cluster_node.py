@@ -217,7 +217,8 @@ def test_a_hold_survives_a_slot_half_migrated(cluster: RedisClusterGroup,
     """The keys moved, the slot not yet handed over: the source answers ASK,
     and the holder's extension goes to the target behind ASKING. A contender
     (whose script also names the waiter queue, which exists nowhere) is
-    answered TRYAGAIN until the slot is handed over: refused, never granted."""
+    answered TRYAGAIN until the slot is handed over: refused (busy, not
+    QuorumUnavailable), never granted."""
     holder = make_manager([cluster.node_setting()])
     other = make_manager([cluster.node_setting()])
     lock = holder.lock("half", ttl=20, auto_renew=False)
@@ -228,10 +229,8 @@ def test_a_hold_survives_a_slot_half_migrated(cluster: RedisClusterGroup,
     cluster.migrate_slot(slot, to=target, finish=False)
     try:
         assert cluster.move_keys(slot, source, target) == 2  # the lock and its fence counter
-        try:
-            assert not other.lock("half", timeout=0).acquire()
-        except QuorumUnavailable as e:
-            assert "TRYAGAIN" in str(e) or "Multiple keys" in str(e)
+        # TRYAGAIN, the node's only reply: refused (busy), not an error
+        assert other.lock("half", timeout=0).acquire() is False
         lock.extend(20)
         # (the target answers for the slot only behind ASKING until it is handed over)
         _, pttl = _raw_commands(target.host, target.port, None,
@@ -554,3 +553,68 @@ def test_a_child_forked_while_the_slot_map_loads_loads_its_own(
     assert _forked_exit_code(pid, 30.0) == 0  # 2: no map loaded, 3: not acquired, 4: raised
     with mgr.lock("forked-while-loading", timeout=5, auto_renew=False):
         pass  # the parent's node still serves
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_free_lock_in_a_slot_being_migrated_is_waited_for(
+        cluster: RedisClusterGroup, make_manager: MakeManager, flavour: str) -> None:
+    """A free lock whose slot is being migrated (MIGRATING/IMPORTING, the
+    move ending 1 s later): its keys exist on neither side, so the source
+    answers ASK and the target, behind ASKING, TRYAGAIN for as long as the
+    move lasts. A Cluster node alone: a try is refused (False), and a
+    blocking acquire waits for the move to end and is granted. Before, both
+    raised QuorumUnavailable at once (the node's only reply an error)."""
+    mgr = make_manager([cluster.node_setting()])
+    name = "migrating-free"
+    slot = cluster.key_slot(mgr.key(name))
+    source = cluster.master_for_slot(slot)
+    target = next(m for m in cluster if m is not source)
+    cluster.migrate_slot(slot, to=target, finish=False)
+    finisher = threading.Thread(target=lambda: (time.sleep(1.0), cluster.finish_migration()))
+    try:
+        if flavour == "sync":
+            assert mgr.lock(name, timeout=0, auto_renew=False).acquire() is False
+            finisher.start()
+            started = time.monotonic()
+            lock = mgr.lock(name, timeout=5, auto_renew=False)
+            assert lock.acquire() is True
+            took = time.monotonic() - started
+            lock.release()
+        else:
+            async def scenario() -> float:
+                assert await mgr.alock(name, timeout=0, auto_renew=False).acquire() is False
+                finisher.start()
+                started = time.monotonic()
+                lock = mgr.alock(name, timeout=5, auto_renew=False)
+                assert await lock.acquire() is True
+                took = time.monotonic() - started
+                await lock.release()
+                return took
+
+            took = asyncio.run(scenario())
+        assert 0.5 < took < 5.0, took  # granted once the move ended, not before
+        assert cluster.master_for_slot(slot) is target
+    finally:
+        if finisher.is_alive() or finisher.ident is not None:
+            finisher.join(15.0)
+        else:
+            cluster.finish_migration()
+    cluster.migrate_slot(slot, to=source)  # back, for the other tests
+
+
+def test_a_tryagain_reply_counts_as_busy_in_an_acquire_round() -> None:
+    """However redis-py parsed it (a bare ResponseError in redis-py 5, a
+    TryAgainError with the code taken off in later ones), a TRYAGAIN reply
+    counts as the node busy: answered, nothing of ours there, no error."""
+    from redis.exceptions import ResponseError, TryAgainError
+
+    from django_redlock.engine.rounds import retry_later, tally_acquire
+
+    for reply in (ResponseError("TRYAGAIN Multiple keys request during rehashing of slot"),
+                  TryAgainError("Multiple keys request during rehashing of slot")):
+        assert retry_later(reply)
+        tally = tally_acquire([reply], ["cluster"])
+        assert (tally.answered, tally.ok, tally.error_replies, tally.errors) == (1, 0, 0, {})
+        assert tally.maybe_ours == [False] and tally.queued_at == [False]
+    assert not retry_later(ResponseError("READONLY You can't write against a read only replica"))
+    assert not retry_later(1)

@@ -111,6 +111,10 @@ class AcquireTally:
     #: Nodes that answered with an error reply (READONLY, OOM...): they are
     #: up, but cannot take part; counted apart from the silent ones.
     error_replies: int = 0
+    #: Nodes that said to ask again in a moment (a Cluster's ``TRYAGAIN``: the
+    #: lock's slot is being migrated; :func:`retry_later`): they ran nothing,
+    #: and count as busy, not as an error (the move ends, the lock is free).
+    moving: int = 0
     #: Granting nodes where the grant was a lock a release had handed to us
     #: (acquire.lua's third element): a lost round hands it on from there.
     handed: list[bool] = field(default_factory=list)
@@ -124,7 +128,7 @@ class AcquireTally:
 
     @property
     def answered(self) -> int:
-        return self.ok + len(self.busy_ttls) + self.no_expiry
+        return self.ok + len(self.busy_ttls) + self.no_expiry + self.moving
 
 
 @dataclass
@@ -452,6 +456,8 @@ def tally_acquire(replies: Sequence[Any], node_names: "Sequence[str] | _NodeName
         elif isinstance(reply, NodeError):
             tally.errors[reply.node] = reply.reason
             tally.maybe_ours[i] = reply.sent
+        elif retry_later(reply):
+            tally.moving += 1  # ran nothing (not ours, not in line): busy for this round
         elif isinstance(reply, Exception):
             # The node is up and said no: READONLY (a replica), OOM (maxmemory
             # with noeviction), a script error... say what it said.
@@ -472,6 +478,7 @@ _ERROR_MEANINGS = {
     "LOADING": "it is still loading its data set",
     "BUSY": "a script is running too long on it",
     "WRONGTYPE": "a key of this lock holds a value of another type, which other code wrote",
+    "TRYAGAIN": "its Cluster slot is being migrated",
 }
 
 
@@ -485,7 +492,33 @@ _CODE_OF_CLASS = {
     "NoPermissionError": "NOPERM",
     "BusyLoadingError": "LOADING",
     "MasterDownError": "MASTERDOWN",
+    "TryAgainError": "TRYAGAIN",
 }
+
+
+def retry_later(reply: Any) -> bool:
+    """Whether ``reply`` is a Cluster's ``TRYAGAIN``, still there after the
+    transport followed its redirections (``transport.nodekinds``): the
+    request's slot is being migrated and some of its keys are on neither
+    side yet, so nothing ran. It lasts as long as the migration (seconds),
+    and ends with it.
+
+    An acquire round counts it as busy (:func:`tally_acquire`), as the node
+    would answer for a lock it cannot grant yet. Counted as an error reply,
+    a blocking ``acquire(timeout=5)`` of a *free* lock whose slot was being
+    moved raised ``QuorumUnavailable`` at once on a Cluster node alone
+    (its only vote an error), and a try raised instead of returning False::
+
+        t=0.0  slot S MIGRATING: the lock's keys exist nowhere yet
+        t=0.0  acquire: the source answers ASK, the target (behind ASKING)
+               TRYAGAIN, three times 5 ms apart: the call ended there
+        t=1.0  the migration ends: the lock is free on the new owner
+        now    refused (busy), the acquire waits and retries: granted at
+               t=1.0 and a bit; a try returns False"""
+    if not isinstance(reply, Exception):
+        return False
+    code = getattr(reply, "status_code", None) or _CODE_OF_CLASS.get(type(reply).__name__)
+    return code == "TRYAGAIN" or str(reply).startswith("TRYAGAIN")
 
 
 def error_reply_reason(reply: BaseException) -> str:

@@ -712,8 +712,10 @@ class ClusterNode(NodeClient):
         if isinstance(error, TryAgainError):
             # Some of the request's keys moved, some not (or do not exist):
             # the same master, the same way, a moment later. A slot whose
-            # move takes longer answers the call with the error (the engine
-            # counts an error: nothing is granted twice).
+            # move takes longer answers the call with the reply: nothing ran,
+            # and an acquire round counts the node busy for this round
+            # (engine.rounds.retry_later), so a blocking acquire waits for the
+            # move to end and a try is refused.
             time.sleep(0.005)
             return target, sent
         return None
