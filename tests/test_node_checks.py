@@ -237,3 +237,59 @@ def test_a_node_down_is_a_warning_within_the_bound(two: RedisNodes, settings: An
     found = deploy_checks()
     assert time.monotonic() - started < 4.0
     assert len(found["redlock.W022"]) == 1  # node 1 answers again
+
+
+def test_every_master_of_a_cluster_node_is_checked(settings: Any) -> None:
+    """A Cluster node is several masters, each holding the locks of its own
+    slots. ``check --deploy`` and ``locks health`` read only the master of
+    slot 0 (the node's pool): a Cluster whose other masters evict keys
+    passed as healthy. Now every master is read, and each one that fails is
+    named by its address (never with the password)."""
+    from django_redlock.testing import RedisClusterGroup
+
+    with RedisClusterGroup(3, password="s3cret-pw") as cluster:
+        slot0 = cluster.master_for_slot(0)
+        bad = next(m for m in cluster if m is not slot0)  # not the node's pool
+        bad.execute("CONFIG", "SET", "maxmemory", "100mb")
+        bad.execute("CONFIG", "SET", "maxmemory-policy", "allkeys-lru")
+        settings.REDLOCK_NODES = [cluster.node_setting()]
+        settings.REDLOCK = {"REPLICA_ACKS": 0}
+        found = deploy_checks()
+        assert list(found) == ["redlock.E020"], found
+        (error,) = found["redlock.E020"]
+        assert f"master {bad.host}:{bad.port} evicts keys" in error.msg
+        assert "allkeys-lru" in error.msg and "s3cret-pw" not in error.msg
+
+        (data,) = health_json()
+        assert (data["ok"], data["status"]) == (False, "unsafe")
+        assert data["eviction"] == {"maxmemory": 104857600, "policy": "allkeys-lru"}
+        assert f"master {bad.host}:{bad.port}" in data["problem"]
+        assert sorted(data["masters"]) == sorted(f"{m.host}:{m.port}" for m in cluster)
+        text, status = health()
+        assert status == 1 and "UNSAFE" in text and "s3cret-pw" not in text
+        assert f"master {bad.host}:{bad.port}: evicts keys" in text
+
+        # REPLICA_ACKS (W024): every master without a replica, each named
+        settings.REDLOCK = {"REPLICA_ACKS": 1}
+        bad.execute("CONFIG", "SET", "maxmemory-policy", "noeviction")
+        found = deploy_checks()
+        assert list(found) == ["redlock.W024"], found
+        named = sorted(m.msg.split(" master ", 1)[1].split(" ", 1)[0]
+                       for m in found["redlock.W024"])
+        assert named == sorted(f"{m.host}:{m.port}" for m in cluster)
+
+        # A master that does not answer: a warning naming it, within the bound
+        settings.REDLOCK = {"REPLICA_ACKS": 0}
+        bad.pause()
+        try:
+            started = time.monotonic()
+            found = deploy_checks()
+            took = time.monotonic() - started
+            (data,) = health_json()
+        finally:
+            bad.resume()
+        assert took < 4.0, took
+        assert list(found) == ["redlock.W022"], found
+        (warning,) = found["redlock.W022"]
+        assert f"master {bad.host}:{bad.port}" in warning.msg and "s3cret-pw" not in warning.msg
+        assert data["status"] == "unknown" and f"master {bad.host}:{bad.port}" in data["problem"]

@@ -8,6 +8,11 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+import redis
+from redis.exceptions import InvalidResponse, ResponseError
+
+from ...transport.sync import NODE_DOWN_ERRORS
+
 if TYPE_CHECKING:
     from ...transport.sync import NodeClient
     from ..protocol import LockHost
@@ -16,7 +21,31 @@ from .common import (
     PINGS,
     _client,
     _each_node,
+    short_reason,
 )
+
+#: What reading one server can raise that means "this server is not usable"
+#: (what ``_each_node`` catches for a whole node).
+_UNREADABLE = (*NODE_DOWN_ERRORS, ResponseError, InvalidResponse)
+
+
+def _masters(node: NodeClient) -> list[tuple[str, redis.Redis]]:
+    """``(host:port, client)`` for each master of a node that has several (a
+    Cluster node: ``master_pools``); empty for a node that is one server.
+
+    Each master holds the locks of its own slots and has its own settings:
+    reading only the one serving slot 0 (``node.pool``) passed a Cluster
+    whose other masters evict keys (``maxmemory-policy allkeys-lru``) as
+    healthy, in ``locks health`` and in ``check --deploy`` alike."""
+    if not hasattr(node, "master_pools"):
+        return []
+    found = []
+    for pool in node.master_pools():
+        kwargs = getattr(pool, "connection_kwargs", None) or {}
+        host, port = str(kwargs.get("host", "?")), kwargs.get("port", "?")
+        shown = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        found.append((shown, redis.Redis(connection_pool=pool)))
+    return found
 
 # ------------------------------------------------------------------ health
 
@@ -46,6 +75,10 @@ class NodeHealth:
     #: A Sentinel node: the master its sentinels name now ("host:port");
     #: a Cluster node: its state ("cluster_state:ok, 3 masters, 16384 slots").
     topology: str | None = None
+    #: A Cluster node: each master read ("host:port"). Its warnings are each
+    #: master's, named; its eviction settings (and so ``status``) the worst
+    #: master's, named in ``problem``. Empty for a node that is one server.
+    masters: list[str] = field(default_factory=list)
 
     @property
     def status(self) -> str:
@@ -87,6 +120,7 @@ class NodeHealth:
             "problem": self.problem,
             "eviction": {"maxmemory": self.maxmemory, "policy": self.maxmemory_policy},
             "topology": self.topology,
+            "masters": list(self.masters),
         }
 
 
@@ -174,14 +208,14 @@ class NodeSettings:
     replicas: int | None = None
 
 
-def _read_settings(node: NodeClient) -> NodeSettings:
-    pipe = _client(node).pipeline(transaction=False)
+def _read_server(name: str, client: redis.Redis) -> NodeSettings:
+    pipe = client.pipeline(transaction=False)
     pipe.info("replication")
     pipe.info("memory")
     pipe.config_get("maxmemory")
     pipe.config_get("maxmemory-policy")
     replication, memory, maxmemory, policy = pipe.execute(raise_on_error=False)
-    found = NodeSettings(node=node.name)
+    found = NodeSettings(node=name)
     if isinstance(replication, dict) and replication.get("role"):
         role = str(replication["role"])
         found.role = "replica" if role == "slave" else role
@@ -191,12 +225,31 @@ def _read_settings(node: NodeClient) -> NodeSettings:
     return found
 
 
+def _read_settings(node: NodeClient) -> list[NodeSettings]:
+    """The node's settings; a Cluster node's, one per master (named by its
+    address), each master that could not be read with its reason."""
+    masters = _masters(node)
+    if not masters:
+        return [_read_server(node.name, _client(node))]
+    found = []
+    for address, client in masters:
+        name = f"{node.name} master {address}"
+        try:
+            found.append(_read_server(name, client))
+        except _UNREADABLE as e:
+            found.append(NodeSettings(node=name, error=short_reason(node, e)))
+    return found
+
+
 def read_node_settings(manager: "LockHost", *, deadline: float) -> list[NodeSettings]:
-    """Role and eviction settings of every node, in parallel, within ``deadline`` s."""
+    """Role and eviction settings of every node, in parallel, within ``deadline``
+    s: one entry per node, and per master of a Cluster node (in the node's place)."""
     nodes = manager.nodes
     outcomes = _each_node(nodes, _read_settings, deadline)
-    return [o.value if o.error is None else NodeSettings(node=node.name, error=o.error)
-            for node, o in zip(nodes, outcomes, strict=True)]
+    found: list[NodeSettings] = []
+    for node, o in zip(nodes, outcomes, strict=True):
+        found += o.value if o.error is None else [NodeSettings(node=node.name, error=o.error)]
+    return found
 
 
 def _config_value(reply: Any, name: str) -> str | None:
@@ -210,7 +263,74 @@ def _config_value(reply: Any, name: str) -> str | None:
 
 
 def _probe(node: NodeClient) -> NodeHealth:
-    client = _client(node)
+    masters = _masters(node)
+    if not masters:
+        client = _client(node)
+        health = _probe_server(node.name, client)
+    else:
+        client, health = _probe_masters(node, masters)
+    describe = getattr(node, "topology", None)  # Sentinel and Cluster nodes (transport.nodekinds)
+    if describe is not None:
+        health.topology, trouble = describe(client)
+        if trouble:
+            health.warnings.append(trouble)
+    return health
+
+
+#: How bad a master's eviction settings are, to pick a Cluster node's worst.
+_VERDICT_RANK = {None: 0, "inert": 1, "unknown": 2, "unsafe": 3}
+
+
+def _probe_masters(node: NodeClient, masters: list[tuple[str, redis.Redis]]
+                   ) -> tuple[redis.Redis, NodeHealth]:
+    """Probe every master of a Cluster node: the node's health is the first
+    master that answered (its round trip, clock, server), with every master's
+    warnings named by its address, and the eviction settings of the worst
+    master (an unsafe one makes the node unsafe; one that could not be read,
+    unknown). All masters down: the first one's error, the node's."""
+    probes: list[tuple[str, redis.Redis, NodeHealth | None, str]] = []
+    first_error: BaseException | None = None
+    for address, client in masters:
+        try:
+            probes.append((address, client, _probe_server(node.name, client), ""))
+        except _UNREADABLE as e:
+            first_error = first_error or e
+            probes.append((address, client, None, short_reason(node, e)))
+    answered = [(address, client, h) for address, client, h, _ in probes if h is not None]
+    if not answered:
+        assert first_error is not None
+        raise first_error
+    _, base_client, base = answered[0]
+    base.masters = [address for address, *_ in probes]
+    warnings: list[str] = []
+    worst_rank = -1
+    for address, _, probe, error in probes:
+        if probe is None:
+            warnings.append(f"master {address} could not be read: {error}")
+            rank, settings, problem = _VERDICT_RANK["unknown"], (None, None), \
+                f"master {address} could not be read ({error}): its eviction settings are unknown"
+        else:
+            warnings += [f"master {address}: {w}" for w in _server_warnings(probe)]
+            if probe.clock_ms is not None and base.clock_ms is not None \
+                    and abs(probe.clock_ms - base.clock_ms) > CLOCK_OFFSET_WARN_MS:
+                warnings.append(f"master {address}: clock differs from master "
+                                f"{base.masters[0]}'s by {probe.clock_ms - base.clock_ms:+.0f} ms "
+                                f"(more than {CLOCK_OFFSET_WARN_MS:g} ms): slew clocks with NTP")
+            verdict = eviction_verdict(probe.maxmemory, probe.maxmemory_policy)
+            rank = _VERDICT_RANK[verdict[0] if verdict is not None else None]
+            settings = (probe.maxmemory, probe.maxmemory_policy)
+            problem = f"master {address} {verdict[1]}" \
+                if verdict is not None and verdict[0] in ("unsafe", "unknown") else None
+        if rank > worst_rank:
+            worst_rank = rank
+            base.maxmemory, base.maxmemory_policy = settings
+            base.problem = problem
+    base.warnings = warnings
+    return base_client, base
+
+
+def _probe_server(name: str, client: redis.Redis) -> NodeHealth:
+    """``locks health``'s reading of one server (no topology)."""
     client.ping()  # connects (and authenticates) outside the timed pings
     rtts = []
     for _ in range(PINGS):
@@ -233,7 +353,7 @@ def _probe(node: NodeClient) -> NodeHealth:
     pipe.config_get("maxmemory-policy")
     (server, replication, persistence, save, appendonly, appendfsync, memory, maxmemory,
      policy) = pipe.execute(raise_on_error=False)
-    health = NodeHealth(node=node.name, ok=True, rtt_ms=min(rtts),
+    health = NodeHealth(node=name, ok=True, rtt_ms=min(rtts),
                         clock_ms=(node_time - (before + after) / 2) * 1000.0)
     if isinstance(server, dict):
         if "valkey_version" in server or server.get("server_name") == "valkey":
@@ -256,15 +376,22 @@ def _probe(node: NodeClient) -> NodeHealth:
         if aof is not None:
             health.aof_enabled = aof == "yes"
     health.maxmemory, health.maxmemory_policy = _eviction_settings(maxmemory, policy, memory)
-    describe = getattr(node, "topology", None)  # Sentinel and Cluster nodes (transport.nodekinds)
-    if describe is not None:
-        health.topology, trouble = describe(client)
-        if trouble:
-            health.warnings.append(trouble)
     return health
 
 
 def _warnings(health: NodeHealth) -> list[str]:
+    """A node's warnings; a Cluster node's server warnings are its masters'
+    (``_probe_masters``): only the clock is left to say here."""
+    found = [] if health.masters else _server_warnings(health)
+    if health.clock_offset_ms is not None and abs(health.clock_offset_ms) > CLOCK_OFFSET_WARN_MS:
+        found.append(f"clock differs from the other nodes by {health.clock_offset_ms:+.0f} ms "
+                     f"(more than {CLOCK_OFFSET_WARN_MS:g} ms): Redis expires keys by its own "
+                     f"clock, so a node ahead drops leases early; slew clocks with NTP, never "
+                     f"step them")
+    return found
+
+
+def _server_warnings(health: NodeHealth) -> list[str]:
     found = []
     verdict = eviction_verdict(health.maxmemory, health.maxmemory_policy)
     if verdict is not None:
@@ -285,11 +412,6 @@ def _warnings(health: NodeHealth) -> list[str]:
     elif health.aof_enabled and health.appendfsync is None:
         found.append("appendfsync unknown (CONFIG GET refused): make sure it is always, or "
                      "delay restarts longer than the longest TTL")
-    if health.clock_offset_ms is not None and abs(health.clock_offset_ms) > CLOCK_OFFSET_WARN_MS:
-        found.append(f"clock differs from the other nodes by {health.clock_offset_ms:+.0f} ms "
-                     f"(more than {CLOCK_OFFSET_WARN_MS:g} ms): Redis expires keys by its own "
-                     f"clock, so a node ahead drops leases early; slew clocks with NTP, never "
-                     f"step them")
     return found
 
 
@@ -323,8 +445,9 @@ def check_health(manager: "LockHost", *, deadline: float | None = None) -> Healt
         if h.error is None:
             h.warnings = h.warnings + _warnings(h)
             if h.status != "ok":
-                verdict = eviction_verdict(h.maxmemory, h.maxmemory_policy)
-                h.problem = verdict[1] if verdict is not None else h.status
+                if h.problem is None:  # (a Cluster node's names its worst master)
+                    verdict = eviction_verdict(h.maxmemory, h.maxmemory_policy)
+                    h.problem = verdict[1] if verdict is not None else h.status
                 h.ok = False
     return HealthReport(nodes=report, quorum_size=manager.quorum)
 
