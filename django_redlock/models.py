@@ -129,9 +129,9 @@ def _claim_field(model: type[models.Model]) -> models.Field[Any, Any]:
     claimed and written: ``Parent.objects.locked(pk=child.pk)``.
     """
     field = _fence_field(model)
-    owner = field.model._meta.concrete_model if field.model is not None else None
+    owner = field.model._meta.concrete_model
     if owner is not model._meta.concrete_model:
-        parent = owner._meta.label if owner is not None else "a parent model"
+        parent = owner._meta.label
         raise ImproperlyConfigured(
             f"{model._meta.label}'s fence is in the table of {parent} (multi-table "
             f"inheritance): Django updates it with a SELECT and then an UPDATE, so a claim or "
@@ -537,8 +537,7 @@ class LockableModel(models.Model):
         """
         # (Any FenceField: a child's save() comes here for its parent's table too.)
         kept = [value for value in values if not isinstance(value[0], FenceField)]
-        return super()._do_update(  # type: ignore[misc]
-            base_qs, using, pk_val, kept, *args, **kwargs)
+        return super()._do_update(base_qs, using, pk_val, kept, *args, **kwargs)
 
     # -- names and locks -------------------------------------------------------------
     @classmethod

@@ -45,7 +45,8 @@ def _after_fork_in_child() -> None:
     global _acquired_guard
     _acquired_guard = threading.Lock()
     try:
-        locks = list(_acquired.data)  # weak references; no lock of this process is taken
+        # weak references (WeakSet's own set); no lock of this process is taken
+        locks = list(getattr(_acquired, "data"))  # noqa: B009 - not in the type stubs
     except Exception:  # noqa: BLE001 - a set changed mid-fork: nothing else to do
         return
     for ref in locks:

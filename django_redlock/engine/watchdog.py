@@ -72,6 +72,7 @@ class _Entry(weakref.ref):  # type: ignore[type-arg]
     The tick drops an entry of an older hold instead (``Lock._watchdog_tick``)."""
 
     __slots__ = ("hold",)
+    hold: int
 
     def __new__(cls, lock: "Renewable", hold: int) -> "_Entry":
         entry = super().__new__(cls, lock)
@@ -79,7 +80,7 @@ class _Entry(weakref.ref):  # type: ignore[type-arg]
         return entry
 
     def __init__(self, lock: "Renewable", hold: int) -> None:
-        super().__init__(lock)
+        super().__init__(lock)  # type: ignore[call-arg]  # weakref.ref's __init__ takes the object
 
 
 #: Lanes a :class:`DueQueue` keeps at most (one per distinct ttl); the

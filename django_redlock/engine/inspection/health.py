@@ -304,6 +304,8 @@ def _probe_masters(node: NodeClient, masters: list[tuple[str, redis.Redis]]
     base.masters = [address for address, *_ in probes]
     warnings: list[str] = []
     worst_rank = -1
+    settings: tuple[int | None, str | None]
+    problem: str | None
     for address, _, probe, error in probes:
         if probe is None:
             warnings.append(f"master {address} could not be read: {error}")
