@@ -131,7 +131,7 @@ def _claim_field(model: type[models.Model]) -> models.Field[Any, Any]:
     field = _fence_field(model)
     owner = field.model._meta.concrete_model
     if owner is not model._meta.concrete_model:
-        parent = owner._meta.label
+        parent = (owner or field.model)._meta.label
         raise ImproperlyConfigured(
             f"{model._meta.label}'s fence is in the table of {parent} (multi-table "
             f"inheritance): Django updates it with a SELECT and then an UPDATE, so a claim or "
