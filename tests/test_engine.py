@@ -277,6 +277,31 @@ def test_max_hold_caps_renewal(nodes3: RedisNodes, make_manager: MakeManager) ->
     assert 0.8 < time.monotonic() - started < 2.5
 
 
+def test_renewals_never_extend_a_key_past_acquired_plus_max_hold(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """implementation.rst: "With MAX_HOLD, renewals never extend past acquired +
+    MAX_HOLD". Read off the nodes: the key's end (now + PTTL) on every node,
+    sampled through the hold, never passes the start of the acquire + 1.0 s,
+    and the key is gone from every node soon after."""
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("capped-keys", ttl=0.4, max_hold=1.0)
+    started = time.monotonic()
+    assert lock.acquire()
+    ends: list[float] = []
+    for _ in range(60):  # bounded: 60 samples, about 1.8 s
+        for server in nodes3:
+            pttl = server.execute("PTTL", lock.key)
+            if pttl > 0:
+                ends.append(time.monotonic() - started + pttl / 1000)
+        time.sleep(0.03)
+    assert ends, "the key was never seen"
+    assert max(ends) <= 1.0 + 0.05, max(ends)  # PTTL is rounded to the ms; sampling takes time
+    assert all(server.execute("EXISTS", lock.key) == 0 for server in nodes3)
+    assert not lock.owned()
+    with pytest.raises(LockLost):
+        lock.release()
+
+
 def test_signals_carry_name_fence_and_durations(nodes3: RedisNodes,
                                                 make_manager: MakeManager) -> None:
     mgr = make_manager(nodes3)

@@ -134,6 +134,33 @@ def test_a_node_that_stays_down_costs_one_try_per_pause(
     assert all(server.execute("EXISTS", lock.key) == 0 for lock in locks)
 
 
+def test_at_most_max_pending_releases_wait_per_node_and_the_oldest_go(
+        server: RedisServer, make_manager: MakeManager, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """The bound the safety page gives ("at most 10,000 wait per node, and the
+    oldest are dropped beyond that"), with a bound of 5: 8 releases miss a
+    dead node; 5 wait, the 3 oldest are dropped (said once in the log); once
+    the node is back (with its data) the 5 newest keys are deleted and the 3
+    oldest stay until their leases end."""
+    monkeypatch.setattr(leftovers, "MAX_PENDING", 5)
+    holder = make_manager([server.url])
+    locks = [holder.lock(f"bounded:{i}", ttl=LEASE, auto_renew=False) for i in range(8)]
+    for lock in locks:
+        assert lock.acquire()
+    server.execute("SAVE")
+    server.kill()
+    with caplog.at_level("WARNING", logger="django_redlock"):
+        for lock in locks:
+            lock.release()  # confirmed by no node: logged, not raised
+    assert holder._leftovers.waiting() == 5
+    assert sum("the oldest are dropped" in r.getMessage() for r in caplog.records) == 1
+    server.restart(empty=False)  # every key is back from the dump
+    assert wait_until(lambda: holder._leftovers.waiting() == 0, timeout=5.0)
+    kept = [server.execute("EXISTS", lock.key) for lock in locks]
+    assert kept == [1, 1, 1, 0, 0, 0, 0, 0], kept
+    assert all(server.execute("PTTL", lock.key) > 20_000 for lock in locks[:3])
+
+
 def test_a_release_sent_late_never_deletes_a_later_holders_key(
         server: RedisServer, make_manager: MakeManager) -> None:
     """The node comes back empty and B takes the lock before A's release is
