@@ -161,6 +161,51 @@ def test_at_most_max_pending_releases_wait_per_node_and_the_oldest_go(
     assert all(server.execute("PTTL", lock.key) > 20_000 for lock in locks[:3])
 
 
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_missed_release_is_sent_again_while_an_extension_keeps_the_key(
+        server: RedisServer, make_manager: MakeManager, flavour: str) -> None:
+    """A renewal after ``extend(30)`` brings the holder's validity back to the
+    TTL, but the node keeps the 30 s lease (a lease is never shortened)::
+
+        A holds (ttl 1 s, renewed), extends to 30 s, is renewed again
+        the node saves and dies; A releases: no answer
+        the node is back 2 s later with A's key (about 27 s left)
+        before: the release was sent again for the TTL only (1 s): given
+                up, and the lock busy for 27 s
+        now: sent again as long as the node may have the key"""
+    holder = make_manager([server.url])
+
+    def renewed_then_node_dies(lock: Any) -> None:
+        assert server.execute("PTTL", lock.key) > 25_000
+        assert lock.validity < 2.0  # a renewal (every ttl/3) brought it back to the TTL
+        server.execute("SAVE")
+        server.kill()
+
+    if flavour == "sync":
+        lock = holder.lock("extended-left", ttl=1.0)
+        assert lock.acquire()
+        lock.extend(30)
+        time.sleep(0.6)
+        renewed_then_node_dies(lock)
+        lock.release()  # confirmed by no node: logged, not raised
+    else:
+        lock = holder.alock("extended-left", ttl=1.0)
+
+        async def hold() -> None:  # one loop: its renewals run on it
+            assert await lock.acquire()
+            await lock.extend(30)
+            await asyncio.sleep(0.6)
+            renewed_then_node_dies(lock)
+            await lock.release()
+
+        asyncio.run(hold())
+    time.sleep(2.0)  # longer than the TTL
+    server.restart(empty=False)  # from its dump: A's key is back
+    assert server.execute("PTTL", lock.key) > 20_000
+    assert wait_until(lambda: server.execute("EXISTS", lock.key) == 0, timeout=8.0), \
+        "the release was given up after the TTL while the node kept the extended key"
+
+
 def test_a_release_sent_late_never_deletes_a_later_holders_key(
         server: RedisServer, make_manager: MakeManager) -> None:
     """The node comes back empty and B takes the lock before A's release is

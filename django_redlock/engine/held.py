@@ -108,7 +108,7 @@ def release_held_locks() -> int:
             # How long the key may still be on a node (an extend(ttl) may be
             # longer than the TTL): a node that misses the release is sent it
             # again for that long, as ``release()`` does (engine/leftovers.py).
-            lease = max(lock.ttl, lock._valid_until - lock.manager.clock())
+            lease = lock._key_life(lock.manager.clock())
             lock._state = "unlocked"
             lock._token = ""
             lock._valid_until = 0.0

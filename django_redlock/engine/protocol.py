@@ -357,6 +357,11 @@ class LockBase:
         self._state = _UNLOCKED
         self._token = ""
         self._valid_until = 0.0
+        #: Until when (this process's clock) a node may still have the key:
+        #: the longest lease any round of this hold gave it, which a shorter
+        #: renewal after an ``extend(60)`` does not take back (a node never
+        #: shortens a lease). A release a node missed is sent again that long.
+        self._keys_until = 0.0
         self._acquired_at = 0.0
         self._pid = 0
         #: How many holds this object began (``_enter_hold``): a renewal
@@ -594,7 +599,7 @@ class LockBase:
         reason = self._lost_reason or "the lease ran out before release"
         already_marked = self._lost_reason != ""
         token, fence = self._token, self.fence
-        lease = max(self.ttl, self._valid_until - now)  # an extend(ttl) may be longer
+        lease = self._key_life(now)
         self._state = _UNLOCKED
         self._token = ""
         self._valid_until = 0.0
@@ -663,6 +668,7 @@ class LockBase:
             return "lost", "released while the extension ran"
         if result.extended:
             self._valid_until = result.valid_until
+            self._keys_until = max(self._keys_until, mgr.clock() + ttl)
             # With no receiver connected, sending would do nothing: nothing is
             # built for it (10,000 held locks renew 3,000 times a second).
             if events.lock_extended.receivers:
@@ -726,6 +732,19 @@ class LockBase:
         yield Report(events.lock_lost, dict(lock=self, name=self.name, fence=self.fence,
                                              held=held, reason=reason))
 
+    def _key_life(self, now: float) -> float:
+        """How long from ``now`` a node may still have this hold's key: a
+        release that misses a node is sent again that long
+        (engine/leftovers.py). Not the validity, which a renewal after an
+        ``extend(60)`` brings back to the TTL while the nodes keep 60 s::
+
+            t0     extend(60): the nodes keep the key until t0+60
+            t0+1   a renewal (ttl 3): validity until t0+4, nodes unchanged
+            t0+2   release; a node misses it: sent again for 3 s only
+            t0+5   the key stays on that node until t0+60
+        """
+        return max(self.ttl, self._valid_until - now, self._keys_until - now)
+
     def _enter_hold(self, token: str, fence: int, valid_until: float) -> None:
         """The state of a lock just acquired; enrolled for the release at exit
         (:func:`release_held_locks`)."""
@@ -733,6 +752,7 @@ class LockBase:
         self.fence = fence
         self._valid_until = valid_until
         self._acquired_at = self.manager.clock()
+        self._keys_until = self._acquired_at + self.ttl
         self._pid = getpid()
         self._state = _HELD
         self._hold_no += 1
