@@ -14,7 +14,8 @@ from typing import Any, Callable
 import pytest
 
 from django_redlock import LockLost, signals
-from django_redlock.testing import RedisNodes
+from django_redlock.engine import rounds
+from django_redlock.testing import FaultProxy, RedisNodes
 from tests.polling import wait_until
 
 MakeManager = Callable[..., Any]
@@ -145,3 +146,124 @@ def test_a_foreign_value_at_one_locks_fencing_counter_loses_no_lock(
         lock.release()  # no LockLost, not even for the lock whose counter it is
     for server in nodes3:  # the foreign value is left as it was
         assert server.client().lrange(counter, 0, -1) == [b"someone else's"]
+
+
+# -- a slow minority node ------------------------------------------------------
+#: 400 locks in calls of 20: the 20 calls per pass that 20,000 locks make at
+#: the default EXTEND_BATCH (only the number of calls matters).
+SLOW_HELD = 400
+SLOW_BATCH = 20
+SLOW_TTL = 1.5  # renewed every 0.5 s, with 1 s of lease left
+SLOW_WAY = 0.045  # each way: a 90 ms round trip, within the node timeout
+
+
+def _slow_third(nodes3: RedisNodes, make_manager: MakeManager,
+                fault_proxy_factory: Callable[..., FaultProxy],
+                monkeypatch: pytest.MonkeyPatch) -> tuple[Any, FaultProxy, list[float]]:
+    """A manager on three nodes, the third behind a latency proxy; the
+    renewal's batched passes (both flavours run ``rounds.extend_many_steps``)
+    are timed, in seconds, in ``passes``."""
+    monkeypatch.setattr(rounds, "EXTEND_BATCH", SLOW_BATCH)
+    proxy = fault_proxy_factory(nodes3[2])
+    mgr = make_manager([nodes3[0].url, nodes3[1].url, proxy.url], node_timeout=0.3,
+                       auto_renew=True)
+    passes: list[float] = []
+    steps = rounds.extend_many_steps
+
+    def timed(ctx: Any, items: Any) -> Any:
+        began = ctx.clock()
+        results = yield from steps(ctx, items)
+        if len(items) > SLOW_BATCH:
+            passes.append(ctx.clock() - began)
+        return results
+
+    monkeypatch.setattr(rounds, "extend_many_steps", timed)
+    return mgr, proxy, passes
+
+
+def _slow_pass_checks(nodes3: RedisNodes, keys: list[str], passes: list[float],
+                      lost: list[str], fewest: int) -> None:
+    assert not lost, lost[:3]
+    assert fewest == SLOW_HELD
+    assert passes, "no batched renewal pass of several calls ran"
+    # 20 calls x 90 ms would be 1.8 s; one slow round trip is 0.09 s (the
+    # rest is slack for a loaded machine).
+    assert max(passes) < 0.6, passes
+    # The slow node was renewed too: unrenewed, its keys would have expired
+    # 1.5 s after the latency began.
+    slow = nodes3[2].client()
+    assert sum(slow.exists(key) for key in keys) == SLOW_HELD
+
+
+def test_a_slow_minority_node_costs_a_renewal_pass_no_round_trip_per_call(
+        nodes3: RedisNodes, make_manager: MakeManager,
+        fault_proxy_factory: Callable[..., FaultProxy],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """One node of three answers in 90 ms, within its timeout; the other two
+    are healthy. The renewal pass's 20 calls each waited for it: 1.8 s a pass
+    against a 1 s margin, and the locks ran out one pass after another
+    (owned() False, then reported lost: "3 of 3 nodes no longer have this
+    holder's key") while a majority renewed them. Each call now returns on
+    the healthy quorum's replies; the slow node still gets every call (its
+    keys stay), pipelined behind the one before."""
+    mgr, proxy, passes = _slow_third(nodes3, make_manager, fault_proxy_factory, monkeypatch)
+    locks = [mgr.lock(f"slow:{i}", ttl=SLOW_TTL) for i in range(SLOW_HELD)]
+    for lock in locks:
+        assert lock.acquire(timeout=1)
+    lost: list[str] = []
+
+    def on_lost(name: str, reason: str = "", **kwargs: Any) -> None:
+        lost.append(f"{name}: {reason}")
+
+    signals.lock_lost.connect(on_lost)
+    try:
+        proxy.set_latency(SLOW_WAY)
+        ends = time.monotonic() + 2 * SLOW_TTL  # about six renewal periods
+        fewest = SLOW_HELD
+        while time.monotonic() < ends:  # bounded: 3 s
+            fewest = min(fewest, sum(lock.owned() for lock in locks))
+            time.sleep(0.05)
+        _slow_pass_checks(nodes3, [lock.key for lock in locks], passes, lost, fewest)
+    finally:
+        signals.lock_lost.disconnect(on_lost)
+        proxy.set_latency(0)
+    for lock in locks:
+        lock.release()
+
+
+def test_asyncio_a_slow_minority_node_costs_a_renewal_pass_no_round_trip_per_call(
+        nodes3: RedisNodes, make_manager: MakeManager,
+        fault_proxy_factory: Callable[..., FaultProxy],
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The asyncio twin: its batched renewal (``_Renewals``) runs the same calls."""
+    import asyncio
+
+    mgr, proxy, passes = _slow_third(nodes3, make_manager, fault_proxy_factory, monkeypatch)
+    lost: list[str] = []
+
+    def on_lost(name: str, reason: str = "", **kwargs: Any) -> None:
+        lost.append(f"{name}: {reason}")
+
+    async def scenario() -> None:
+        locks = [mgr.alock(f"aslow:{i}", ttl=SLOW_TTL) for i in range(SLOW_HELD)]
+        for lock in locks:
+            assert await lock.acquire(timeout=1)
+        proxy.set_latency(SLOW_WAY)
+        loop = asyncio.get_running_loop()
+        ends = loop.time() + 2 * SLOW_TTL  # about six renewal periods
+        fewest = SLOW_HELD
+        while loop.time() < ends:  # bounded: 3 s
+            fewest = min(fewest, sum(lock.owned() for lock in locks))
+            await asyncio.sleep(0.05)
+        proxy.set_latency(0)
+        _slow_pass_checks(nodes3, [lock.key for lock in locks], passes, lost, fewest)
+        for lock in locks:
+            await lock.release()
+
+    signals.lock_lost.connect(on_lost)
+    try:
+        asyncio.run(scenario())
+    finally:
+        signals.lock_lost.disconnect(on_lost)
+        proxy.set_latency(0)
+

@@ -1254,15 +1254,70 @@ class Extension(NamedTuple):
 EXTEND_BATCH = 1000
 
 
+def _extended_every_lock(reply: Any) -> bool:
+    """A node's reply to an EXTEND_MANY call that extended every lock of it."""
+    return type(reply) is list and reply.count(1) == len(reply)
+
+
+def _never_decides(reply: Any) -> bool:
+    return False
+
+
+@functools.lru_cache(maxsize=64)
+def extend_many_settle(need: int, replicas: int = 0) -> Settle:
+    """A batched extension's call is decided once ``need`` nodes (a quorum)
+    extended every lock of it (with ``replicas``, ``REPLICA_ACKS``: and
+    ``WAIT`` confirmed it there). The other nodes' replies are read later, by
+    the next round on their connection, and counted as nothing here; the
+    requests themselves still run there. Any other answer decides nothing on
+    its own (no reply counts as a "no"): a call where some lock was not
+    extended on some node waits for every node, as every call did before, so
+    that lock's result hears from each node that may still have its key.
+
+    Why not every reply (:func:`extend_many_steps` has the timeline): the
+    calls of a pass go one after the other, and a minority node that answers
+    slowly but within its timeout made each call, so the pass, wait for it:
+    a pass cost calls x that node's round trip, and past the TTL the locks
+    ran out although a healthy majority renewed them.
+    """
+    if not replicas:
+        return Settle(need, _extended_every_lock, _never_decides)
+
+    def yes(reply: Any) -> bool:
+        return (type(reply) is ChainReply and _extended_every_lock(reply.first)
+                and isinstance(reply.then, int) and reply.then >= replicas)
+
+    return Settle(need, yes, _never_decides)
+
+
 def extend_many_steps(mgr: RoundContext, items: Sequence[Extension]
                       ) -> Steps[list[ExtendResult]]:
     """Extend many locks with one call per node (per :data:`EXTEND_BATCH`
     locks): the renewal thread's round trips per period grow with the nodes,
     not with the locks held. Each lock's result is counted exactly as
     :func:`extend_steps` counts its own round (a node that failed failed for
-    every lock of the call)."""
+    every lock of the call).
+
+    A call waits for a quorum of nodes that extended every lock of it, not for
+    every node (:func:`extend_many_settle`). The calls of a pass go one after
+    the other, so a minority node that answers slowly but within the node
+    timeout used to cost the pass one of its round trips per call (20,000
+    locks held, 20 calls, a node 90 ms away: 1.8 s of a 2 s lease)::
+
+        t0.00  renewal pass, call 1: nodes A, B answer in 1 ms, C in 90 ms
+        t0.09  call 2 ... each call waits for C
+        t1.80  call 20 sent; the locks of the last calls ran out meanwhile
+               (owned() False), reported lost although A and B renewed them
+
+    Now each call returns on A's and B's replies; C's request goes out all
+    the same, behind the one before it on the same connection (a settled
+    round leaves its connection owed, and the next call takes it), so the
+    calls reach C pipelined, and C's replies are read and dropped by the next
+    round there. A pass costs the calls x the quorum's round trip.
+    """
     n = len(mgr.nodes)
     results: list[ExtendResult] = [None] * len(items)  # type: ignore[list-item]
+    settle = extend_many_settle(mgr.quorum, mgr.replica_acks)
     for at, chunk in _extend_batches(mgr, items):
         keys: list[bytes] = []
         args: list[Any] = [_FENCE_GRACE_B]
@@ -1278,7 +1333,7 @@ def extend_many_steps(mgr: RoundContext, items: Sequence[Extension]
         if mgr.replica_acks:
             requests = with_acks(requests, mgr.nodes, mgr.replica_acks)
         start = mgr.clock()
-        replies = yield Ask(requests)
+        replies = yield Ask(requests, settle)
         if mgr.replica_acks:
             replies = [_confirm_batch(r, mgr.replica_acks, mgr.nodes[i])
                        for i, r in enumerate(replies)]
