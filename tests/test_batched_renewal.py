@@ -267,3 +267,56 @@ def test_asyncio_a_slow_minority_node_costs_a_renewal_pass_no_round_trip_per_cal
         signals.lock_lost.disconnect(on_lost)
         proxy.set_latency(0)
 
+
+def test_a_lease_that_ran_out_during_its_renewal_stays_lost(
+        nodes3: RedisNodes, make_manager: MakeManager,
+        fault_proxy_factory: Callable[..., FaultProxy]) -> None:
+    """A renewal's reply that comes after the lease ran out by the holder's
+    clock never makes owned() True again. Two nodes of three answer in 0.9 s
+    (within their 1.5 s timeout), so every renewal waits for one of them: a
+    renewal sent with 0.8 s of lease left is confirmed 0.1 s after the lease
+    ended, with a new lease of 1.2 s - 0.9 s. owned() said False in between,
+    and nothing was reported; then the late "extended" made it True again,
+    for a hold that had no lease for 0.1 s. Now the lock is reported lost,
+    and owned() stays False."""
+    proxies = [fault_proxy_factory(nodes3[i]) for i in (1, 2)]
+    mgr = make_manager([nodes3[0].url, proxies[0].url, proxies[1].url], node_timeout=1.5,
+                       auto_renew=True)
+    locks = [mgr.lock(f"late:{i}", ttl=1.2) for i in range(10)]
+    for lock in locks:
+        assert lock.acquire(timeout=1)
+    # The replies the acquires did not wait for are due by now: the renewals
+    # that follow find connections to the slow nodes (a new one would cost
+    # its set-up's round trips there).
+    time.sleep(1.6)
+    assert all(lock.owned() for lock in locks)
+    reasons: dict[str, str] = {}
+
+    def on_lost(name: str, reason: str = "", **kwargs: Any) -> None:
+        reasons[name] = reason
+
+    signals.lock_lost.connect(on_lost)
+    try:
+        for proxy in proxies:
+            proxy.set_latency(0.45)
+        seen_out: set[int] = set()
+        again: list[str] = []
+        ends = time.monotonic() + 2.5
+        while time.monotonic() < ends:  # bounded: 2.5 s
+            for i, lock in enumerate(locks):
+                if not lock.owned():
+                    seen_out.add(i)
+                elif i in seen_out:
+                    again.append(lock.name)
+            time.sleep(0.01)
+        assert not again, f"owned() True again after its lease ran out: {sorted(set(again))}"
+        assert len(seen_out) == len(locks)
+        assert wait_until(lambda: len(reasons) == len(locks), timeout=2.0), reasons
+        assert all("ran out" in why for why in reasons.values()), reasons
+    finally:
+        signals.lock_lost.disconnect(on_lost)
+        for proxy in proxies:
+            proxy.set_latency(0)
+    for lock in locks:
+        with pytest.raises(LockLost):
+            lock.release()

@@ -666,6 +666,19 @@ class LockBase:
         result = yield ExtendRound(token, self.fence, ttl)
         if self._token != token or self._state == _UNLOCKED:
             return "lost", "released while the extension ran"
+        if self._valid_until <= mgr.clock():
+            # The lease ran out by our clock while the round ran: owned() has
+            # said False since, and a late "extended" must not make it say
+            # True again (a batched renewal's reply comes after the whole
+            # pass). The lock is lost, as it would be had nothing answered;
+            # the key the round extended goes with release(), or its lease.
+            #
+            #   t0  renewal sent; the lease ends at t1 by our clock
+            #   t1  owned() False, nothing reported: the holder stops writing
+            #   t2  the reply "extended" is counted: owned() was True again
+            reason = "the lease ran out before its extension was confirmed"
+            yield from self._mark_lost_plan(reason)
+            return "lost", reason
         if result.extended:
             self._valid_until = result.valid_until
             self._keys_until = max(self._keys_until, mgr.clock() + ttl)
