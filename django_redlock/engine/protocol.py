@@ -677,6 +677,8 @@ class LockBase:
             #   t1  owned() False, nothing reported: the holder stops writing
             #   t2  the reply "extended" is counted: owned() was True again
             reason = "the lease ran out before its extension was confirmed"
+            if result.extended:  # the nodes keep it that long: release() says so
+                self._keys_until = max(self._keys_until, mgr.clock() + ttl)
             yield from self._mark_lost_plan(reason)
             return "lost", reason
         if result.extended:
