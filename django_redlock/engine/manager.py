@@ -22,6 +22,7 @@ Each round follows the Redlock page and SAFETY.md:
 
 from __future__ import annotations
 
+import collections
 import difflib
 import logging
 import os
@@ -182,7 +183,7 @@ class LockManager:
         self._closed = False
         #: retire(): close once no lock of ours is held or being released.
         self._retired = False
-        self._releasing = 0
+        self._releasing: collections.deque[None] = collections.deque()
         self._retire_lock = threading.Lock()
         #: reentrant holds: thread or task -> key -> engine.reentrant.Hold (weak)
         self._reentrant = HoldTable()
@@ -486,21 +487,20 @@ class LockManager:
             t=0  A's round is done: B already counts as not held, M closes
             t=0  B's round meets closed connections: B's keys stay a lease
         """
-        with self._retire_lock:
-            self._releasing += 1
+        # On every release: a deque's append and pop are atomic (the GIL), no
+        # lock taken on the uncontended path; its length is the count.
+        self._releasing.append(None)
 
     def _release_done(self) -> None:
         """A release round came back (or was dropped): a retired manager with
         nothing left held or being released closes."""
-        with self._retire_lock:
-            self._releasing -= 1
-            check = self._retired
-        if check:
+        self._releasing.pop()
+        if self._retired:
             self._close_if_idle()
 
     def _close_if_idle(self) -> None:
         with self._retire_lock:
-            if (self._closed or not self._retired or self._releasing
+            if (self._closed or not self._retired or len(self._releasing)
                     or holds_any(self)):
                 return
             self._closed = True  # this thread closes it, no other
@@ -576,7 +576,7 @@ class LockManager:
         self._reentrant = HoldTable()
         self._handoff_lock = threading.Lock()
         self._retire_lock = threading.Lock()
-        self._releasing = 0  # the parent's releases in flight are not the child's
+        self._releasing = collections.deque()  # the parent's releases in flight: not ours
         for node in self.nodes:
             node._after_fork()  # now: a parent thread's held locks, not at first use
             node.reset_backoff()

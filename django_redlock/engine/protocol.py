@@ -600,14 +600,15 @@ class LockBase:
         already_marked = self._lost_reason != ""
         token, fence = self._token, self.fence
         lease = self._key_life(now)
-        self._state = _UNLOCKED
-        self._token = ""
-        self._valid_until = 0.0
-        held = now - self._acquired_at
-        # Counted in flight until its replies are in: a retired manager
-        # (LockManager.retire) must not close under this round.
+        # Counted in flight from before it stops counting as held until its
+        # replies are in: a retired manager (LockManager.retire) must not
+        # close under this round.
         mgr._release_begins()
         try:
+            self._state = _UNLOCKED
+            self._token = ""
+            self._valid_until = 0.0
+            held = now - self._acquired_at
             result = yield ReleaseRound(token, fence, lease)
         finally:
             mgr._release_done()
