@@ -1,6 +1,6 @@
 """``with_lock``: one decorator for views, model methods and plain functions.
 
-(Why one module of 730 lines: ``with_lock``, ``with_semaphore``,
+(Why one module of 870 lines: ``with_lock``, ``with_semaphore``,
 ``with_segments`` and ``with_multi_lock`` are one ``_Target`` that finds the
 request, renders the names, answers a busy lock and runs the body the same way
 for every kind of callable, sync and async; split by kind, each part would

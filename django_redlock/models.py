@@ -1,6 +1,6 @@
 """ORM helpers: lock a row, claim it, read it, and write it fenced.
 
-(Why one module of 600 lines: Django finds models in ``models.py``, and the
+(Why one module of 730 lines: Django finds models in ``models.py``, and the
 queryset, the model and the fence field share one order of claim, read and
 fenced write, which is easier to check in one place.)
 

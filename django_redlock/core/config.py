@@ -1,6 +1,6 @@
 """Validation of the ``REDLOCK_NODES`` and ``REDLOCK`` settings, without I/O.
 
-(Why one module of 900 lines: it is the single place where a setting is
+(Why one module of 1,000 lines: it is the single place where a setting is
 accepted or refused, for ``manage.py check`` and ``LockManager`` alike; one
 table of rules per setting, every message with its ``redlock.E0xx`` id.)
 

@@ -1,6 +1,6 @@
 """The lock manager: the nodes, the options, and the Redlock rounds.
 
-(Why one module of 650 lines: the manager is what every lock kind and both
+(Why one module of 730 lines: the manager is what every lock kind and both
 drivers hold, and what it owns (the nodes, the options, the renewal thread,
 the late sender, the notice listener and its hand-ons) is one object's state;
 the rules of the rounds live in rounds.py, the locks in their own modules.)

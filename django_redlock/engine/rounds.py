@@ -1,6 +1,6 @@
 """What each Redlock round asks the nodes, and what their answers mean.
 
-(Why one module of 1,200 lines: every round of every lock shares the same
+(Why one module of 1,400 lines: every round of every lock shares the same
 vocabulary, the Ask exchange, the settle rules, the tallies and the hand-over
 node; split, each part would import all the others.)
 

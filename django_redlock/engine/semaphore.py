@@ -1,5 +1,10 @@
 """``semaphore(name, permits)``: at most ``permits`` holders of ``name`` at once.
 
+(Why one module of 650 lines: the permits, the waiting line and the count
+check are one acquire plan, driven by a sync and an asyncio driver, whose
+steps only make sense together; split, each part would need the others'
+state to be read.)
+
 Each permit is its own plain Redlock mutex, the lock ``"<name>#<i>"`` (i from
 0 to permits - 1): a holder holds exactly one of them, with everything a plain
 lock has (a quorum of nodes, renewal that reports loss, a fence per

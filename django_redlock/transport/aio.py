@@ -1,6 +1,6 @@
 """The asyncio transport: every node asked concurrently, from the running event loop.
 
-(Why one module of 1,100 lines: its connections per loop, their set-ups, the
+(Why one module of 1,280 lines: its connections per loop, their set-ups, the
 replies left behind by settled rounds and the requests sent behind them are
 one state, read and changed by every round; split, each part would reach into
 the others'.)
