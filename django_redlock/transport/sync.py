@@ -84,14 +84,11 @@ PARALLEL_SETUPS = 4
 BACKOFF_FIRST = 0.05
 BACKOFF_MAX = 1.0
 
-#: redis-py >= 5.1 reads with a per-call timeout; older versions need a poll first.
-_READ_TAKES_TIMEOUT = "timeout" in inspect.signature(redis.Connection.read_response).parameters
-
 #: A read waits at least this long (s) for its reply, even at its deadline.
 _TIMEOUT_SLACK = 0.0005
 #: A read whose deadline is at most this much (s) short of a whole node timeout
-#: away uses the socket's own timeout, the node timeout (``SyncTransport._read_next``):
-#: it may end this much after its deadline, a fifth of the slack above.
+#: away uses the socket's own timeout, the node timeout (:class:`_Reads`): it
+#: may end this much after its deadline, a fifth of the slack above.
 _SOCKET_TIMEOUT_SLACK = 0.0001
 
 _GET_NEEDS_NAME = (
@@ -245,6 +242,142 @@ def unread_bytes(sock: Any) -> int:
     except (OSError, ValueError):  # closed under us by its reader
         return 0
     return count[0]
+
+
+class _NotYet(Exception):
+    """A settled round's read (:class:`_Reads` with ``wait`` False) found part
+    of a reply and nothing more yet: the round reads the other nodes
+    meanwhile, and this one again when more of it came. Not an OSError, so
+    that redis-py's parsers let it through: they keep what they read (hiredis
+    in its reader, the pure-Python parser in its buffer, rewound), and the
+    next read resumes the reply where it stopped."""
+
+
+class _Reads:
+    """The socket a connection's reply parser reads through: the socket's own
+    calls, but a read armed with a deadline (:func:`_armed`) ends by it,
+    however the reply arrives.
+
+    A socket's timeout bounds each ``recv``, not a reply: redis-py's parsers
+    call ``recv`` until the reply is whole, each call with the whole timeout.
+    A node that sends part of a reply and then a byte every so often, each
+    within the timeout (a failing disk or NIC, a proxy or a TLS terminator
+    that stalls mid-stream), held a round, and with it every call of the
+    process that needed that node's connection, for ever, also as one node
+    of three (and the exit hook with it)::
+
+        t=0.0  acquire sends its SET to nodes 1, 2, 3 (node timeout 0.5 s)
+        t=0.0  nodes 2 and 3 answer; node 1 sends "$100000\\r\\n"
+        t=0.2  node 1 sends one byte; the parser reads it and calls recv
+               again with a new 0.5 s ... and again at t=0.4, 0.6 ...
+
+    So the first ``recv`` of a read uses the socket's own timeout when that
+    ends by the deadline (the usual case: the read right after the send, the
+    reply whole in one ``recv``; no system call added), every later one gets
+    what is left of the deadline, and none once it passed: the read fails as
+    any timed-out read (its connection is dropped: a half-read reply must
+    never be taken for the next command's). A settled round's read
+    (``wait`` False) does not wait for the rest of a reply at all: it raises
+    :class:`_NotYet` and reads the other nodes meanwhile.
+
+    Disarmed (``deadline`` None), it is the socket: ``can_read`` and
+    redis-py's own reads go through unchanged.
+    """
+
+    __slots__ = ("clock", "deadline", "first", "home", "parser", "sock", "wait")
+
+    def __init__(self, sock: Any, parser: Any) -> None:
+        self.sock = sock
+        self.parser = parser
+        self.deadline: float | None = None
+        self.clock: Callable[[], float] = time.monotonic
+        #: The socket's timeout between reads (the node timeout; the connect
+        #: timeout in a set-up), which a bounded ``recv`` puts back.
+        self.home = 0.0
+        self.first = True
+        self.wait = True
+
+    def __getattr__(self, name: str) -> Any:  # fileno, settimeout, pending (TLS)...
+        return getattr(self.sock, name)
+
+    # The arguments go through as given: a TLS socket's defaults differ.
+    def recv_into(self, *args: Any) -> Any:
+        if self.deadline is None:
+            return self.sock.recv_into(*args)
+        return self._bounded(self.sock.recv_into, *args)
+
+    def recv(self, *args: Any) -> Any:
+        if self.deadline is None:
+            return self.sock.recv(*args)
+        return self._bounded(self.sock.recv, *args)
+
+    def _bounded(self, recv: Callable[..., Any], *args: Any) -> Any:
+        assert self.deadline is not None
+        sock = self.sock
+        home = self.home
+        left = self.deadline - self.clock()
+        if self.first:
+            self.first = False
+            if left >= home - _SOCKET_TIMEOUT_SLACK:
+                # The read right after the send: the socket's own timeout is
+                # the deadline, to within the slack. A timeout of its own
+                # costs two more system calls (set, and set back).
+                if sock.gettimeout() != home:
+                    sock.settimeout(home)  # changed by someone else's read
+                return recv(*args)
+            left = max(left, _TIMEOUT_SLACK)  # a reply already come is read however late
+        elif left <= 0:
+            raise TimeoutError("timed out")  # the rest of the reply came too late
+        elif not self.wait and not _readable_now(sock):
+            raise _NotYet()
+        sock.settimeout(left)
+        try:
+            return recv(*args)
+        finally:
+            sock.settimeout(home)
+
+
+def _readable_now(sock: Any) -> bool:
+    """Whether a ``recv`` on ``sock`` returns without waiting (a TLS socket's
+    decrypted bytes included)."""
+    pending = getattr(sock, "pending", None)
+    if pending is not None and pending():
+        return True
+    poller = select.poll()
+    poller.register(sock, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+#: A connection's :class:`_Reads` (an attribute of the connection).
+_READS = "_redlock_reads"
+
+
+def _armed(conn: Any, deadline: float, home: float, clock: Callable[[], float],
+           wait: bool = True) -> _Reads:
+    """Arm ``conn``'s reads with ``deadline`` (on ``clock``) for one reply;
+    disarm with ``reads.deadline = None``. A connection's parser is wrapped
+    once per socket (redis-py's parsers keep the socket they read: hiredis as
+    ``_sock``, the pure-Python ones in their buffer; a handshake may change
+    the parser)."""
+    sock = conn._sock
+    parser = conn._parser
+    reads = getattr(conn, _READS, None)
+    if sock is None:  # not connected: redis-py's read raises; nothing to wrap
+        return _Reads(None, None)
+    if reads is None or reads.sock is not sock or reads.parser is not parser:
+        reads = _Reads(sock, parser)
+        if getattr(parser, "_sock", None) is sock:
+            parser._sock = reads
+        buffer: Any = getattr(parser, "_buffer", None)
+        if getattr(buffer, "_sock", None) is sock:
+            buffer._sock = reads
+        setattr(conn, _READS, reads)
+    reads.deadline = deadline
+    reads.home = home
+    reads.clock = clock
+    reads.first = True
+    reads.wait = wait
+    return reads
 
 
 def secrets_of(spec: NodeSpec) -> list[str]:
@@ -665,11 +798,16 @@ class NodeClient:
             try:
                 conn.send_packed_command([packed for packed, _ in later], check_health=False)
                 for _ in later:
+                    # Each reply within the node timeout, as a whole (_Reads).
+                    reads = _armed(conn, time.monotonic() + self.timeout, self.timeout,
+                                   time.monotonic)
                     try:
                         conn.read_response()
                         self.note_set_up_reply()
                     except ResponseError:
                         pass
+                    finally:
+                        reads.deadline = None
             except NODE_DOWN_ERRORS as e:
                 conn.disconnect()
                 raise NodeError(self.name, _short(e)) from e
@@ -686,13 +824,21 @@ class NodeClient:
         redis-py's handshake), then the scripts (resp.PRELOAD), each step
         waiting at most :attr:`connect_timeout` for the node (a bound on the
         node, not on our CPU: a reply already come is read however late this
-        thread runs). Raises :class:`NodeError` (``sent=False``)."""
-        conn.socket_connect_timeout = self.connect_timeout
-        conn.socket_timeout = self.connect_timeout  # the handshake's replies
+        thread runs), each reply as a whole, not each ``recv`` of it
+        (:class:`_Reads`: a node that trickled a reply held the set-up's
+        thread for ever, and no set-up of that node ever ran again). Raises
+        :class:`NodeError` (``sent=False``)."""
+        bound = self.connect_timeout
+        conn.socket_connect_timeout = bound
+        conn.socket_timeout = bound  # the handshake's replies
         read = conn.read_response
 
         def read_counted(*args: Any, **kwargs: Any) -> Any:
-            reply = read(*args, **kwargs)
+            reads = _armed(conn, time.monotonic() + bound, bound, time.monotonic)
+            try:
+                reply = read(*args, **kwargs)
+            finally:
+                reads.deadline = None
             self.note_set_up_reply()  # each step answered: the node is alive
             return reply
 
@@ -1156,18 +1302,26 @@ class SyncTransport:
         """
         try:
             while True:
-                mine, reply = self._read_next(i, conn, expect, deadline)
+                mine, reply = self._read_next(i, conn, expect, deadline, wait=block)
                 if mine:
                     return reply
                 if not block and not conn.can_read(timeout=0):
                     return None
+        except _NotYet:  # part of a reply came, not the rest yet
+            return None
         except _NodeDone as done:
             return done.result
         except NODE_DOWN_ERRORS as e:  # can_read on a connection the server closed
             return self._fail(self.nodes[i], conn, expect, _short(e))
 
-    def _read_next(self, i: int, conn: Any, expect: Deque[Expected], deadline: float) -> tuple[bool, Any]:
+    def _read_next(self, i: int, conn: Any, expect: Deque[Expected], deadline: float,
+                   *, wait: bool = True) -> tuple[bool, Any]:
         """Read the next reply on ``conn``: ``(True, reply)`` when it is this round's.
+
+        The whole reply is read by ``deadline``, not each ``recv`` within the
+        node timeout (:class:`_Reads`). With ``wait`` False (a settled round),
+        a reply that came in part raises :class:`_NotYet`: the round reads it
+        on when more came, and the other nodes meanwhile.
 
         A reply owed by an earlier round is dropped. ``NOSCRIPT`` sends this
         round's own request again as ``EVAL``, and an owed release too; any
@@ -1179,23 +1333,18 @@ class SyncTransport:
         node = self.nodes[i]
         request, mine, expect_due = expect[0]
         try:
-            left = deadline - self.clock()
-            sock = conn._sock
-            if left >= node.timeout - _SOCKET_TIMEOUT_SLACK and sock is not None:
-                # Read at once after the send (the usual case): the socket's
-                # own timeout, the node timeout, is this read's deadline to
-                # within the slack. A per-read timeout costs two more system
-                # calls (redis-py sets the socket's timeout and sets it back).
-                if sock.gettimeout() != node.timeout:
-                    sock.settimeout(node.timeout)
-                reply = conn.read_response()
-            elif _READ_TAKES_TIMEOUT:
-                # One syscall fewer than poll-then-read; a timeout disconnects.
-                reply = conn.read_response(timeout=max(left, _TIMEOUT_SLACK))
-            elif conn.can_read(timeout=max(left, 0.0)):
-                reply = conn.read_response()
-            else:
-                raise RedisTimeoutError()
+            if conn._sock is None:
+                raise RedisConnectionError("Connection closed by server.")
+            reads = _armed(conn, deadline, node.timeout, self.clock, wait)
+            try:
+                if wait:
+                    reply = conn.read_response()
+                else:  # _NotYet must not drop the connection (redis-py's default)
+                    reply = conn.read_response(disconnect_on_error=False)
+            finally:
+                reads.deadline = None
+        except _NotYet:
+            raise
         except NoScriptError as e:
             # The node lost its scripts (SCRIPT FLUSH under a live connection):
             # the next request on this connection loads them again first.
