@@ -1,6 +1,6 @@
 """The synchronous transport: every node asked in parallel, from the calling thread.
 
-(Why one module of 1,360 lines: the connection pool, the owed replies and the
+(Why one module of 1,500 lines: the connection pool, the owed replies and the
 round are one state machine per node; the invariants between them, such as
 "a token's requests stay on one connection", must be read in one place.)
 
