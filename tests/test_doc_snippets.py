@@ -1,6 +1,7 @@
 """The fenced-write examples of the README and the docs, executed.
 
-Every Python block in these files that writes a fenced row (``fenced_save``,
+Every Python block of README.md and docs/ (all of them: tests/docsnippets.py
+walks the pages) that writes a fenced row (``fenced_save``,
 ``fenced_update``, ``claim``, ``fence__...`` / ``fence=`` lookups, ``.update(``)
 must be preceded by a marker (``.. snippet: NAME`` in reStructuredText,
 ``<!-- snippet: NAME -->`` in Markdown) and have a test below that runs it on the
@@ -8,28 +9,23 @@ test app's ``Product`` (standing in for the docs' ``Item``/``Product``) and chec
 what it did. So an example cannot drift back to a pattern that loses updates
 (``filter(fence__lt=F).update(stock=<a value read earlier>)``) unnoticed: a new
 unmarked example fails :func:`test_every_fenced_example_is_executed`, and a
-changed one fails its own test.
+changed one fails its own test. Every other block has its test in
+tests/test_doc_examples.py, which also checks that every block has one.
 """
 
 from __future__ import annotations
 
 import re
 import textwrap
-from pathlib import Path
 from typing import Any
 
 import pytest
-from django.http import JsonResponse
 from django.test import RequestFactory
 
 import django_redlock
 from django_redlock.exceptions import FencedWriteRejected, LockLost
+from tests import docsnippets
 from tests.testapp.models import Product
-
-ROOT = Path(__file__).resolve().parent.parent
-FILES = ["README.md", "docs/index.rst", "docs/quickstart.rst", "docs/testing.rst",
-         "docs/safety.rst", "docs/howto/models-and-fenced-writes.rst", "docs/howto/views.rst",
-         "docs/howto/celery-tasks.rst", "docs/howto/async-views.rst"]
 
 WRITES = re.compile(r"fenced_save|fenced_update|\.claim\(|claim_and_get|fence__|fence=|\.update\(|"
                     r"\.save\(")
@@ -41,81 +37,31 @@ FENCED_WRITE = re.compile(r"fenced_save\(|fenced_update\(")
 #: ``claim_and_get()``, ``claim()`` or the plain ``update(fence=F)`` claim. A plain
 #: ``get()`` then ``fenced_save()`` refuses the newer holder instead of the stale one.
 CLAIM = re.compile(r"\.a?locked\(|claim_and_get\(|\.claim\(|\.update\(fence=")
-#: What the docs call things the test app names differently.
-RENAMES = {"shop.product": "testapp.product", "inventory.item": "testapp.product",
-           "warehouse=7": "name='w7'", "from shop.models import": "from tests.testapp.models import"}
-
-
-def _blocks(path: str) -> list[tuple[str | None, str]]:
-    """(marker or None, code) of every Python block of ``path``."""
-    lines = (ROOT / path).read_text().splitlines()
-    out: list[tuple[str | None, str]] = []
-    marker: str | None = None
-    i = 0
-    while i < len(lines):
-        line = lines[i]
-        m = re.match(r"\s*(?:\.\. snippet: |<!-- snippet: )([\w-]+)", line)
-        if m:
-            marker = m.group(1)
-        elif line.strip() == "```python":
-            j = i + 1
-            while lines[j].strip() != "```":
-                j += 1
-            out.append((marker, "\n".join(lines[i + 1:j])))
-            marker, i = None, j
-        elif re.match(r"\s*\.\. code-block:: python", line):
-            j = i + 1
-            body: list[str] = []
-            while j < len(lines) and (not lines[j].strip() or lines[j].startswith("   ")):
-                body.append(lines[j])
-                j += 1
-            out.append((marker, textwrap.dedent("\n".join(body)).strip("\n")))
-            marker, i = None, j - 1
-        i += 1
-    return out
-
-
-def _snippets() -> dict[str, str]:
-    found: dict[str, str] = {}
-    for path in FILES:
-        for marker, code in _blocks(path):
-            if marker:
-                assert marker not in found, f"snippet {marker!r} is marked twice"
-                found[marker] = code
-    return found
-
-
-SNIPPETS = _snippets()
-
-
-def _run(name: str, ns: dict[str, Any] | None = None, **namespace: Any) -> dict[str, Any]:
-    code = SNIPPETS[name]
-    for old, new in RENAMES.items():
-        code = code.replace(old, new)
-    ns = {} if ns is None else ns
-    ns.update({"django_redlock": django_redlock, "Item": Product, "Product": Product,
-               "JsonResponse": JsonResponse, "__name__": "doc_snippet"})
-    ns.update(namespace)
-    exec(compile(code, f"<snippet {name}>", "exec"), ns)  # noqa: S102 - our own docs
-    return ns
+#: The Python blocks of README.md and every page of docs/ (tests/docsnippets.py).
+SNIPPETS = {name: block.code for name, block in docsnippets.SNIPPETS.items()}
+_run = docsnippets.run
 
 
 def test_every_fenced_example_is_executed() -> None:
     unmarked = []
-    for path in FILES:
-        for marker, code in _blocks(path):
-            if WRITES.search(code) and marker is None:
-                unmarked.append(f"{path}: {code.splitlines()[0]!r}...")
-            assert not BLIND.search(code), (
-                f"{path}: a write conditional only on 'fence < F' with values read earlier "
-                f"loses updates; claim first:\n{code}")
-            assert not FENCED_WRITE.search(code) or CLAIM.search(code), (
-                f"{path}: a fenced write with no claim before the read; claim first "
-                f"(locked(), claim_and_get(), claim()):\n{code}")
+    for block in docsnippets.python_blocks():
+        code = block.code
+        if WRITES.search(code) and block.marker is None:
+            unmarked.append(f"{block.where}: {code.splitlines()[0]!r}...")
+        assert not BLIND.search(code), (
+            f"{block.where}: a write conditional only on 'fence < F' with values read earlier "
+            f"loses updates; claim first:\n{code}")
+        assert not FENCED_WRITE.search(code) or CLAIM.search(code), (
+            f"{block.where}: a fenced write with no claim before the read; claim first "
+            f"(locked(), claim_and_get(), claim()):\n{code}")
     assert not unmarked, "fenced examples without a snippet test:\n" + "\n".join(unmarked)
+    # Every snippet has its test somewhere in tests/ (here or in test_doc_examples.py):
+    # tests/test_doc_examples.py::test_every_python_block_is_marked_and_executed.
     tested = {name[len("test_snippet_"):].replace("_", "-") for name in globals()
               if name.startswith("test_snippet_")}
-    assert set(SNIPPETS) == tested, (set(SNIPPETS) ^ tested)
+    assert tested <= set(SNIPPETS), tested - set(SNIPPETS)
+    fenced = {name for name, code in SNIPPETS.items() if WRITES.search(code)}
+    assert fenced <= set(docsnippets.tested_snippets()), fenced - set(docsnippets.tested_snippets())
 
 
 def _row(stock: int = 10, pk: int | None = None, name: str = "p") -> Product:
