@@ -423,14 +423,17 @@ def _unresolvable_host(host: str) -> str | None:
                                     service not known" at every acquire
 
     A name with a trailing dot (``redis.example.com.``) is left alone: a
-    fully qualified name, which resolves."""
+    fully qualified name, which resolves; so is one label of digits that is
+    no address (``123456789012``): a short name, looked up as one."""
     name = host[:-1] if host.endswith(".") else host
     if _ipv4_form(name):
         if name != host:
             return (f"has host {host!r}: an IP address followed by a dot is looked up as "
                     f"a name, and is not found; write {name!r}")
         return None
-    if all(label.isdigit() for label in name.split(".")):
+    # Dotted only: one label of digits that is no address (a 12-digit Docker
+    # container id, say) is looked up as a name, and such a name may resolve.
+    if "." in name and all(label.isdigit() for label in name.split(".")):
         return (f"has host {host!r}, which is not an IPv4 address (a part above 255, more "
                 f"than 4 parts, or an 8 or 9 after a leading 0), and a host name is not "
                 f"all digits")
