@@ -140,6 +140,27 @@ def _claim_field(model: type[models.Model]) -> models.Field[Any, Any]:
     return field
 
 
+def _check_own_table(model: type[models.Model], names: Iterable[str], what: str) -> None:
+    """Refuse a fenced write of a field of a concrete parent's table: Django
+    writes another table's fields with a ``SELECT`` of the pks and then an
+    ``UPDATE ... WHERE pk IN (...)``, so the fence condition is not in that
+    ``UPDATE`` (the same race as :func:`_claim_field`'s, through a parent
+    that has no fence: ``class Item(LockableModel, Base)``)."""
+    meta = model._meta
+    for name in names:
+        try:
+            field = meta.get_field(name)
+        except FieldDoesNotExist:
+            continue  # Django's own error follows
+        owner = getattr(field, "model", None)
+        if owner is not None and owner._meta.concrete_model is not meta.concrete_model:
+            raise ImproperlyConfigured(
+                f"{what} of {meta.label} would write {name!r}, a field of {owner._meta.label}'s "
+                f"table (multi-table inheritance): Django updates another table with a SELECT "
+                f"and then an UPDATE, so the write would not be one conditional statement. "
+                f"Write only {meta.label}'s own fields fenced (update_fields=...)")
+
+
 def _writable(queryset: Any) -> Any:
     """``queryset`` on the database writes go to (``router.db_for_write``),
     unless a database was named: a claim's reads must see its own ``UPDATE``
@@ -442,6 +463,7 @@ class LockingQuerySet(models.QuerySet[Any]):
         fence = _check_fence(lock, "fenced_update()")
         field = _claim_field(self.model)
         self = _writable(self)
+        _check_own_table(self.model, values, "fenced_update()")
         if field.name in values or field.attname in values:
             raise ValueError(f"fenced_update() writes only rows carrying the lock's fence; do "
                              f"not pass {field.name!r} (claim() sets it)")
@@ -661,7 +683,9 @@ class LockableModel(models.Model):
         fence_field = _claim_field(model)
         db = using or router.db_for_write(model, instance=self)  # as save() does
         values: dict[str, Any] = {}
-        for name in self._unfenced_fields(update_fields):
+        names = self._unfenced_fields(update_fields)
+        _check_own_table(model, names, "fenced_save()")
+        for name in names:
             field = meta.get_field(name)
             values[field.attname] = field.pre_save(self, False)  # type: ignore[union-attr]
         loaded = getattr(self, fence_field.attname) or 0

@@ -20,7 +20,7 @@ from django_redlock import signals
 from django_redlock.exceptions import FencedWriteRejected, LockLost, RedlockError
 from django_redlock.models import FenceField, LockableModel
 from tests.testapp.dburl import skip_reason
-from tests.testapp.models import GiftProduct, Product, SkuItem
+from tests.testapp.models import GiftProduct, Product, ShelfItem, SkuItem
 
 PG_SKIP = skip_reason()
 
@@ -549,6 +549,29 @@ def test_a_child_model_of_multi_table_inheritance_is_refused_fenced_writes() -> 
     gift.save()  # the child's plain save: every field but the fence
     row = GiftProduct.objects.get(pk=gift.pk)
     assert (row.stock, row.wrapping, row.fence) == (3, "gold", fence)
+
+
+@pytest.mark.django_db
+def test_a_fenced_write_of_a_concrete_parents_field_is_refused() -> None:
+    """The fence in the model's own table, a field in its concrete parent's:
+    Django writes the parent's table with a SELECT of the pks and then an
+    UPDATE ... WHERE pk IN (...), without the fence condition (a stale holder
+    paused between the two wrote over a newer holder's sale). Such a write is
+    refused; the model's own fields are written fenced as any."""
+    item = ShelfItem.objects.create(title="t", stock=3)
+    with ShelfItem.objects.locked(pk=item.pk) as held:
+        lock = held.held_lock
+        held.title, held.stock = "changed", 2
+        with pytest.raises(ImproperlyConfigured, match="'title'.*testapp.Catalogue"):
+            held.fenced_save(lock)  # every field by default: the parent's too
+        with pytest.raises(ImproperlyConfigured, match="'title'"):
+            ShelfItem.objects.filter(pk=item.pk).fenced_update(lock, title="changed")
+        row = ShelfItem.objects.get(pk=item.pk)
+        assert (row.title, row.stock) == ("t", 3)  # nothing written
+        held.fenced_save(lock, update_fields=["stock"])
+        assert ShelfItem.objects.filter(pk=item.pk).fenced_update(lock, stock=1) == 1
+    row = ShelfItem.objects.get(pk=item.pk)
+    assert (row.title, row.stock, row.fence) == ("t", 1, lock.fence)
 
 
 def test_fence_field_defaults_and_migration_shape() -> None:

@@ -33,6 +33,20 @@ class GiftProduct(Product):
     wrapping = models.CharField(max_length=20, default="plain")
 
 
+class Catalogue(models.Model):
+    """A concrete parent with no fence (for ShelfItem)."""
+
+    title = models.CharField(max_length=50, default="")
+
+
+class ShelfItem(LockableModel, Catalogue):
+    """Its fence in its own table, its parent's fields in Catalogue's: a
+    fenced write of those would not be one conditional statement
+    (models._check_own_table)."""
+
+    stock = models.IntegerField(default=0)
+
+
 class SkuItem(LockableModel):
     """A LockableModel with its own lock name template."""
 
