@@ -11,6 +11,8 @@ handed out, and is closed once the locks it still holds are released.
 from __future__ import annotations
 
 import threading
+import time
+import weakref
 from typing import TYPE_CHECKING, Any
 
 from django.conf import settings
@@ -25,6 +27,13 @@ if TYPE_CHECKING:
 
 _lock = threading.Lock()
 _manager: LockManager | None = None
+#: Managers a settings change retired that were still needed then (held
+#: locks, releases in flight or to send again): closed by a later look once
+#: nothing needs them (a lock lost or dropped unreleased never says so).
+_retired: weakref.WeakSet[LockManager] = weakref.WeakSet()
+_next_look = 0.0
+#: How often ``get_manager()`` looks at the retired managers (seconds).
+RETIRED_LOOK_EVERY = 5.0
 
 WATCHED_SETTINGS = frozenset({"REDLOCK_NODES", "REDLOCK", "CACHES"})
 
@@ -58,6 +67,8 @@ def get_manager() -> LockManager:
     that ``manage.py check`` reports) when the settings are invalid.
     """
     global _manager
+    if _retired and time.monotonic() >= _next_look:
+        _look_at_retired()
     manager = _manager
     if manager is not None:
         return manager
@@ -74,6 +85,16 @@ def get_manager() -> LockManager:
         return _manager
 
 
+def _look_at_retired() -> None:
+    """Close the retired managers nothing needs any more (at most every
+    ``RETIRED_LOOK_EVERY`` seconds, from ``get_manager()``)."""
+    global _next_look
+    _next_look = time.monotonic() + RETIRED_LOOK_EVERY
+    for manager in list(_retired):
+        if manager._close_if_idle():
+            _retired.discard(manager)
+
+
 def reset_manager() -> None:
     """Forget the settings' manager (the next ``get_manager()`` rebuilds it)
     and retire it: it is closed at once when it holds no lock, else when its
@@ -85,6 +106,8 @@ def reset_manager() -> None:
         manager, _manager = _manager, None
     if manager is not None:
         manager.retire()
+        if not manager._closed:
+            _retired.add(manager)
 
 
 def _uses_caches(manager: LockManager | None) -> bool:

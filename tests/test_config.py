@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import pytest
@@ -12,6 +13,8 @@ from django.core.management.base import SystemCheckError
 
 from django_redlock.checks import check_settings
 from django_redlock.core.config import DEFAULTS, mask_url
+
+from .polling import wait_until
 
 
 def ids(settings: Any) -> list[str]:
@@ -230,7 +233,6 @@ def test_a_settings_change_under_a_held_lock_keeps_renewing_it(settings: Any,
     """A settings change retires the manager instead of closing it: its renewal
     thread stopped, the lease (0.6 s) ran out silently during a 1.5 s hold, and a
     second holder got the lock; LockLost came only at release."""
-    import time
 
     import django_redlock
     from django_redlock import get_manager
@@ -260,8 +262,9 @@ def test_a_settings_change_under_a_held_lock_keeps_renewing_it(settings: Any,
         assert not other.acquire(timeout=0), "a second holder got a held lock"
         lock.release()  # no LockLost
         assert lost == []
-        if change != "CACHES":
-            assert old._closed, "the retired manager is closed with its last lock released"
+        if change != "CACHES":  # closed by a thread of its own once the release is done
+            assert wait_until(lambda: old._closed, timeout=5.0), \
+                "the retired manager is closed with its last lock released"
     finally:
         lock_lost.disconnect(on_lost)
 
@@ -327,6 +330,83 @@ def test_a_settings_change_under_a_held_async_lock_keeps_renewing_it(settings: A
         other = django_redlock.alock("stale:async", timeout=0)
         assert not await other.acquire(timeout=0)
         await lock.release()  # no LockLost
-        assert old._closed
+        assert wait_until(lambda: old._closed, timeout=5.0)
 
     asyncio.run(main())
+
+
+def test_a_retired_manager_sends_the_release_its_node_missed_before_it_closes(
+        settings: Any, make_manager: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The last release of a retired manager misses its node (down, coming back
+    with its data): closing at that release dropped the request queued to be
+    sent again, and the node kept the key a whole lease. The manager stays
+    open until it is sent, and a later look closes it."""
+    from django_redlock import conf
+    from django_redlock.testing import RedisServer
+
+    with RedisServer() as server:
+        old = make_manager([server.url])
+        lock = old.lock("retired:left", ttl=30, auto_renew=False)
+        assert lock.acquire()
+        old.retire()
+        assert not old._closed  # a lock held
+        server.execute("SAVE")
+        server.kill()
+        lock.release()  # confirmed by no node: logged, sent again later
+        assert old._leftovers is not None and old._leftovers.waiting() == 1
+        time.sleep(0.3)
+        assert not old._closed, "closed with a release still to send"
+        server.restart(empty=False)  # the key is back from the dump
+        assert wait_until(lambda: server.execute("EXISTS", lock.key) == 0, timeout=5.0), \
+            "the missed release was never sent"
+        assert wait_until(lambda: old._leftovers.waiting() == 0, timeout=5.0)
+        conf._retired.add(old)
+        monkeypatch.setattr(conf, "_next_look", 0.0)
+        conf.get_manager()  # a later look: nothing needs it now
+        assert old._closed
+
+
+def test_a_retired_manager_whose_last_lock_was_lost_is_closed_by_a_later_look(
+        settings: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lock lost (its lease ran out) never calls back: the retired manager
+    kept its renewal thread, its listener and its connections for the rest of
+    the process. ``get_manager()`` looks at the retired managers again."""
+    import django_redlock
+    from django_redlock import conf, get_manager
+
+    monkeypatch.setattr(conf, "RETIRED_LOOK_EVERY", 0.0)
+    lock = django_redlock.lock("retired:lost", ttl=0.3, auto_renew=False)
+    old = lock.manager
+    assert lock.acquire(timeout=0)
+    settings.REDLOCK = {"TTL": 7.5}  # retired, with a lock held
+    assert not old._closed and old in conf._retired
+    time.sleep(0.5)  # the lease runs out: lost, never released
+    assert not lock.owned()
+    new = get_manager()  # looks at the retired managers
+    assert new is not old
+    assert old._closed and old not in conf._retired
+
+
+def test_an_interrupted_release_is_not_counted_in_flight_for_ever(make_manager: Any,
+                                                                   session_nodes: Any) -> None:
+    """A KeyboardInterrupt (a Celery soft time limit) in the middle of a
+    release's round left its plan suspended, counted in flight for as long as
+    the exception was kept (a stored traceback): the retired manager stayed
+    open, and closed whenever and wherever the garbage collector finalized
+    the plan."""
+    mgr = make_manager(list(session_nodes.urls))
+    lock = mgr.lock("retired:interrupted", ttl=30, auto_renew=False)
+    assert lock.acquire()
+    mgr.retire()
+
+    def interrupted(*args: Any, **kwargs: Any) -> Any:
+        raise KeyboardInterrupt  # a signal arriving mid-round
+
+    mgr._release_round = interrupted
+    kept: list[BaseException] = []
+    try:
+        lock.release()
+    except KeyboardInterrupt as e:
+        kept.append(e)  # a framework keeping the exception
+    assert len(mgr._releasing) == 0
+    assert wait_until(lambda: mgr._closed, timeout=5.0)

@@ -526,10 +526,13 @@ class AsyncLock(LockBase):
                             # The round may have set our key on some nodes: take it
                             # back, and again where it missed a node, for as long as
                             # the key may be there (Lock._take_back).
-                            await _complete(_release_round(mgr, self.transport, self._key_b,
-                                                           self._fence_key_b,
-                                                           self._waiters_key_b, token, 0,
-                                                           redo=self.ttl))
+                            mgr._release_begins()  # no retired manager closes under it
+                            try:
+                                await _complete(_release_round(
+                                    mgr, self.transport, self._key_b, self._fence_key_b,
+                                    self._waiters_key_b, token, 0, redo=self.ttl))
+                            finally:
+                                mgr._release_done()
                             raise
                         except QuorumUnavailable as exc:
                             step = plan.throw(exc)  # re-raised, or the plan asks again
@@ -713,7 +716,11 @@ class AsyncLock(LockBase):
         assert type(step) is ReleaseRound
         self._cancel_renewal_timer()
         renewal, self._renewal = self._renewal, None
-        result, cancelled = await _complete(self._release_nodes(renewal, step))
+        try:
+            result, cancelled = await _complete(self._release_nodes(renewal, step))
+        except BaseException:
+            plan.close()  # now, not when the exception is freed (Lock.release)
+            raise
         try:
             await self._run_plan(plan, result)
         finally:

@@ -181,18 +181,22 @@ class Lock(LockBase):
         is (``rounds.acquire_steps``): sent once, it left the key there for
         the whole lease, and the lock busy when that was two nodes of three.
         """
-        with self._io:
-            if self._token == token:
-                self._state = _UNLOCKED
-                self._token = ""
-                self._valid_until = 0.0
+        mgr = self.manager
+        mgr._release_begins()  # a retired manager must not close under this round
         try:
-            self.manager._release_round(self._key_b, self._fence_key_b, self._waiters_key_b,
-                                        token, 0, redo=self.ttl)
+            with self._io:
+                if self._token == token:
+                    self._state = _UNLOCKED
+                    self._token = ""
+                    self._valid_until = 0.0
+            mgr._release_round(self._key_b, self._fence_key_b, self._waiters_key_b,
+                               token, 0, redo=self.ttl)
         except Exception:  # noqa: BLE001 - the interrupt matters more than this round
             logger.warning("lock %r: acquire interrupted by %s; its key could not be taken "
                            "back on every node and expires with its lease (%.3f s at most)",
                            self.name, type(exc).__name__, self.ttl, exc_info=True)
+        finally:
+            mgr._release_done()
 
     def _on_acquired(self, token: str, fence: int, valid_until: float, started: float) -> None:
         mgr = self.manager
@@ -242,9 +246,16 @@ class Lock(LockBase):
         with self._io:  # the state changes before the first step (the renewal reads it)
             step = next(plan)
         assert type(step) is ReleaseRound
-        result = self.manager._release_round(self._key_b, self._fence_key_b,
-                                             self._waiters_key_b, step.token, step.fence,
-                                             notify=self._notify, redo=step.lease)
+        try:
+            result = self.manager._release_round(self._key_b, self._fence_key_b,
+                                                 self._waiters_key_b, step.token, step.fence,
+                                                 notify=self._notify, redo=step.lease)
+        except BaseException:
+            # Ended now (its count of releases in flight with it), not when
+            # the garbage collector finalizes it, which an exception kept
+            # alive (a stored traceback) put off to any thread, any time.
+            plan.close()
+            raise
         self._run_plan(plan, result)
 
     def _release_unawaited(self) -> None:

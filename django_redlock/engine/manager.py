@@ -185,6 +185,7 @@ class LockManager:
         self._retired = False
         self._releasing: collections.deque[None] = collections.deque()
         self._retire_lock = threading.Lock()
+        self._closing = threading.Lock()
         #: reentrant holds: thread or task -> key -> engine.reentrant.Hold (weak)
         self._reentrant = HoldTable()
         #: lock key -> until when this process lets woken waiters go first
@@ -444,16 +445,19 @@ class LockManager:
 
     def close(self) -> None:
         """Stop the renewal and listener threads and close our connection pools."""
-        self._closed = True
-        if self._watchdog is not None:
-            self._watchdog.close()
-        if self._leftovers is not None:
-            self._leftovers.close()
-        if self._notifier is not None:
-            self._notifier.close()
-        self.transport.close()
-        if self._async_transport is not None:
-            self._async_transport.close()
+        # One close at a time: a retired manager closes in a thread of its own
+        # (_release_done), maybe while its owner closes it too.
+        with self._closing:
+            self._closed = True
+            if self._watchdog is not None:
+                self._watchdog.close()
+            if self._leftovers is not None:
+                self._leftovers.close()
+            if self._notifier is not None:
+                self._notifier.close()
+            self.transport.close()
+            if self._async_transport is not None:
+                self._async_transport.close()
 
     def retire(self) -> None:
         """Close this manager once none of its locks is held any more.
@@ -470,10 +474,12 @@ class LockManager:
 
         A retired manager keeps renewing and releasing the locks it holds
         (and serves any lock object still pointing at it); it closes when
-        its last held lock is released (``_release_done``), or at once when
-        it holds none. A lock lost or expired meanwhile does not keep it
-        open (``held.holds_any``); one still held at process exit is
-        released by the exit hook, with this manager still open.
+        its last held lock is released (``_release_done``) and the releases
+        its nodes missed are sent, or at once when nothing of that is left.
+        A lock lost, expired or dropped meanwhile does not keep it open
+        (``held.holds_any``): ``conf.get_manager()`` looks at the retired
+        managers again now and then (:meth:`_close_if_idle`). One still held
+        at process exit is released by the exit hook, with it still open.
         """
         with self._retire_lock:
             self._retired = True
@@ -493,18 +499,31 @@ class LockManager:
 
     def _release_done(self) -> None:
         """A release round came back (or was dropped): a retired manager with
-        nothing left held or being released closes."""
+        nothing left held, being released or waiting to be sent again closes,
+        in a thread of its own: the releasing thread (an event loop; a garbage
+        collector finalizing a release plan while that thread holds the held
+        locks' guard) must not wait for the close, nor take its locks."""
         self._releasing.pop()
-        if self._retired:
-            self._close_if_idle()
+        if self._retired and not self._closed:
+            threading.Thread(target=self._close_if_idle, name="redlock-retired",
+                             daemon=True).start()
 
-    def _close_if_idle(self) -> None:
+    def _close_if_idle(self) -> bool:
+        """Close a retired manager that nothing needs any more; whether it is
+        closed. Held locks are looked at before the releases in flight: a
+        release counts itself in flight before its lock stops counting as
+        held, so no release falls between the two looks. Releases a node
+        missed keep it open until they are sent (``engine/leftovers.py``:
+        closing it dropped them, and the node kept the key a whole lease)."""
         with self._retire_lock:
-            if (self._closed or not self._retired or len(self._releasing)
-                    or holds_any(self)):
-                return
+            if self._closed or not self._retired:
+                return self._closed
+            if holds_any(self) or len(self._releasing) or (
+                    self._leftovers is not None and self._leftovers.waiting()):
+                return False
             self._closed = True  # this thread closes it, no other
         self.close()
+        return True
 
     async def aclose(self) -> None:
         """:meth:`close`, closing the running event loop's connections before returning."""
@@ -576,6 +595,7 @@ class LockManager:
         self._reentrant = HoldTable()
         self._handoff_lock = threading.Lock()
         self._retire_lock = threading.Lock()
+        self._closing = threading.Lock()
         self._releasing = collections.deque()  # the parent's releases in flight: not ours
         for node in self.nodes:
             node._after_fork()  # now: a parent thread's held locks, not at first use

@@ -955,16 +955,16 @@ class NodeClient:
         owed, self._owed = self._owed, []
         for entry in owed:
             self._drop(entry.conn)
-        if self._pool is not None:
+        pool, self._pool = self._pool, None  # two closes at once: one disconnects it
+        if pool is not None:
             self._closed = True
             idle, self._idle = self._idle, []
             for conn in idle:
                 conn.disconnect()
             if not self._borrowed:  # a cache's own pool stays the cache's
-                self._pool.disconnect()
+                pool.disconnect()
             with self._cond:
                 self._cond.notify_all()
-        self._pool = None
 
     #: What routes the rounds of a transport with this node (a Sentinel or
     #: Cluster node's: transport/nodekinds.py); None: plain rounds.
