@@ -429,6 +429,10 @@ def test_an_async_reentrant_acquire_in_a_task_of_its_own_is_refused(
         with pytest.raises(RuntimeError, match="task of its own"):
             await asyncio.ensure_future(lock.acquire())
         assert _holders(nodes3, lock.key) == 0
+        with pytest.raises(RuntimeError, match="task of its own"):
+            # 3.12+: wait_for runs it in the shield's task, which ends with it
+            await asyncio.shield(asyncio.wait_for(lock.acquire(), 5))
+        assert _holders(nodes3, lock.key) == 0
         async with lock:  # awaited directly: the caller's task owns it
             assert lock.owned()
             if sys.version_info >= (3, 12):  # wait_for runs it in the caller's task
@@ -440,6 +444,188 @@ def test_an_async_reentrant_acquire_in_a_task_of_its_own_is_refused(
         assert _holders(nodes3, lock.key) == 0
 
     asyncio.run(scenario())
+
+
+
+async def _in_a_task_of_its_own(how: str, call: Callable[[], Any]) -> Any:
+    """Await ``call()`` run in a task of its own, the way ``how`` says."""
+    if how == "shield":
+        return await asyncio.shield(call())
+    if how == "wait_for":  # a task of its own before Python 3.12 only
+        return await asyncio.wait_for(call(), 5)
+    if how == "shield(wait_for)":  # two tasks up to the holder before 3.12
+        return await asyncio.shield(asyncio.wait_for(call(), 5))
+    if how == "shield(clean-up)":  # a coroutine of the caller's around it
+
+        async def clean_up() -> Any:
+            return await call()
+
+        return await asyncio.shield(clean_up())
+    assert how == "not awaited at once"  # nobody awaits it when it runs
+    task = asyncio.ensure_future(call())
+    await asyncio.sleep(0)  # its first step (the release's bookkeeping) runs here
+    return await task
+
+
+@pytest.mark.parametrize("how", ["shield", "wait_for", "shield(wait_for)", "shield(clean-up)",
+                                 "not awaited at once", "shield, on cancel", "extend"])
+def test_an_async_reentrant_release_in_a_task_of_its_own_ends_the_awaiting_tasks_hold(
+        how: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """``await asyncio.shield(lock.release())`` (a release that survives the
+    caller's cancellation) and ``asyncio.wait_for(lock.release(), t)`` before
+    Python 3.12 run the release in a new task, which holds nothing: it raised
+    LockNotOwned, and the key stayed held and renewed until the holder ended
+    (then expired, never released). It ends the awaiting task's hold, or the
+    object's only holder's when nothing awaits it yet, as a plain alock's
+    release does."""
+    mgr = make_manager(nodes3)
+    name = "are-release-own-task-" + "".join(c for c in how if c.isalpha())
+
+    async def scenario() -> dict[str, Any]:
+        lock = mgr.alock(name, reentrant=True, ttl=2, timeout=1)
+        seen: dict[str, Any] = {}
+        assert await lock.acquire()
+        assert await lock.acquire()  # nested: one hold, entered twice
+        if how == "extend":
+            await _in_a_task_of_its_own("shield", lambda: lock.extend(30))
+            seen["pttl after shield(extend)"] = nodes3[0].client().pttl(lock.key)
+            await _in_a_task_of_its_own("wait_for", lambda: lock.extend(60))
+            seen["pttl after wait_for(extend)"] = nodes3[0].client().pttl(lock.key)
+            await lock.release()
+            await _in_a_task_of_its_own("shield", lock.release)
+        elif how == "shield, on cancel":
+            await lock.release()
+            await lock.release()
+            working = asyncio.Event()
+
+            async def holder() -> None:  # the idiom: clean-up that cancellation cannot skip
+                assert await lock.acquire()
+                try:
+                    working.set()
+                    await asyncio.sleep(30)
+                finally:
+                    await asyncio.shield(lock.release())
+
+            task = asyncio.ensure_future(holder())
+            await asyncio.wait_for(working.wait(), 5)
+            seen["held by the holder"] = _holders(nodes3, lock.key)
+            task.cancel()
+            with pytest.raises(asyncio.CancelledError):
+                await asyncio.wait_for(task, 5)
+        else:
+            await _in_a_task_of_its_own(how, lock.release)  # the inner acquisition
+            seen["owned after the inner release"] = lock.owned()
+            seen["held after the inner release"] = _holders(nodes3, lock.key)
+            await _in_a_task_of_its_own(how, lock.release)  # the last one
+        seen["owned at the end"] = lock.owned()
+        seen["held at the end"] = _holders(nodes3, lock.key)
+        return seen
+
+    seen = asyncio.run(scenario())
+    if how == "extend":
+        assert seen["pttl after shield(extend)"] > 20_000
+        assert seen["pttl after wait_for(extend)"] > 50_000
+    elif how == "shield, on cancel":
+        assert seen["held by the holder"] == 3
+    else:
+        assert seen["owned after the inner release"] is True
+        assert seen["held after the inner release"] == 3
+    assert seen["owned at the end"] is False
+    assert seen["held at the end"] == 0
+    assert len(mgr._reentrant) == 0
+    assert make_manager(nodes3).lock(name).acquire(timeout=0)  # another process gets in
+
+
+def test_an_async_reentrant_release_in_a_task_of_its_own_for_one_of_two_holders_is_refused(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """Two tasks hold through one object (the first's lease ran out, the second
+    took the key anew), and a release runs in a task of its own that no task
+    is found to await: whose hold it ends cannot be known. It raises
+    RuntimeError and ends neither hold (not LockNotOwned leaving a hold, nor
+    the other task's hold ended)."""
+    mgr = make_manager(nodes3, auto_renew=False)
+
+    async def scenario() -> dict[str, Any]:
+        shared = mgr.alock("are-release-two", reentrant=True, ttl=0.3, timeout=5)
+        t1_lost, t2_in, checked = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        seen: dict[str, Any] = {}
+
+        async def t1() -> None:
+            assert await shared.acquire()
+            await asyncio.sleep(0.45)  # the lease runs out on the nodes
+            t1_lost.set()
+            await asyncio.wait_for(t2_in.wait(), 5)
+            try:
+                await _in_a_task_of_its_own("not awaited at once", shared.release)
+            except RuntimeError as exc:
+                seen["refused"] = str(exc)
+            seen["t1 holds after"] = len(shared._mine())
+            seen["t2 holds on the nodes after"] = _holders(nodes3, shared.key)
+            checked.set()
+            try:
+                await shared.release()  # its own hold, still there: lost
+            except LockLost:
+                seen["t1 release"] = "LockLost"
+
+        async def t2() -> None:
+            await asyncio.wait_for(t1_lost.wait(), 5)
+            assert await shared.acquire()
+            await shared.extend(5.0)
+            seen["t2 fence"] = shared.fence
+            t2_in.set()
+            await asyncio.wait_for(checked.wait(), 5)
+            seen["t2 owned after"] = shared.owned()
+            seen["t2 fence after"] = shared.fence
+            await shared.release()
+
+        await asyncio.wait_for(asyncio.gather(t1(), t2()), 15)
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert "task of its own" in seen["refused"] and "2 tasks hold it" in seen["refused"]
+    assert "await release() directly" in seen["refused"].lower()
+    assert seen["t1 holds after"] == 1
+    assert seen["t2 holds on the nodes after"] == 3
+    assert seen["t2 owned after"] is True
+    assert seen["t2 fence after"] == seen["t2 fence"]
+    assert seen["t1 release"] == "LockLost"
+    assert _holders(nodes3, mgr.key("are-release-two")) == 0
+
+
+
+def test_an_async_reentrant_release_awaited_by_a_task_holding_nothing_is_not_owned(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """A shielded release awaited by a task that holds nothing through the
+    object (while another task holds it) is that task's release: LockNotOwned,
+    as awaited directly, and the holder's hold is left alone (the single-holder
+    fallback is only for a release no task is found to await)."""
+    mgr = make_manager(nodes3)
+
+    async def scenario() -> dict[str, Any]:
+        shared = mgr.alock("are-release-nonholder", reentrant=True, ttl=2, timeout=1)
+        held, checked = asyncio.Event(), asyncio.Event()
+        seen: dict[str, Any] = {}
+
+        async def holder() -> None:
+            async with shared:
+                held.set()
+                await asyncio.wait_for(checked.wait(), 5)
+                seen["holder owned after"] = shared.owned()
+
+        task = asyncio.ensure_future(holder())
+        await asyncio.wait_for(held.wait(), 5)
+        for how in ("shield", "wait_for"):
+            with pytest.raises(LockNotOwned):
+                await _in_a_task_of_its_own(how, shared.release)
+        seen["held after"] = _holders(nodes3, shared.key)
+        checked.set()
+        await asyncio.wait_for(task, 5)
+        return seen
+
+    seen = asyncio.run(scenario())
+    assert seen["held after"] == 3
+    assert seen["holder owned after"] is True
+    assert _holders(nodes3, mgr.key("are-release-nonholder")) == 0
 
 
 # -- multi_lock --------------------------------------------------------------------

@@ -52,6 +52,27 @@ A task of its own that runs only the ``acquire()`` (``asyncio.wait_for`` on
 Python 3.11, ``ensure_future``, ``create_task``) is done as soon as the
 acquire returns, so its hold would end at once, while the caller believes it
 holds the lock: such an acquire raises ``RuntimeError`` before taking anything.
+
+A release (or an ``extend()``) run in a task of its own is another matter:
+``await asyncio.shield(lock.release())``, the usual way to release under
+cancellation, and ``asyncio.wait_for(lock.release(), t)`` before Python 3.12
+run it in a new task, which holds nothing. Asked about that task's own hold,
+it raised ``LockNotOwned`` and the key stayed held and renewed::
+
+    task A   lock.acquire() ... finally: await asyncio.shield(lock.release())
+             the shield's task holds nothing: LockNotOwned
+    ...      A's hold lives on, renewed, until A ends; then its key expires
+             within a lease, never released
+
+A release by a task that holds nothing through the object ends the hold of
+the nearest task awaiting it that does (found through the done callbacks of
+the task and of the futures it completes: ``shield``, ``wait_for``, a
+shielded clean-up coroutine, a chain of them), as if that task had awaited it
+directly; awaited only by tasks that hold nothing through the object, it is
+``LockNotOwned`` as before. A task of its own that no task is found to await
+(not awaited at once, an eager task factory) ends the hold of the object's
+only holder; with several tasks holding through the object, whose hold is
+meant cannot be known: ``RuntimeError``, and no hold is ended.
 """
 
 from __future__ import annotations
@@ -59,6 +80,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import os
 import threading
 import weakref
 from types import EllipsisType, TracebackType
@@ -71,6 +93,9 @@ if TYPE_CHECKING:
     from .protocol import LockHost
 
 _this_thread = threading.local()
+
+#: asyncio's own source files (``wait_for``, ``shield``...): see :func:`_runs_alone`.
+_ASYNCIO_DIR = os.path.dirname(asyncio.__file__) + os.sep
 
 
 class _Owner:
@@ -157,6 +182,67 @@ class HoldTable:
             return True
 
 
+def _runs_alone(task: "asyncio.Task[Any]", frame: Any) -> bool:
+    """Whether ``frame``'s coroutine (an ``acquire()``, a ``release()``) is all
+    that ``task`` runs: the task's own coroutine, or reached from it only
+    through asyncio's coroutines (``asyncio.shield(asyncio.wait_for(...))`` on
+    Python 3.12, where ``wait_for`` no longer makes a task but ``shield``
+    does). A coroutine of the caller's anywhere in between makes it the
+    caller's task. While a coroutine runs, its awaiting coroutine is its
+    frame's ``f_back``, up to the task's coroutine."""
+    top = getattr(task.get_coro(), "cr_frame", None)
+    if top is None or frame is None:
+        return False
+    while frame is not top:
+        frame = frame.f_back
+        if frame is None or not frame.f_code.co_filename.startswith(_ASYNCIO_DIR):
+            return False
+    return True
+
+
+def _futures_of(callback: Any) -> list["asyncio.Future[Any]"]:
+    """The futures a done callback refers to: the arguments of a
+    ``functools.partial`` (``wait_for``'s ``_release_waiter``) or the variables
+    a closure keeps (``shield``'s and ``gather``'s ``outer``)."""
+    if isinstance(callback, functools.partial):
+        refs = [*callback.args, *(callback.keywords or {}).values()]
+    else:
+        refs = []
+        for cell in getattr(callback, "__closure__", None) or ():
+            try:
+                refs.append(cell.cell_contents)
+            except ValueError:  # a cell not yet filled
+                continue
+    return [ref for ref in refs if isinstance(ref, asyncio.Future)]
+
+
+def _awaiting_task(task: "asyncio.Task[Any]") -> "asyncio.Task[Any] | None":
+    """The task that awaits ``task`` when it can be found, else None.
+
+    A task awaiting a future adds its wake-up method to the future's done
+    callbacks (its ``__self__`` is that task: the C and the Python tasks of
+    3.10 to 3.13 alike). ``await task`` adds it to ``task`` itself;
+    ``asyncio.shield`` and ``wait_for`` (before 3.12) make the caller await
+    another future, which ``task``'s own done callback completes: that
+    callback's partial or closure refers to it. ``_callbacks`` is private: read
+    only if there, with a bounded search, and anything unexpected means "not
+    found" (the caller then falls back on the object's only holder)."""
+    todo: list[asyncio.Future[Any]] = [task]
+    seen: set[int] = set()
+    while todo and len(seen) < 16:
+        future = todo.pop(0)
+        if id(future) in seen:
+            continue
+        seen.add(id(future))
+        for entry in list(getattr(future, "_callbacks", None) or ()):
+            callback = entry[0] if isinstance(entry, tuple) else entry
+            owner = getattr(callback, "__self__", None)
+            if isinstance(owner, asyncio.Task) and owner is not task:
+                return owner
+            todo.extend(_futures_of(callback))
+    return None
+
+
 def _task_done(ref: "weakref.ref[ReentrantBase]", task: "asyncio.Task[Any]") -> None:
     """A task is done: the holds it entered through this object go (they stop
     being renewed; their keys expire), though the task object may live on."""
@@ -222,17 +308,19 @@ class ReentrantBase:
         """The caller's owner: its thread's, or its task (None: no task)."""
         raise NotImplementedError
 
-    def _mine(self) -> list[Hold]:
-        """The caller's holds through this object, innermost last (none: empty)."""
-        owner = self._owner()
+    def _mine(self, owner: object | None | EllipsisType = ...) -> list[Hold]:
+        """The caller's (or ``owner``'s) holds through this object, innermost
+        last (none: empty)."""
+        if owner is ...:
+            owner = self._owner()
         return (self._holds.get(owner) or []) if owner is not None else []
 
     def _watch(self, owner: object) -> None:
         """Called once per owner that enters a hold through this object (the
         asyncio driver drops the task's holds when it is done)."""
 
-    def _innermost(self) -> Hold:
-        mine = self._mine()
+    def _innermost(self, owner: object | None | EllipsisType = ...) -> Hold:
+        mine = self._mine(owner)
         if not mine:
             raise LockNotOwned(f"lock {self.name!r} is not held by this {self._who} "
                                f"through this object", lock_name=self.name)
@@ -274,11 +362,12 @@ class ReentrantBase:
             self._watch(owner)
         mine.append(hold)
 
-    def _leave(self) -> Hold | None:
-        """End one acquisition of the caller's; the hold to release on the nodes
-        when it was the last."""
-        hold = self._innermost()  # raises if the caller holds nothing through this object
-        owner = self._owner()
+    def _leave(self, owner: object | None | EllipsisType = ...) -> Hold | None:
+        """End one acquisition of the caller's (or ``owner``'s); the hold to
+        release on the nodes when it was the last."""
+        if owner is ...:
+            owner = self._owner()
+        hold = self._innermost(owner)  # raises if it holds nothing through this object
         self._holds[owner].pop()
         return hold if self.manager._reentrant.leave(self.key, owner, hold) else None
 
@@ -358,13 +447,46 @@ class AsyncReentrantLock(ReentrantBase):
         if task is None:
             raise RuntimeError(f"lock {self.name!r}: a reentrant alock is acquired in an "
                                f"asyncio task (its owner)")
-        if getattr(task.get_coro(), "cr_frame", None) is frame:
+        if _runs_alone(task, frame):
             raise RuntimeError(
                 f"lock {self.name!r}: acquire() runs in a task of its own (asyncio.wait_for "
                 f"before Python 3.12, ensure_future, create_task), which is done as soon as "
                 f"it returns, and a reentrant hold ends with its task: await acquire() "
                 f"directly (with its timeout=)")
         return task
+
+    def _releasing_owner(self, frame: Any, what: str) -> object | None:
+        """Whose hold a release (or an extend) ends: the caller's task's; for a
+        task that holds nothing through this object (a task of its own made by
+        ``asyncio.shield``, ``wait_for`` before 3.12, or a clean-up coroutine
+        shielded), the nearest task awaiting it that does; for a task of its
+        own that no task is found to await, the object's only holder's (see the
+        module's docstring)."""
+        task = _task_owner()
+        if task is None or self._mine(task):
+            return task
+        waiter, awaited = _awaiting_task(task), False
+        for _ in range(8):  # shield(wait_for(release())) on 3.11: two tasks up
+            if waiter is None:
+                break
+            if self._mine(waiter):
+                return waiter
+            waiter, awaited = _awaiting_task(waiter), True
+        if awaited or not _runs_alone(task, frame):
+            # The caller, and the tasks awaiting it, hold nothing through this
+            # object: LockNotOwned, as for any release by a non-holder.
+            return task
+        holders = [owner for owner, mine in list(self._holds.items()) if mine]
+        if len(holders) > 1:
+            raise RuntimeError(
+                f"lock {self.name!r}: {what}() runs in a task of its own which no task "
+                f"is found to await (not awaited at once, or run by an eager task "
+                f"factory), and {len(holders)} tasks hold it through this object: "
+                f"whose hold it is for cannot be known, nothing was "
+                f"{'released' if what == 'release' else 'extended'}. Await {what}() "
+                f"directly in the task that holds it (or await the task running it "
+                f"at once, as asyncio.shield(lock.{what}()) does)")
+        return holders[0] if holders else task
 
     async def locked(self) -> bool:
         return bool(await self._proto.locked())
@@ -383,13 +505,17 @@ class AsyncReentrantLock(ReentrantBase):
         return True
 
     async def release(self) -> None:
-        hold = self._leave()
+        """End one acquisition of this task's (see :meth:`_releasing_owner` for
+        a release run in a task of its own); the last one releases on the
+        nodes (and may raise ``LockLost``, as :meth:`AsyncLock.release` does)."""
+        hold = self._leave(self._releasing_owner(inspect.currentframe(), "release"))
         if hold is not None:
             await hold.lock.release()
 
     async def extend(self, ttl: float | EllipsisType = ...) -> None:
         """Extend this task's hold, as :meth:`AsyncLock.extend` does."""
-        await self._innermost().lock.extend(ttl)
+        owner = self._releasing_owner(inspect.currentframe(), "extend")
+        await self._innermost(owner).lock.extend(ttl)
 
     async def __aenter__(self) -> "AsyncReentrantLock":
         if not await self.acquire():
