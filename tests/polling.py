@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import os
+import signal
 import threading
 import time
 from typing import Callable
+
+import pytest
 
 
 def wait_until(predicate: Callable[[], bool], timeout: float = 5.0,
@@ -29,3 +33,18 @@ def run_in_threads(work: Callable[[], None], count: int, timeout: float = 60.0) 
         t.join(timeout=max(0.0, deadline - time.monotonic()))
     stuck = sum(t.is_alive() for t in threads)
     assert not stuck, f"{stuck} of {count} threads still running after {timeout:g} s"
+
+
+def child_exit_code(pid: int, within: float, what: str = "the forked child") -> int:
+    """The exit code of forked child ``pid`` (``-N``: killed by signal N),
+    waited for at most ``within`` seconds; then it is killed and the test
+    fails: a child that hangs never hangs the suite."""
+    started = time.monotonic()
+    while time.monotonic() - started < within:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return os.waitstatus_to_exitcode(status)
+        time.sleep(0.05)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail(f"{what} was still running after {within:g} s")

@@ -17,7 +17,7 @@ from django_redlock.testing import RedisClusterGroup, RedisServer
 from django_redlock.testing.base import RedisReplyError, _raw_commands
 from django_redlock.transport.nodekinds import ClusterNode
 
-from .polling import wait_until
+from .polling import child_exit_code, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -477,23 +477,6 @@ def test_a_semaphore_with_a_hash_tag_works_on_a_cluster_node(
                                   for i in range(2)), timeout=3)
 
 
-def _forked_exit_code(pid: int, within: float) -> int:
-    """The exit code of forked child ``pid``, waited for at most ``within``
-    seconds (then killed: the test fails, it never hangs)."""
-    import os
-    import signal
-
-    started = time.monotonic()
-    while time.monotonic() - started < within:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.05)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    pytest.fail(f"the forked child was still running after {within:g} s")
-
-
 def test_a_child_forked_while_the_slot_map_loads_loads_its_own(
         cluster: RedisClusterGroup, make_manager: MakeManager) -> None:
     """A fork while a background thread reloads the slot map (every master
@@ -550,7 +533,7 @@ def test_a_child_forked_while_the_slot_map_loads_loads_its_own(
     finally:
         for master in cluster.masters:
             master.resume()
-    assert _forked_exit_code(pid, 30.0) == 0  # 2: no map loaded, 3: not acquired, 4: raised
+    assert child_exit_code(pid, 30.0) == 0  # 2: no map loaded, 3: not acquired, 4: raised
     with mgr.lock("forked-while-loading", timeout=5, auto_renew=False):
         pass  # the parent's node still serves
 

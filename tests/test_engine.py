@@ -25,7 +25,7 @@ from django_redlock import (
 from django_redlock.core.keys import fence_key
 from django_redlock.core.owner import parse_value
 from django_redlock.testing import RedisNodes
-from tests.polling import run_in_threads
+from tests.polling import child_exit_code, run_in_threads
 
 MakeManager = Callable[..., Any]
 
@@ -728,37 +728,14 @@ def test_a_forked_child_exits_while_a_parent_thread_was_renewing(
             release_held_locks()
         finally:
             os._exit(0)
-    started = time.monotonic()
-    status = None
-    while time.monotonic() - started < 10:  # bounded
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            break
-        time.sleep(0.05)
-    else:
-        os.kill(pid, signal.SIGKILL)
-        os.waitpid(pid, 0)
-        pytest.fail("the forked child's exit hook hung on the parent thread's lock")
+    code = child_exit_code(pid, 10.0, "the forked child's exit hook (on the parent "
+                                      "thread's lock)")
     extending.join(10)
     for proxy in proxies:
         proxy.set_latency(0.0)
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert code == 0
     assert lock.owned()  # the parent's lock: untouched by the child
     lock.release()
-
-
-def _child_status(pid: int, within: float) -> int | None:
-    """The forked child's exit code, or None (and the child killed) when it
-    has not ended within ``within`` seconds (bounded polling)."""
-    started = time.monotonic()
-    while time.monotonic() - started < within:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.05)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    return None
 
 
 @pytest.mark.filterwarnings("ignore::DeprecationWarning")  # fork() with threads, Python 3.12+
@@ -803,11 +780,11 @@ def test_a_forked_child_acquires_while_a_parent_thread_held_a_manager_table(
                     code = 0
             finally:
                 os._exit(code)
-        status = _child_status(pid, 10.0)
+        status = child_exit_code(pid, 10.0, f"the forked child (on the parent thread's "
+                                            f"{table} table)")
     finally:
         leave.set()
         parent_thread.join(10)
-    assert status is not None, f"the forked child hung on the parent thread's {table} table"
     assert status == 0
 
 
@@ -854,20 +831,11 @@ def test_a_child_forked_during_a_renewal_round_neither_hangs_nor_owns(
             finally:
                 os._exit(code)
         started = time.monotonic()
-        status = None
-        while time.monotonic() - started < 10:  # bounded
-            done, status = os.waitpid(pid, os.WNOHANG)
-            if done:
-                break
-            time.sleep(0.05)
-        else:
-            os.kill(pid, signal.SIGKILL)
-            os.waitpid(pid, 0)
-            pytest.fail("the forked child hung")
+        code = child_exit_code(pid, 10.0)
     finally:
         nodes3[2].resume()
-    assert status is not None and not os.WIFSIGNALED(status), "the child hung (SIGALRM)"
-    assert os.waitstatus_to_exitcode(status) == 0
+    assert code != -signal.SIGALRM, "the child hung (its alarm went off)"
+    assert code == 0
     assert time.monotonic() - started < 5
     assert lock.owned()  # the parent's: still renewed
     lock.release()

@@ -19,7 +19,7 @@ from django_redlock.transport.nodekinds import SentinelNode
 from tests.testapp.models import Product
 
 from .conftest import TEST_NODE_TIMEOUT
-from .polling import wait_until
+from .polling import child_exit_code, wait_until
 
 pytestmark = pytest.mark.slow
 
@@ -490,23 +490,6 @@ def test_a_dead_master_that_every_sentinel_names_fails_the_call_in_bounded_time(
         assert node_of(mgr).name in str(raised.value)
 
 
-def _bounded_child(pid: int, within: float) -> int:
-    """The exit code of forked child ``pid``, waited for at most ``within``
-    seconds (then killed: the test fails, it never hangs)."""
-    import os
-    import signal
-
-    started = time.monotonic()
-    while time.monotonic() - started < within:
-        done, status = os.waitpid(pid, os.WNOHANG)
-        if done:
-            return os.waitstatus_to_exitcode(status)
-        time.sleep(0.05)
-    os.kill(pid, signal.SIGKILL)
-    os.waitpid(pid, 0)
-    pytest.fail(f"the forked child was still running after {within:g} s")
-
-
 def test_a_child_forked_while_the_master_is_resolved_resolves_its_own(
         group: SentinelGroup, make_manager: MakeManager) -> None:
     """A fork while a parent thread asks the sentinels where the master is
@@ -556,7 +539,7 @@ def test_a_child_forked_while_the_master_is_resolved_resolves_its_own(
                 code = code or 4
             finally:
                 os._exit(code)
-        assert _bounded_child(pid, 20.0) == 0  # 3: resolve hung, 2: not acquired, 4: raised
+        assert child_exit_code(pid, 20.0) == 0  # 3: resolve hung, 2: not acquired, 4: raised
         resolving.join(5.0)
         with mgr.lock("forked-while-resolving", timeout=2, auto_renew=False):
             pass  # the parent's node was never touched
