@@ -87,12 +87,23 @@ def get_manager() -> LockManager:
 
 def _look_at_retired() -> None:
     """Close the retired managers nothing needs any more (at most every
-    ``RETIRED_LOOK_EVERY`` seconds, from ``get_manager()``)."""
+    ``RETIRED_LOOK_EVERY`` seconds, from ``get_manager()``), in a thread of
+    its own: closing joins a manager's threads (seconds at worst), which the
+    caller (a request; an event loop through ``sync_to_async``) must not
+    wait for."""
     global _next_look
     _next_look = time.monotonic() + RETIRED_LOOK_EVERY
-    for manager in list(_retired):
-        if manager._close_if_idle():
-            _retired.discard(manager)
+    managers = list(_retired)
+
+    def look() -> None:
+        for manager in managers:
+            if manager._close_if_idle():
+                _retired.discard(manager)
+
+    try:
+        threading.Thread(target=look, name="redlock-retired", daemon=True).start()
+    except RuntimeError:  # the interpreter is shutting down: nothing to close for
+        pass
 
 
 def reset_manager() -> None:

@@ -493,6 +493,14 @@ class AsyncLock(LockBase):
         :class:`QuorumUnavailable` when fewer than a quorum of nodes answer.
         """
         mgr = self.manager
+        mgr._call_begins()  # a retired manager is not closed under it (LockManager.retire)
+        try:
+            return await self._acquire(blocking, timeout)
+        finally:
+            mgr._call_ends()
+
+    async def _acquire(self, blocking: bool, timeout: float | None | EllipsisType) -> bool:
+        mgr = self.manager
         started, deadline, token, owner, ttl_ms, pause = self._start_acquire(blocking, timeout)
         stale = self._end_stale_hold()
         if self._state == _UNLOCKED:
@@ -526,13 +534,13 @@ class AsyncLock(LockBase):
                             # The round may have set our key on some nodes: take it
                             # back, and again where it missed a node, for as long as
                             # the key may be there (Lock._take_back).
-                            mgr._release_begins()  # no retired manager closes under it
+                            mgr._call_begins()  # no retired manager closes under it
                             try:
                                 await _complete(_release_round(
                                     mgr, self.transport, self._key_b, self._fence_key_b,
                                     self._waiters_key_b, token, 0, redo=self.ttl))
                             finally:
-                                mgr._release_done()
+                                mgr._call_ends()
                             raise
                         except QuorumUnavailable as exc:
                             step = plan.throw(exc)  # re-raised, or the plan asks again
@@ -735,7 +743,7 @@ class AsyncLock(LockBase):
         plan = self._release_plan()
         step = next(plan)  # the state as release() changes it (LockNotOwned if not held)
         mgr = self.manager
-        mgr._release_begins()  # the plan's own count ends at close(), before the round
+        mgr._call_begins()  # the plan's own count ends at close(), before the round
         try:
             plan.close()
             assert type(step) is ReleaseRound
@@ -747,7 +755,7 @@ class AsyncLock(LockBase):
                 mgr, self.transport, self._key_b, self._fence_key_b, self._waiters_key_b,
                 step.token, step.fence, notify=self._notify, wait=False, redo=step.lease))
         finally:
-            mgr._release_done()
+            mgr._call_ends()
         if cancelled:  # sent all the same, as release() does
             raise asyncio.CancelledError
 

@@ -105,7 +105,7 @@ def release_held_locks() -> int:
             if lock._state == "unlocked" or lock._pid != pid or not lock._token:
                 continue
             # In flight from before it stops counting as held (LockManager.retire).
-            lock.manager._release_begins()
+            lock.manager._call_begins()
             token, fence = lock._token, lock.fence
             # How long the key may still be on a node (an extend(ttl) may be
             # longer than the TTL): a node that misses the release is sent it
@@ -123,7 +123,7 @@ def release_held_locks() -> int:
                            "lease (%.3f s at most)", lock.name, lock.ttl, exc_info=True)
             continue
         finally:
-            lock.manager._release_done()
+            lock.manager._call_ends()
         released += 1
         logger.info("lock %r released at exit (it was still held)", lock.name)
     if skipped:

@@ -70,6 +70,14 @@ class Lock(LockBase):
         :class:`QuorumUnavailable` when fewer than a quorum of nodes answer.
         """
         mgr = self.manager
+        mgr._call_begins()  # a retired manager is not closed under it (LockManager.retire)
+        try:
+            return self._acquire(blocking, timeout)
+        finally:
+            mgr._call_ends()
+
+    def _acquire(self, blocking: bool, timeout: float | None | EllipsisType) -> bool:
+        mgr = self.manager
         started, deadline, token, owner, ttl_ms, pause = self._start_acquire(blocking, timeout)
         stale = None
         if self._state != _UNLOCKED:  # only this thread's acquire leaves "unlocked"
@@ -182,7 +190,7 @@ class Lock(LockBase):
         the whole lease, and the lock busy when that was two nodes of three.
         """
         mgr = self.manager
-        mgr._release_begins()  # a retired manager must not close under this round
+        mgr._call_begins()  # a retired manager must not close under this round
         try:
             with self._io:
                 if self._token == token:
@@ -196,7 +204,7 @@ class Lock(LockBase):
                            "back on every node and expires with its lease (%.3f s at most)",
                            self.name, type(exc).__name__, self.ttl, exc_info=True)
         finally:
-            mgr._release_done()
+            mgr._call_ends()
 
     def _on_acquired(self, token: str, fence: int, valid_until: float, started: float) -> None:
         mgr = self.manager
@@ -272,7 +280,7 @@ class Lock(LockBase):
         with self._io:  # the state changes before the round (the renewal reads it)
             step = next(plan)
         mgr = self.manager
-        mgr._release_begins()  # the plan's own count ends at close(), before the round
+        mgr._call_begins()  # the plan's own count ends at close(), before the round
         try:
             plan.close()
             assert type(step) is ReleaseRound
@@ -280,7 +288,7 @@ class Lock(LockBase):
                                step.token, step.fence, notify=self._notify, wait=False,
                                redo=step.lease)
         finally:
-            mgr._release_done()
+            mgr._call_ends()
 
     # -- extend / renew --------------------------------------------------------
     def extend(self, ttl: float | EllipsisType = ...) -> None:

@@ -40,6 +40,7 @@ from ..core.arguments import check_max_hold, check_timeout, check_ttl
 from ..core.config import DEFAULTS, NodeSpec, check_options, parse_nodes, resolve_options
 from ..core.keys import fence_key, free_channels, lock_key, validate_name, waiters_key
 from ..core.retry import next_wait
+from ..exceptions import QuorumUnavailable
 from ..transport.nodekinds import make_node
 from ..transport.notify import ReleaseNotifier
 from ..transport.resp import FORCE_RELEASE, Call
@@ -183,9 +184,10 @@ class LockManager:
         self._closed = False
         #: retire(): close once no lock of ours is held or being released.
         self._retired = False
-        self._releasing: collections.deque[None] = collections.deque()
+        self._calls: collections.deque[None] = collections.deque()
         self._retire_lock = threading.Lock()
-        self._closing = threading.Lock()
+        self._close_lock = threading.Lock()
+        self._closing = False
         #: reentrant holds: thread or task -> key -> engine.reentrant.Hold (weak)
         self._reentrant = HoldTable()
         #: lock key -> until when this process lets woken waiters go first
@@ -445,9 +447,9 @@ class LockManager:
 
     def close(self) -> None:
         """Stop the renewal and listener threads and close our connection pools."""
-        # One close at a time: a retired manager closes in a thread of its own
-        # (_release_done), maybe while its owner closes it too.
-        with self._closing:
+        # One close at a time: a retired manager is closed by a thread of its
+        # own (conf.get_manager's look), maybe while its owner closes it too.
+        with self._close_lock:
             self._closed = True
             if self._watchdog is not None:
                 self._watchdog.close()
@@ -460,7 +462,7 @@ class LockManager:
                 self._async_transport.close()
 
     def retire(self) -> None:
-        """Close this manager once none of its locks is held any more.
+        """Close this manager now if nothing of it is in use, else later.
 
         What replaced ``close()`` when the settings change under held locks
         (``django_redlock.conf.reset_manager``; ``override_settings`` and
@@ -472,54 +474,71 @@ class LockManager:
             t=0.6  A's keys expire; B acquires the same lock: two holders,
                    A's owned() and validity say nothing until its release()
 
-        A retired manager keeps renewing and releasing the locks it holds
-        (and serves any lock object still pointing at it); it closes when
-        its last held lock is released (``_release_done``) and the releases
-        its nodes missed are sent, or at once when nothing of that is left.
-        A lock lost, expired or dropped meanwhile does not keep it open
-        (``held.holds_any``): ``conf.get_manager()`` looks at the retired
-        managers again now and then (:meth:`_close_if_idle`). One still held
-        at process exit is released by the exit hook, with it still open.
+        A retired manager keeps renewing, acquiring and releasing for the
+        lock objects that point at it. It is closed by a later look
+        (``conf.get_manager()``, every few seconds at most, in a thread of
+        its own) once :meth:`_close_if_idle` finds nothing of it in use: no
+        lock held with lease left (a lock lost, expired or dropped does not
+        count: ``held.holds_any``), no acquire or release under way
+        (:meth:`_call_begins`), no release waiting to be sent again to a
+        node that missed it. Not from the release that ends the last hold:
+        that thread may be an event loop, an exit hook (where Python 3.12
+        refuses new threads), or a garbage collector finalizing a plan while
+        its thread holds the held locks' guard. One still held at process
+        exit is released by the exit hook, with the manager still open.
         """
         with self._retire_lock:
             self._retired = True
         self._close_if_idle()
 
-    def _release_begins(self) -> None:
-        """A release round is about to go out (``LockBase._release_plan``): a
-        retired manager must not close under it. Timeline without the count::
+    def _call_begins(self) -> None:
+        """An acquire or a release round is under way (``Lock.acquire``,
+        ``LockBase._release_plan``...): a retired manager must not be closed
+        under it. Timelines without the count::
 
             t=0  A and B, the last two locks of retired M, release at once
             t=0  A's round is done: B already counts as not held, M closes
             t=0  B's round meets closed connections: B's keys stay a lease
-        """
-        # On every release: a deque's append and pop are atomic (the GIL), no
-        # lock taken on the uncontended path; its length is the count.
-        self._releasing.append(None)
 
-    def _release_done(self) -> None:
-        """A release round came back (or was dropped): a retired manager with
-        nothing left held, being released or waiting to be sent again closes,
-        in a thread of its own: the releasing thread (an event loop; a garbage
-        collector finalizing a release plan while that thread holds the held
-        locks' guard) must not wait for the close, nor take its locks."""
-        self._releasing.pop()
-        if self._retired and not self._closed:
-            threading.Thread(target=self._close_if_idle, name="redlock-retired",
-                             daemon=True).start()
+            t=0  C's acquire round is on its way to the nodes (an old lock
+                 object of retired M); M holds nothing and is closed
+            t=0  C is granted: owned() True, but nobody renews it any more;
+                 its keys expire silently, a second holder gets in
+        """
+        # On every acquire and release: a deque's append and pop are atomic
+        # (the GIL), no lock taken on the uncontended path; its length is the
+        # count. A call that begins while a close is being decided waits for
+        # the decision (_close_if_idle sets _closing first, then looks at the
+        # calls): either its count was seen, or it learns the manager closed.
+        self._calls.append(None)
+        if self._closing:
+            with self._retire_lock:
+                closed = self._closed
+            if closed:
+                self._calls.pop()
+                raise QuorumUnavailable(
+                    "this lock's manager was closed (retired by a settings change, then "
+                    "idle): take the lock from django_redlock.get_manager() again",
+                    needed=self.quorum)
+
+    def _call_ends(self) -> None:
+        """The acquire or release of :meth:`_call_begins` is over."""
+        self._calls.pop()
 
     def _close_if_idle(self) -> bool:
         """Close a retired manager that nothing needs any more; whether it is
-        closed. Held locks are looked at before the releases in flight: a
-        release counts itself in flight before its lock stops counting as
-        held, so no release falls between the two looks. Releases a node
-        missed keep it open until they are sent (``engine/leftovers.py``:
-        closing it dropped them, and the node kept the key a whole lease)."""
+        closed. Held locks are looked at before the calls under way: a call
+        counts itself before its lock starts or stops counting as held, so
+        none falls between the two looks. Releases a node missed keep it open
+        until they are sent (``engine/leftovers.py``: closing it dropped them,
+        and the node kept the key a whole lease)."""
         with self._retire_lock:
             if self._closed or not self._retired:
                 return self._closed
-            if holds_any(self) or len(self._releasing) or (
+            self._closing = True  # before the looks: see _call_begins
+            if holds_any(self) or len(self._calls) or (
                     self._leftovers is not None and self._leftovers.waiting()):
+                self._closing = False
                 return False
             self._closed = True  # this thread closes it, no other
         self.close()
@@ -595,8 +614,9 @@ class LockManager:
         self._reentrant = HoldTable()
         self._handoff_lock = threading.Lock()
         self._retire_lock = threading.Lock()
-        self._closing = threading.Lock()
-        self._releasing = collections.deque()  # the parent's releases in flight: not ours
+        self._close_lock = threading.Lock()
+        self._closing = False
+        self._calls = collections.deque()  # the parent's calls under way: not ours
         for node in self.nodes:
             node._after_fork()  # now: a parent thread's held locks, not at first use
             node.reset_backoff()
