@@ -447,6 +447,21 @@ def test_an_async_reentrant_acquire_in_a_task_of_its_own_is_refused(
 
 
 
+async def _eagerly(how: str, start: Callable[[], Any]) -> Any:
+    """``start()`` with the eager task factory (Python 3.12+) if ``how`` says so:
+    a task made then runs its first step before the call that makes it
+    returns, before anyone can await it."""
+    if not how.startswith("eager"):
+        return await start()
+    loop = asyncio.get_running_loop()
+    loop.set_task_factory(asyncio.eager_task_factory)  # type: ignore[attr-defined]
+    try:
+        awaitable = start()
+    finally:
+        loop.set_task_factory(None)
+    return await awaitable
+
+
 async def _in_a_task_of_its_own(how: str, call: Callable[[], Any]) -> Any:
     """Await ``call()`` run in a task of its own, the way ``how`` says."""
     if how == "shield":
@@ -455,20 +470,30 @@ async def _in_a_task_of_its_own(how: str, call: Callable[[], Any]) -> Any:
         return await asyncio.wait_for(call(), 5)
     if how == "shield(wait_for)":  # two tasks up to the holder before 3.12
         return await asyncio.shield(asyncio.wait_for(call(), 5))
-    if how == "shield(clean-up)":  # a coroutine of the caller's around it
+    if how in ("shield(clean-up)", "wait_for(clean-up)", "eager shield(clean-up)"):
 
-        async def clean_up() -> Any:
+        async def clean_up() -> Any:  # a coroutine of the caller's around it
             return await call()
 
-        return await asyncio.shield(clean_up())
+        if how == "wait_for(clean-up)":  # its own task before 3.12, the caller's since
+            return await asyncio.wait_for(clean_up(), 5)
+        return await _eagerly(how, lambda: asyncio.shield(clean_up()))
+    if how == "eager shield":  # 3.12+: the shield's task runs before shield() returns
+        return await _eagerly(how, lambda: asyncio.shield(call()))
     assert how == "not awaited at once"  # nobody awaits it when it runs
     task = asyncio.ensure_future(call())
     await asyncio.sleep(0)  # its first step (the release's bookkeeping) runs here
     return await task
 
 
-@pytest.mark.parametrize("how", ["shield", "wait_for", "shield(wait_for)", "shield(clean-up)",
-                                 "not awaited at once", "shield, on cancel", "extend"])
+_EAGER = pytest.mark.skipif(sys.version_info < (3, 12), reason="eager tasks: Python 3.12+")
+
+
+@pytest.mark.parametrize("how", [
+    "shield", "wait_for", "shield(wait_for)", "shield(clean-up)", "wait_for(clean-up)",
+    "not awaited at once", "shield, on cancel", "extend",
+    pytest.param("eager shield", marks=_EAGER),
+    pytest.param("eager shield(clean-up)", marks=_EAGER)])
 def test_an_async_reentrant_release_in_a_task_of_its_own_ends_the_awaiting_tasks_hold(
         how: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
     """``await asyncio.shield(lock.release())`` (a release that survives the
@@ -626,6 +651,72 @@ def test_an_async_reentrant_release_awaited_by_a_task_holding_nothing_is_not_own
     assert seen["held after"] == 3
     assert seen["holder owned after"] is True
     assert _holders(nodes3, mgr.key("are-release-nonholder")) == 0
+
+
+_CHILDREN = ["gather", "create_task", "gather(shield(release))",
+             pytest.param("TaskGroup", marks=pytest.mark.skipif(
+                 sys.version_info < (3, 11), reason="TaskGroup: Python 3.11+")),
+             pytest.param("eager shield", marks=_EAGER)]
+
+
+@pytest.mark.parametrize("how", _CHILDREN)
+def test_an_async_reentrant_release_by_a_child_task_holding_nothing_leaves_the_parents_hold(
+        how: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """A child task that holds nothing (its ``acquire(blocking=False)`` said
+    False, and its ``finally`` releases anyway) is not its parent: its release
+    is LockNotOwned, and the parent's hold is left alone. The search for the
+    task a release is for followed any await: the child's release ended the
+    parent's hold on the nodes while the parent was inside its critical
+    section, and the parent's own release then raised LockNotOwned::
+
+        task A   lock.acquire() ... await asyncio.gather(child())
+        child    lock.acquire(blocking=False) -> False; finally: lock.release()
+                 ended A's hold: the key is deleted, another process gets in
+        task A   still inside; its release: LockNotOwned
+
+    (a TaskGroup child got LockNotOwned; with an eager task factory, a
+    non-holder's ``asyncio.shield(lock.release())`` ended the object's only
+    holder's hold)."""
+    mgr = make_manager(nodes3)
+    name = "are-child-" + "".join(c for c in how if c.isalpha())
+
+    async def scenario() -> dict[str, Any]:
+        lock = mgr.alock(name, reentrant=True, ttl=5, timeout=1)
+        seen: dict[str, Any] = {}
+
+        async def child() -> str:
+            try:
+                if how == "gather(shield(release))":
+                    await asyncio.gather(asyncio.shield(lock.release()))
+                else:
+                    await _eagerly(how, lambda: asyncio.shield(lock.release())
+                                   if how == "eager shield" else lock.release())
+            except LockNotOwned:
+                return "LockNotOwned"
+            return "released"
+
+        assert await lock.acquire()
+        if how in ("gather", "gather(shield(release))"):
+            (seen["child"],) = await asyncio.wait_for(asyncio.gather(child()), 5)
+        elif how == "TaskGroup":
+            async with asyncio.TaskGroup() as group:  # type: ignore[attr-defined]
+                task = group.create_task(child())
+            seen["child"] = task.result()
+        else:
+            seen["child"] = await asyncio.ensure_future(child())  # not wait_for: see below
+        seen["parent owned after"] = lock.owned()
+        seen["held after"] = _holders(nodes3, lock.key)
+        seen["rival got in"] = await make_manager(nodes3).alock(name).acquire(timeout=0)
+        await lock.release()  # the parent's own: no LockNotOwned
+        seen["held at the end"] = _holders(nodes3, lock.key)
+        return seen
+
+    # (Before 3.12, ``asyncio.wait_for(task, t)`` on a task of one's own cannot
+    # be told from ``wait_for(coroutine, t)``, whose task runs the caller's
+    # coroutine: it is followed as such.)
+    seen = asyncio.run(asyncio.wait_for(scenario(), 15))
+    assert seen == {"child": "LockNotOwned", "parent owned after": True, "held after": 3,
+                    "rival got in": False, "held at the end": 0}
 
 
 # -- multi_lock --------------------------------------------------------------------

@@ -65,14 +65,25 @@ it raised ``LockNotOwned`` and the key stayed held and renewed::
              within a lease, never released
 
 A release by a task that holds nothing through the object ends the hold of
-the nearest task awaiting it that does (found through the done callbacks of
-the task and of the futures it completes: ``shield``, ``wait_for``, a
-shielded clean-up coroutine, a chain of them), as if that task had awaited it
-directly; awaited only by tasks that hold nothing through the object, it is
-``LockNotOwned`` as before. A task of its own that no task is found to await
-(not awaited at once, an eager task factory) ends the hold of the object's
-only holder; with several tasks holding through the object, whose hold is
-meant cannot be known: ``RuntimeError``, and no hold is ended.
+the nearest task awaiting it through ``asyncio.shield`` or ``wait_for`` that
+does (found through the done callbacks of the task and of the futures it
+completes: ``shield``, ``wait_for``, a shielded clean-up coroutine, a chain of
+them), as if that task had awaited it directly; awaited only by tasks that
+hold nothing through the object, it is ``LockNotOwned`` as before. Those two
+make a task to run the caller's own coroutine for it; any other await (``await
+task``, ``gather``, a ``TaskGroup``) is of a child task, a task of its own with
+its own holds, followed only when that task runs nothing but the release
+(``gather(lock.release())``): a child whose ``acquire(blocking=False)`` said
+False and whose ``finally`` released anyway ended its parent's hold, in the
+middle of the parent's critical section. (Before 3.12 ``wait_for(task, t)``
+on a task of one's own cannot be told from ``wait_for(coroutine, t)``: it is
+followed too; since 3.12 ``wait_for`` runs a coroutine in the caller's task.)
+A task started by an eager task factory (3.12+) runs its first step before
+anyone awaits it, inside the call that made it: its maker's task is found on
+the stack instead. A task of its own running only the release that no task is
+found to await (not awaited at once) ends the hold of the object's only
+holder; with several tasks holding through the object, whose hold is meant
+cannot be known: ``RuntimeError``, and no hold is ended.
 """
 
 from __future__ import annotations
@@ -200,6 +211,29 @@ def _runs_alone(task: "asyncio.Task[Any]", frame: Any) -> bool:
     return True
 
 
+#: Frames of a coroutine (native, generator-based, async generator): a run of
+#: them on the stack is one task's chain of awaits (see :func:`_started_by`).
+_CO_ASYNC = inspect.CO_COROUTINE | inspect.CO_ITERABLE_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+
+def _asyncio_function(function: Any, qualname: str) -> bool:
+    """Whether ``function`` is asyncio's own ``asyncio.tasks.<qualname>``."""
+    return (getattr(function, "__module__", None) == "asyncio.tasks"
+            and getattr(function, "__qualname__", None) == qualname)
+
+
+def _passes_through(callback: Any) -> bool:
+    """Whether a done callback is one by which ``asyncio.shield`` or
+    ``asyncio.wait_for`` (before 3.12) hand their task's outcome to the
+    future their caller awaits: the caller awaits the task as if directly.
+    ``gather``'s, ``asyncio.wait``'s, a ``TaskGroup``'s or a plain ``await
+    task`` are not: the task awaited there is a task of its own (a child),
+    not its caller's await made in another task."""
+    if isinstance(callback, functools.partial):
+        return _asyncio_function(callback.func, "_release_waiter")  # wait_for, 3.10, 3.11
+    return _asyncio_function(callback, "shield.<locals>._inner_done_callback")
+
+
 def _futures_of(callback: Any) -> list["asyncio.Future[Any]"]:
     """The futures a done callback refers to: the arguments of a
     ``functools.partial`` (``wait_for``'s ``_release_waiter``) or the variables
@@ -216,8 +250,10 @@ def _futures_of(callback: Any) -> list["asyncio.Future[Any]"]:
     return [ref for ref in refs if isinstance(ref, asyncio.Future)]
 
 
-def _awaiting_task(task: "asyncio.Task[Any]") -> "asyncio.Task[Any] | None":
-    """The task that awaits ``task`` when it can be found, else None.
+def _awaiting_task(task: "asyncio.Task[Any]", any_await: bool) -> "asyncio.Task[Any] | None":
+    """The task that awaits ``task`` when it can be found, else None; only
+    through ``shield`` or ``wait_for`` (:func:`_passes_through`) unless
+    ``any_await``.
 
     A task awaiting a future adds its wake-up method to the future's done
     callbacks (its ``__self__`` is that task: the C and the Python tasks of
@@ -226,7 +262,7 @@ def _awaiting_task(task: "asyncio.Task[Any]") -> "asyncio.Task[Any] | None":
     another future, which ``task``'s own done callback completes: that
     callback's partial or closure refers to it. ``_callbacks`` is private: read
     only if there, with a bounded search, and anything unexpected means "not
-    found" (the caller then falls back on the object's only holder)."""
+    found"."""
     todo: list[asyncio.Future[Any]] = [task]
     seen: set[int] = set()
     while todo and len(seen) < 16:
@@ -238,8 +274,41 @@ def _awaiting_task(task: "asyncio.Task[Any]") -> "asyncio.Task[Any] | None":
             callback = entry[0] if isinstance(entry, tuple) else entry
             owner = getattr(callback, "__self__", None)
             if isinstance(owner, asyncio.Task) and owner is not task:
-                return owner
-            todo.extend(_futures_of(callback))
+                if any_await or future is not task:  # not a plain ``await task``
+                    return owner
+            elif any_await or _passes_through(callback):
+                todo.extend(_futures_of(callback))
+    return None
+
+
+def _started_by(top: Any) -> "tuple[Any, bool] | None":
+    """For a task whose coroutine's frame is ``top``: the frame of the
+    coroutine of the task that started it eagerly (Python 3.12+'s eager task
+    factory: its first step runs inside the ``create_task()`` call, before
+    anyone can await it), with whether through ``asyncio.shield``; None when
+    it was started by the event loop (not eagerly).
+
+    An eager task's first step runs on the stack of the task that made it:
+    above its coroutine's frame, asyncio's own functions (``shield``,
+    ``ensure_future``, ``create_task``, the factory), then the awaits of the
+    maker's task up to that task's coroutine's frame. A task the loop steps
+    has only the loop's functions above it."""
+    frame, via_shield = getattr(top, "f_back", None), False
+    for _ in range(64):  # a bounded walk
+        if frame is None:
+            return None
+        if frame.f_code.co_flags & _CO_ASYNC:
+            break
+        if frame.f_code.co_filename.startswith(_ASYNCIO_DIR) and frame.f_code.co_name == "shield":
+            via_shield = True
+        frame = frame.f_back
+    else:
+        return None
+    for _ in range(256):  # up the maker's chain of awaits, to its task's coroutine
+        back = frame.f_back
+        if back is None or not back.f_code.co_flags & _CO_ASYNC:
+            return frame, via_shield
+        frame = back
     return None
 
 
@@ -455,24 +524,74 @@ class AsyncReentrantLock(ReentrantBase):
                 f"directly (with its timeout=)")
         return task
 
-    def _releasing_owner(self, frame: Any, what: str) -> object | None:
-        """Whose hold a release (or an extend) ends: the caller's task's; for a
-        task that holds nothing through this object (a task of its own made by
-        ``asyncio.shield``, ``wait_for`` before 3.12, or a clean-up coroutine
-        shielded), the nearest task awaiting it that does; for a task of its
-        own that no task is found to await, the object's only holder's (see the
-        module's docstring)."""
-        task = _task_owner()
-        if task is None or self._mine(task):
-            return task
-        waiter, awaited = _awaiting_task(task), False
+    def _awaited_by(self, task: "asyncio.Task[Any]", alone: bool,
+                    ) -> tuple["asyncio.Task[Any] | None", bool]:
+        """For a release (or extend) in ``task``, which holds nothing through
+        this object: the task whose hold it is for, found through the tasks
+        awaiting it or the tasks that started it eagerly (None if none is
+        found, or none that holds through this object), and whether any task
+        was found to await or start it.
+
+        Only the calls asyncio makes a task for on the caller's behalf are
+        followed: ``asyncio.shield`` and ``wait_for`` (before 3.12), whose
+        task runs the caller's coroutine for it (the release itself, a
+        clean-up coroutine around it, a chain of them), as if awaited
+        directly (``wait_for`` runs it in the caller's task since 3.12
+        anyway). A child task awaited otherwise (``gather``, ``await
+        create_task(...)``, a ``TaskGroup``) is a task of its own, with its own
+        holds: its release ends none of its parent's. Only when ``task``
+        runs nothing but the release (``alone``: ``gather(lock.release())``,
+        ``await ensure_future(lock.release())``) is it its awaiting task's,
+        however awaited. Following every await, a child that held nothing
+        (its ``acquire(blocking=False)`` said False, its ``finally`` released
+        anyway) ended its parent's hold::
+
+            task A   lock.acquire() ... await asyncio.gather(child())
+            child    lock.release(): A's hold ended, the key deleted
+            task A   still in its critical section; another process gets in
+        """
+        found, waiter = False, _awaiting_task(task, alone)
         for _ in range(8):  # shield(wait_for(release())) on 3.11: two tasks up
             if waiter is None:
                 break
             if self._mine(waiter):
-                return waiter
-            waiter, awaited = _awaiting_task(waiter), True
-        if awaited or not _runs_alone(task, frame):
+                return waiter, True
+            found, waiter = True, _awaiting_task(waiter, False)
+        if found:
+            return None, True
+        # Not awaited yet: an eager task (3.12+) is started inside the call
+        # that makes it, before its maker awaits it; the maker is on the stack.
+        by_frame = {id(getattr(owner.get_coro(), "cr_frame", None)): owner
+                    for owner, mine in list(self._holds.items())
+                    if mine and isinstance(owner, asyncio.Task)}
+        any_await, maker = alone, _started_by(getattr(task.get_coro(), "cr_frame", None))
+        for _ in range(8):
+            if maker is None:
+                break
+            top, via_shield = maker
+            if not (any_await or via_shield):
+                return None, True
+            holder = by_frame.get(id(top))
+            if holder is not None:
+                return holder, True
+            found, any_await, maker = True, False, _started_by(top)
+        return None, found
+
+    def _releasing_owner(self, frame: Any, what: str) -> object | None:
+        """Whose hold a release (or an extend) ends: the caller's task's; for a
+        task that holds nothing through this object, the task that awaits it
+        through ``asyncio.shield`` or ``wait_for`` and holds (see
+        :meth:`_awaited_by`); for a task of its own running only the release
+        that no task is found to await, the object's only holder's (see the
+        module's docstring). Otherwise the caller's: ``LockNotOwned``."""
+        task = _task_owner()
+        if task is None or self._mine(task):
+            return task
+        alone = _runs_alone(task, frame)
+        holder, found = self._awaited_by(task, alone)
+        if holder is not None:
+            return holder
+        if found or not alone:
             # The caller, and the tasks awaiting it, hold nothing through this
             # object: LockNotOwned, as for any release by a non-holder.
             return task
@@ -480,12 +599,11 @@ class AsyncReentrantLock(ReentrantBase):
         if len(holders) > 1:
             raise RuntimeError(
                 f"lock {self.name!r}: {what}() runs in a task of its own which no task "
-                f"is found to await (not awaited at once, or run by an eager task "
-                f"factory), and {len(holders)} tasks hold it through this object: "
-                f"whose hold it is for cannot be known, nothing was "
-                f"{'released' if what == 'release' else 'extended'}. Await {what}() "
-                f"directly in the task that holds it (or await the task running it "
-                f"at once, as asyncio.shield(lock.{what}()) does)")
+                f"is found to await (not awaited at once), and {len(holders)} tasks "
+                f"hold it through this object: whose hold it is for cannot be known, "
+                f"nothing was {'released' if what == 'release' else 'extended'}. Await "
+                f"{what}() directly in the task that holds it (or await the task running "
+                f"it at once, as asyncio.shield(lock.{what}()) does)")
         return holders[0] if holders else task
 
     async def locked(self) -> bool:
