@@ -653,6 +653,40 @@ def test_an_async_reentrant_release_awaited_by_a_task_holding_nothing_is_not_own
     assert _holders(nodes3, mgr.key("are-release-nonholder")) == 0
 
 
+def test_a_long_lived_task_taking_reentrant_alocks_keeps_one_done_callback(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """A worker task that takes a reentrant alock through a new object per job
+    (``with_lock(reentrant=True)`` makes one per call) got one done callback
+    per object, never removed: the task's callbacks grew without bound (about
+    0.5 KB a lock) for as long as the worker lived. One per task now, and the
+    holds still end with the task."""
+    mgr = make_manager(nodes3)
+
+    async def scenario() -> dict[str, Any]:
+        me = asyncio.current_task()
+        assert me is not None
+        callbacks = getattr(me, "_callbacks", None)
+        if callbacks is None:  # private: not every task implementation shows it
+            pytest.skip("this asyncio's tasks do not show their done callbacks")
+        before, seen = len(callbacks), {}
+        for job in range(150):
+            async with mgr.alock(f"are-worker-{job % 3}", reentrant=True, ttl=5, timeout=1):
+                pass
+        seen["added"] = len(me._callbacks) - before  # type: ignore[attr-defined]
+
+        @with_lock("are-worker-decorated", manager=mgr, reentrant=True, ttl=5)
+        async def job() -> None:
+            await asyncio.sleep(0)
+
+        for _ in range(50):
+            await job()
+        seen["added, decorated"] = len(me._callbacks) - before  # type: ignore[attr-defined]
+        return seen
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 30)) == {"added": 1, "added, decorated": 1}
+    assert len(mgr._reentrant) == 0
+
+
 _CHILDREN = ["gather", "create_task", "gather(shield(release))",
              pytest.param("TaskGroup", marks=pytest.mark.skipif(
                  sys.version_info < (3, 11), reason="TaskGroup: Python 3.11+")),

@@ -312,12 +312,32 @@ def _started_by(top: Any) -> "tuple[Any, bool] | None":
     return None
 
 
-def _task_done(ref: "weakref.ref[ReentrantBase]", task: "asyncio.Task[Any]") -> None:
-    """A task is done: the holds it entered through this object go (they stop
-    being renewed; their keys expire), though the task object may live on."""
-    lock = ref()
-    if lock is not None:
-        lock._holds.pop(task, None)
+#: task -> the objects it entered a hold through, for its one done callback:
+#: one callback per task, not one per object (``with_lock(reentrant=True)``
+#: makes an object per call: a worker task's callbacks grew with every job,
+#: never removed). Both weak: nothing here keeps a task or an object alive.
+_watched: "weakref.WeakKeyDictionary[asyncio.Task[Any], weakref.WeakSet[ReentrantBase]]" = (
+    weakref.WeakKeyDictionary())
+_watched_guard = threading.Lock()  # loops may run in several threads
+
+
+def _watch_task(task: "asyncio.Task[Any]", lock: "ReentrantBase") -> None:
+    """Drop ``task``'s holds through ``lock`` when ``task`` is done."""
+    with _watched_guard:
+        locks = _watched.get(task)
+        if locks is None:
+            locks = _watched[task] = weakref.WeakSet()
+            task.add_done_callback(_task_done)
+        locks.add(lock)
+
+
+def _task_done(task: "asyncio.Task[Any]") -> None:
+    """A task is done: the holds it entered go (they stop being renewed; their
+    keys expire), though the task object may live on."""
+    with _watched_guard:
+        locks = _watched.pop(task, None)
+    for lock in list(locks or ()):
+        lock._forget(task)
 
 
 class ReentrantBase:
@@ -387,6 +407,10 @@ class ReentrantBase:
     def _watch(self, owner: object) -> None:
         """Called once per owner that enters a hold through this object (the
         asyncio driver drops the task's holds when it is done)."""
+
+    def _forget(self, owner: object) -> None:
+        """The owner ended (its task is done): its holds through this object go."""
+        self._holds.pop(owner, None)
 
     def _innermost(self, owner: object | None | EllipsisType = ...) -> Hold:
         mine = self._mine(owner)
@@ -506,8 +530,7 @@ class AsyncReentrantLock(ReentrantBase):
         return _task_owner()
 
     def _watch(self, owner: object) -> None:
-        cast("asyncio.Task[Any]", owner).add_done_callback(
-            functools.partial(_task_done, weakref.ref(self)))
+        _watch_task(cast("asyncio.Task[Any]", owner), self)
 
     def _acquiring_owner(self, frame: Any) -> "asyncio.Task[Any]":
         """The task that will own the hold; refused when it runs only this
