@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import logging
 import sys
 import threading
 import time
@@ -651,6 +652,103 @@ def test_an_async_reentrant_release_awaited_by_a_task_holding_nothing_is_not_own
     assert seen["held after"] == 3
     assert seen["holder owned after"] is True
     assert _holders(nodes3, mgr.key("are-release-nonholder")) == 0
+
+
+@pytest.mark.parametrize("how", ["finalized by the loop", "aclose() in another task"])
+def test_an_async_reentrant_with_left_in_another_task_releases_its_enterers_hold(
+        how: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """An async generator holds ``async with alock(..., reentrant=True)``
+    across a ``yield`` and is abandoned: the event loop's async-generator
+    finalizer runs its ``aclose()`` in a new task, which holds nothing. The
+    ``async with``'s exit returned silently: nothing was released, and the
+    key stayed held, renewed for as long as the enterer's task lived (a
+    plain alock releases there). It ends the hold of the task that entered."""
+    mgr = make_manager(nodes3)
+    name = "are-agen-" + "".join(c for c in how if c.isalpha())
+
+    async def scenario() -> dict[str, Any]:
+        lock = mgr.alock(name, reentrant=True, ttl=10, timeout=1)
+        seen: dict[str, Any] = {}
+
+        async def rows() -> Any:
+            async with lock:
+                for row in range(10):
+                    yield row
+
+        gen = rows()
+        async for row in gen:
+            if row == 1:
+                break  # abandoned, still inside its async with
+        seen["held while open"] = _holders(nodes3, lock.key)
+        if how == "finalized by the loop":
+            del gen  # the loop's finalizer hook runs aclose() in a task of its own
+        else:
+            await asyncio.wait_for(asyncio.ensure_future(gen.aclose()), 5)
+        seen["released within 2 s"] = await _aexpires_within(nodes3, lock.key, 2.0)
+        seen["owned after"] = lock.owned()
+        return seen
+
+    seen = asyncio.run(asyncio.wait_for(scenario(), 15))
+    assert seen == {"held while open": 3, "released within 2 s": True, "owned after": False}
+    assert len(mgr._reentrant) == 0
+
+
+def test_an_async_reentrant_with_left_in_another_task_for_one_of_two_enterers_is_refused(
+        nodes3: RedisNodes, make_manager: MakeManager, caplog: pytest.LogCaptureFixture,
+        ) -> None:
+    """Two tasks are inside ``async with shared`` (one object; the first's lease
+    ran out, the second took the key anew), each in an async generator, and
+    the first generator is closed in a third task: whose hold its exit ends
+    cannot be known. It logs and raises RuntimeError, and ends neither hold
+    (it does not return silently, as if nothing was held)."""
+    mgr = make_manager(nodes3, auto_renew=False)
+    shared = mgr.alock("are-agen-two", reentrant=True, ttl=0.3, timeout=5)
+
+    async def scenario() -> dict[str, Any]:
+        inside, closed = [asyncio.Event(), asyncio.Event()], asyncio.Event()
+        gens: list[Any] = []
+        seen: dict[str, Any] = {}
+
+        async def rows() -> Any:
+            async with shared:
+                yield 1
+                yield 2
+
+        async def worker(n: int) -> None:
+            gen = rows()
+            gens.append(gen)
+            await gen.__anext__()  # inside its async with
+            if n == 1:
+                await shared.extend(5.0)
+            inside[n].set()
+            await asyncio.wait_for(closed.wait(), 5)
+            seen[f"worker {n} owned"] = shared.owned()
+            try:
+                await shared.release()  # its own hold: still there
+            except LockLost:
+                seen[f"worker {n} release"] = "LockLost"
+
+        workers = [asyncio.ensure_future(worker(0))]
+        await asyncio.wait_for(inside[0].wait(), 5)
+        await asyncio.sleep(0.45)  # the first's lease runs out on the nodes
+        workers.append(asyncio.ensure_future(worker(1)))
+        await asyncio.wait_for(inside[1].wait(), 5)
+        try:
+            await asyncio.wait_for(asyncio.ensure_future(gens[0].aclose()), 5)
+        except RuntimeError as exc:
+            seen["refused"] = str(exc)
+        seen["held after"] = _holders(nodes3, shared.key)
+        closed.set()
+        await asyncio.wait_for(asyncio.gather(*workers), 5)
+        return seen
+
+    with caplog.at_level(logging.ERROR, logger="django_redlock.lock"):
+        seen = asyncio.run(asyncio.wait_for(scenario(), 15))
+    assert "2 tasks" in seen.pop("refused", "")
+    assert seen == {"held after": 3, "worker 0 owned": False, "worker 0 release": "LockLost",
+                    "worker 1 owned": True}
+    assert "nothing was released" in caplog.text
+    assert _holders(nodes3, shared.key) == 0
 
 
 def test_a_long_lived_task_taking_reentrant_alocks_keeps_one_done_callback(

@@ -91,6 +91,7 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
+import logging
 import os
 import threading
 import weakref
@@ -102,6 +103,8 @@ from ..exceptions import LockLost, LockNotAcquired, LockNotOwned
 
 if TYPE_CHECKING:
     from .protocol import LockHost
+
+logger = logging.getLogger("django_redlock.lock")
 
 _this_thread = threading.local()
 
@@ -526,8 +529,19 @@ class AsyncReentrantLock(ReentrantBase):
 
     _who = "task"
 
+    def __init__(self, manager: "LockHost", make: Callable[[], Any], timeout: float | None,
+                 ) -> None:
+        super().__init__(manager, make, timeout)
+        #: task -> how many of its ``async with`` through this object are open
+        #: (see :meth:`_exiting_owner`); weakly keyed, dropped when it is done.
+        self._entered: weakref.WeakKeyDictionary[object, int] = weakref.WeakKeyDictionary()
+
     def _owner(self) -> object | None:
         return _task_owner()
+
+    def _forget(self, owner: object) -> None:
+        super()._forget(owner)
+        self._entered.pop(owner, None)
 
     def _watch(self, owner: object) -> None:
         _watch_task(cast("asyncio.Task[Any]", owner), self)
@@ -649,7 +663,10 @@ class AsyncReentrantLock(ReentrantBase):
         """End one acquisition of this task's (see :meth:`_releasing_owner` for
         a release run in a task of its own); the last one releases on the
         nodes (and may raise ``LockLost``, as :meth:`AsyncLock.release` does)."""
-        hold = self._leave(self._releasing_owner(inspect.currentframe(), "release"))
+        await self._release(self._releasing_owner(inspect.currentframe(), "release"))
+
+    async def _release(self, owner: object | None) -> None:
+        hold = self._leave(owner)
         if hold is not None:
             await hold.lock.release()
 
@@ -661,14 +678,69 @@ class AsyncReentrantLock(ReentrantBase):
     async def __aenter__(self) -> "AsyncReentrantLock":
         if not await self.acquire():
             raise self._busy()
+        task = _task_owner()  # acquire() refuses outside a task
+        self._entered[task] = self._entered.get(task, 0) + 1
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        if not self._mine():
-            return
+        owner = self._exiting_owner(inspect.currentframe())
+        if owner is None or not self._mine(owner):
+            return  # released inside the block already (or its task is done: its holds went)
         try:
-            await self.release()
+            await self._release(owner)
         except LockLost:
             if exc_type is None:
                 raise
+
+    def _left(self, owner: object) -> object:
+        count = self._entered.get(owner, 0)
+        if count > 1:
+            self._entered[owner] = count - 1
+        else:
+            self._entered.pop(owner, None)
+        return owner
+
+    def _exiting_owner(self, frame: Any) -> object | None:
+        """Whose ``async with`` this exit ends: the caller's task's when it
+        entered one (or holds through this object); else, as for a release,
+        the task awaiting it through ``shield`` or ``wait_for`` that entered
+        one; else the object's only task inside an ``async with`` of it.
+
+        An async generator holding the lock across a ``yield`` and abandoned
+        is closed by the event loop's finalizer hook, whose ``aclose()`` runs in
+        a new task holding nothing: the exit returned at once, nothing was
+        released, and the key stayed held (renewed while the enterer's task
+        lived, then expiring within a lease), where a plain alock releases::
+
+            task A   async for row in rows(): break     # rows() inside async with
+            loop     aclose() in a new task: __aexit__ holds nothing: returned
+            ...      the key stays held while A lives
+
+        With several tasks inside an ``async with`` of this object, whose
+        exit it is cannot be known: logged, and ``RuntimeError``, nothing
+        released (each hold still ends with its task)."""
+        task = _task_owner()
+        if task is None:
+            return None
+        if self._entered.get(task):
+            return self._left(task)
+        if self._mine(task):  # entered otherwise (``__aenter__`` called by hand)
+            return task
+        holder, _ = self._awaited_by(task, _runs_alone(task, frame))
+        if holder is not None and self._entered.get(holder):
+            return self._left(holder)
+        inside = [owner for owner, count in list(self._entered.items()) if count > 0]
+        if not inside:
+            return None
+        if len(inside) > 1:
+            message = (f"lock {self.name!r}: an async with is left in a task that did not "
+                       f"enter it (an async generator closed by the event loop's finalizer, "
+                       f"or its aclose() run in another task), while {len(inside)} tasks are "
+                       f"inside an async with of this object: whose hold it ends cannot be "
+                       f"known, nothing was released (each hold ends with its task, its key "
+                       f"expiring within a lease). Use one lock object per task, or close "
+                       f"the generator in the task that iterates it")
+            logger.error(message)
+            raise RuntimeError(message)
+        return self._left(inside[0])
