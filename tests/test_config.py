@@ -422,14 +422,16 @@ def test_an_interrupted_release_is_not_counted_in_flight_for_ever(make_manager: 
     assert mgr._close_if_idle()  # what the next look does
 
 
-def test_a_retired_manager_is_not_closed_under_an_acquire_on_its_way(
+def test_a_grant_that_lands_on_a_closed_retired_manager_is_not_held(
         redis_nodes_factory: Any, fault_proxy_factory: Any, make_manager: Any) -> None:
     """An old lock object of a retired manager acquires (its round slowed on
-    the wire) while the manager is retired: closing it then (it held nothing)
-    let the grant land with nobody to renew it: owned() True, the keys
-    expiring silently. An acquire under way keeps it open, and the lock
-    taken is renewed."""
+    the wire) while the manager, holding nothing, is closed: the grant landed
+    with nobody to renew it (owned() True, the keys expiring silently). Now
+    the acquire fails loudly (QuorumUnavailable) and nothing counts as held.
+    A grant enrolled before the close is decided keeps the manager open."""
     import threading
+
+    from django_redlock.exceptions import QuorumUnavailable
 
     nodes = redis_nodes_factory(3)
     proxies = [fault_proxy_factory(server) for server in nodes]
@@ -439,21 +441,52 @@ def test_a_retired_manager_is_not_closed_under_an_acquire_on_its_way(
         pass  # connections set up: the slow part below is the acquire's round
     for proxy in proxies:
         proxy.set_latency(0.3)
-    got: list[bool] = []
-    acquiring = threading.Thread(target=lambda: got.append(lock.acquire(timeout=5)))
+    outcome: list[Any] = []
+
+    def acquire() -> None:
+        try:
+            outcome.append(lock.acquire(timeout=5))
+        except QuorumUnavailable as e:
+            outcome.append(e)
+
+    acquiring = threading.Thread(target=acquire)
     acquiring.start()
     time.sleep(0.1)  # the round is on its way
-    mgr.retire()
-    assert not mgr._closed, "closed under an acquire on its way"
+    mgr.retire()  # nothing held: closed at once
     acquiring.join(10)
     for proxy in proxies:
         proxy.set_latency(0.0)
-    assert got == [True]
-    assert not mgr._close_if_idle()  # a lock held: kept open
+    assert mgr._closed
+    assert len(outcome) == 1 and isinstance(outcome[0], QuorumUnavailable), outcome
+    assert not lock.owned()
+
+    # The other order: a lock held keeps a retired manager open, renewed.
+    other = make_manager(list(p.url for p in proxies), node_timeout=1.0)
+    kept = other.lock("retired:kept", ttl=0.9)
+    assert kept.acquire(timeout=2)
+    other.retire()
+    assert not other._closed and not other._close_if_idle()
     time.sleep(1.5)  # more than a lease: only the renewal keeps it
-    assert lock.owned() and all(server.execute("EXISTS", lock.key) == 1 for server in nodes)
-    lock.release()
-    assert mgr._close_if_idle()
+    assert kept.owned() and all(server.execute("EXISTS", kept.key) == 1 for server in nodes)
+    kept.release()
+    assert other._close_if_idle()
+
+
+def test_a_grant_enrolled_after_the_close_was_decided_is_refused(make_manager: Any,
+                                                                  session_nodes: Any) -> None:
+    """The narrow order: the close of a retired manager is decided (nothing
+    held) while an acquire's round is out; the round comes back granted
+    before the connections are shut. The grant is not held: nobody would
+    renew it (here: the decision made, the close itself not yet run)."""
+    from django_redlock.exceptions import QuorumUnavailable
+
+    mgr = make_manager(list(session_nodes.urls))
+    lock = mgr.lock("retired:decided", ttl=5)
+    mgr._retired = mgr._closing = mgr._closed = True  # what _close_if_idle just decided
+    with pytest.raises(QuorumUnavailable, match="granted after its manager was closed"):
+        lock.acquire(timeout=0)
+    assert not lock.owned()
+    mgr._closing = mgr._closed = False  # for the fixture's own close
 
 
 def test_the_exit_hook_releases_every_lock_of_a_retired_manager(session_nodes: Any) -> None:

@@ -493,14 +493,6 @@ class AsyncLock(LockBase):
         :class:`QuorumUnavailable` when fewer than a quorum of nodes answer.
         """
         mgr = self.manager
-        mgr._call_begins()  # a retired manager is not closed under it (LockManager.retire)
-        try:
-            return await self._acquire(blocking, timeout)
-        finally:
-            mgr._call_ends()
-
-    async def _acquire(self, blocking: bool, timeout: float | None | EllipsisType) -> bool:
-        mgr = self.manager
         started, deadline, token, owner, ttl_ms, pause = self._start_acquire(blocking, timeout)
         stale = self._end_stale_hold()
         if self._state == _UNLOCKED:

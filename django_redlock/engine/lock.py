@@ -70,14 +70,6 @@ class Lock(LockBase):
         :class:`QuorumUnavailable` when fewer than a quorum of nodes answer.
         """
         mgr = self.manager
-        mgr._call_begins()  # a retired manager is not closed under it (LockManager.retire)
-        try:
-            return self._acquire(blocking, timeout)
-        finally:
-            mgr._call_ends()
-
-    def _acquire(self, blocking: bool, timeout: float | None | EllipsisType) -> bool:
-        mgr = self.manager
         started, deadline, token, owner, ttl_ms, pause = self._start_acquire(blocking, timeout)
         stale = None
         if self._state != _UNLOCKED:  # only this thread's acquire leaves "unlocked"

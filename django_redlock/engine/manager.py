@@ -40,7 +40,6 @@ from ..core.arguments import check_max_hold, check_timeout, check_ttl
 from ..core.config import DEFAULTS, NodeSpec, check_options, parse_nodes, resolve_options
 from ..core.keys import fence_key, free_channels, lock_key, validate_name, waiters_key
 from ..core.retry import next_wait
-from ..exceptions import QuorumUnavailable
 from ..transport.nodekinds import make_node
 from ..transport.notify import ReleaseNotifier
 from ..transport.resp import FORCE_RELEASE, Call
@@ -492,38 +491,41 @@ class LockManager:
         self._close_if_idle()
 
     def _call_begins(self) -> None:
-        """An acquire or a release round is under way (``Lock.acquire``,
-        ``LockBase._release_plan``...): a retired manager must not be closed
-        under it. Timelines without the count::
+        """A release round is under way (``LockBase._release_plan``, the
+        take-back of an interrupted acquire, the exit hook): a retired
+        manager must not be closed under it. Timeline without the count::
 
             t=0  A and B, the last two locks of retired M, release at once
             t=0  A's round is done: B already counts as not held, M closes
             t=0  B's round meets closed connections: B's keys stay a lease
 
-            t=0  C's acquire round is on its way to the nodes (an old lock
-                 object of retired M); M holds nothing and is closed
-            t=0  C is granted: owned() True, but nobody renews it any more;
-                 its keys expire silently, a second holder gets in
+        (An acquire is not counted: a grant that lands on a manager closed
+        meanwhile is refused by :meth:`closed_under_grant`.)
         """
-        # On every acquire and release: a deque's append and pop are atomic
-        # (the GIL), no lock taken on the uncontended path; its length is the
-        # count. A call that begins while a close is being decided waits for
-        # the decision (_close_if_idle sets _closing first, then looks at the
-        # calls): either its count was seen, or it learns the manager closed.
+        # On every release: a deque's append and pop are atomic (the GIL), no
+        # lock taken on the uncontended path; its length is the count.
         self._calls.append(None)
-        if self._closing:
-            with self._retire_lock:
-                closed = self._closed
-            if closed:
-                self._calls.pop()
-                raise QuorumUnavailable(
-                    "this lock's manager was closed (retired by a settings change, then "
-                    "idle): take the lock from django_redlock.get_manager() again",
-                    needed=self.quorum)
 
     def _call_ends(self) -> None:
-        """The acquire or release of :meth:`_call_begins` is over."""
+        """The release of :meth:`_call_begins` is over."""
         self._calls.pop()
+
+    def closed_under_grant(self) -> bool:
+        """Whether a lock just granted (and enrolled as held) must be given up
+        because this retired manager was closed meanwhile: nobody would renew
+        it, and its keys would expire silently while ``owned()`` said True::
+
+            t=0  C's acquire round is on its way (an old lock object of M)
+            t=0  M, retired and holding nothing, is closed
+            t=0  C is granted: owned() True, renewed by nobody
+
+        ``_close_if_idle`` sets ``_closing`` before it looks at the held
+        locks: a grant enrolled before that look keeps M open; one enrolled
+        after it finds ``_closing`` set and waits here for the decision."""
+        if not self._closing:
+            return False
+        with self._retire_lock:
+            return self._closed
 
     def _close_if_idle(self) -> bool:
         """Close a retired manager that nothing needs any more; whether it is

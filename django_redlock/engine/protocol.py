@@ -77,6 +77,7 @@ class LockHost(Protocol):
     def _note_release(self, key: bytes, woken: int) -> None: ...
     def _call_begins(self) -> None: ...
     def _call_ends(self) -> None: ...
+    def closed_under_grant(self) -> bool: ...
     def _holders(self, key: bytes) -> int: ...
     def _acquire_round(self, *args: Any, **kwargs: Any) -> Any: ...
     def _release_round(self, *args: Any, **kwargs: Any) -> Any: ...
@@ -774,6 +775,15 @@ class LockBase:
         self._hold_no += 1
         self._lost_reason = ""
         held.enrol(self)
+        if self.manager.closed_under_grant():  # a retired manager closed meanwhile
+            self._state = _UNLOCKED
+            self._token = ""
+            self._valid_until = 0.0
+            raise QuorumUnavailable(
+                f"lock {self.name!r} was granted after its manager was closed (retired by a "
+                f"settings change): nobody would renew it, so it is not held; its keys "
+                f"expire with the lease. Take the lock from django_redlock.get_manager() "
+                f"again", lock_name=self.name, needed=self.manager.quorum)
 
     def __getstate__(self) -> Any:
         raise TypeError("lock objects cannot be pickled: a lock belongs to one process")
