@@ -241,7 +241,8 @@ class Lock(LockBase):
         this call: the key is still deleted wherever it is ours, but the caller
         learns that its critical section was not protected to the end.
         """
-        self._check_process()
+        if self._pid != getpid():
+            self._check_process()
         plan = self._release_plan()
         with self._io:  # the state changes before the first step (the renewal reads it)
             step = next(plan)
@@ -267,7 +268,8 @@ class Lock(LockBase):
         the next head is woken by the release script as it would be, and the
         head's ``acquire()`` returns without one more round trip. Raises
         :class:`LockNotOwned` as ``release()`` does."""
-        self._check_process()
+        if self._pid != getpid():
+            self._check_process()
         plan = self._release_plan()
         with self._io:  # the state changes before the round (the renewal reads it)
             step = next(plan)
@@ -298,7 +300,8 @@ class Lock(LockBase):
         held until its current lease ends; the renewal thread keeps trying).
         """
         new_ttl = self.ttl if ttl is ... else check_ttl(ttl)  # before anything is sent
-        self._check_process()
+        if self._pid != getpid():
+            self._check_process()
         with self._io:
             self._run_plan(self._extend_call_plan(new_ttl))
 

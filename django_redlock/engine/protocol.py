@@ -75,6 +75,7 @@ class LockHost(Protocol):
     def force_release(self, name: str, *, holder: str = ...) -> Any: ...
     def _handoff_pause(self, key: bytes) -> float: ...
     def _note_release(self, key: bytes, woken: int) -> None: ...
+    _closing: bool
     def _call_begins(self) -> None: ...
     def _call_ends(self) -> None: ...
     def closed_under_grant(self) -> bool: ...
@@ -600,7 +601,8 @@ class LockBase:
         reason = self._lost_reason or "the lease ran out before release"
         already_marked = self._lost_reason != ""
         token, fence = self._token, self.fence
-        lease = self._key_life(now)
+        # self._key_life(now), written out: every release
+        lease = max(self.ttl, self._valid_until - now, self._keys_until - now)
         # Counted in flight from before it stops counting as held until its
         # replies are in: a retired manager (LockManager.retire) must not
         # close under this round.
@@ -775,7 +777,8 @@ class LockBase:
         self._hold_no += 1
         self._lost_reason = ""
         held.enrol(self)
-        if self.manager.closed_under_grant():  # a retired manager closed meanwhile
+        mgr = self.manager
+        if mgr._closing and mgr.closed_under_grant():  # a retired manager closed meanwhile
             self._state = _UNLOCKED
             self._token = ""
             self._valid_until = 0.0
