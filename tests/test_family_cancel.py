@@ -221,7 +221,11 @@ def test_a_cancelled_release_that_found_a_loss_still_ends_cancelled(
         with pytest.raises(asyncio.CancelledError) as raised:
             await task
         assert task.cancelled()
-        assert isinstance(raised.value.__context__, LockLost), raised.value.__context__
+        # The LockLost is the cancellation's context: one link down, or two on
+        # Python 3.10, whose await of a cancelled task raises a new
+        # CancelledError with the task's own as its context.
+        chain = [raised.value.__context__, getattr(raised.value.__context__, "__context__", None)]
+        assert any(isinstance(e, LockLost) for e in chain), chain
         assert _left(nodes3, ml._locks) == {}
 
     asyncio.run(asyncio.wait_for(scenario(), 20))

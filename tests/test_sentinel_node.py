@@ -545,3 +545,36 @@ def test_a_child_forked_while_the_master_is_resolved_resolves_its_own(
             pass  # the parent's node was never touched
     finally:
         hole.close()
+
+
+_HOLD_PAST_RECHECK_THEN_EXIT = """
+import json, logging, sys, time
+from django_redlock import LockManager
+logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(message)s")
+mgr = LockManager([json.loads(sys.argv[1])], node_timeout=1.0)
+lock = mgr.lock("exit-sentinel", ttl=30, auto_renew=False)
+assert lock.acquire()
+time.sleep(1.5)  # past RECHECK: the exit hook's round asks for a recheck
+sys.exit(0)  # the exit hook releases it
+"""
+
+
+def test_the_exit_hook_releases_a_sentinel_nodes_lock_held_past_a_recheck(
+        group: SentinelGroup) -> None:
+    """After a round a Sentinel node asks its sentinels again in a thread;
+    at interpreter shutdown Python 3.12 refuses new threads, the exit hook's
+    release round raised there, and the lock was reported not released (the
+    release to nodes that missed it was never scheduled)."""
+    import json
+    import os
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
+    done = subprocess.run(
+        [sys.executable, "-c", _HOLD_PAST_RECHECK_THEN_EXIT, json.dumps(group.node_setting())],
+        env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert "could not be released" not in done.stderr, done.stderr
+    assert group.master.execute("EXISTS", "redlock:exit-sentinel") == 0

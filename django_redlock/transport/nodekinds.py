@@ -336,8 +336,11 @@ class SentinelNode(NodeClient):
             return
         self._checking = True
         self._checked = now
-        threading.Thread(target=self._recheck, name=f"redlock-sentinel {self.name}",
-                         daemon=True).start()
+        try:
+            threading.Thread(target=self._recheck, name=f"redlock-sentinel {self.name}",
+                             daemon=True).start()
+        except RuntimeError:  # at interpreter shutdown (3.12 refuses threads): no recheck
+            self._checking = False
 
     def _recheck(self) -> None:
         try:
@@ -627,8 +630,11 @@ class ClusterNode(NodeClient):
                 return
             self._refreshing = True
             self._refresh_started = now
-        threading.Thread(target=self._load, name=f"redlock-cluster {self.name}",
-                         daemon=True).start()
+        try:
+            threading.Thread(target=self._load, name=f"redlock-cluster {self.name}",
+                             daemon=True).start()
+        except RuntimeError:  # at interpreter shutdown (3.12 refuses threads): no reload
+            self._refreshing = False
 
     def _load(self) -> None:
         try:
