@@ -10,6 +10,12 @@ connection set-up to it held its thread for ever, and the exit hook of a
 process holding a lock never finished. Now each reply is read by its
 deadline as a whole (transport/sync.py ``_Reads``).
 
+A settled round (one that returns once a quorum answered) never waits for
+the rest of a reply, and leaves it to a later round on that connection: a
+node behind :class:`PartsProxy` delivers its replies in parts, at the moments
+that hurt most (part of a reply, then nothing more, or a byte now and then;
+a whole reply held back past its due time).
+
 Every call runs in a daemon thread joined with a bound, so a regression fails
 the test instead of hanging it; every loop here is bounded in count and time.
 """
@@ -30,7 +36,9 @@ import redis
 from redis._parsers import _RESP2Parser
 
 from django_redlock import QuorumUnavailable
-from django_redlock.testing import RedisNodes
+from django_redlock.testing import FaultProxy, RedisNodes
+from django_redlock.transport.resp import Command
+from django_redlock.transport.sync import NOT_AWAITED, NodeError, Settle
 from tests.polling import wait_until
 
 pytestmark = pytest.mark.slow
@@ -287,3 +295,238 @@ def test_the_exit_hook_is_bounded_with_a_node_stalling_mid_reply(
     assert took < 8.0, (took, err[-2000:])
     key = "redlock:trickle-exit"
     assert not nodes3[0].client().exists(key) and not nodes3[1].client().exists(key)
+
+
+class PartsProxy:
+    """A TCP proxy in front of one server (plain or TLS: it forwards bytes)
+    that can deliver the server's replies in parts. After :meth:`hold`, the
+    server's bytes on the connections open at that moment are kept, and
+    ``rule(kept)`` says how many of the kept bytes to send now, in one write
+    (the client reads them as one segment); :meth:`deliver` sends some by
+    hand. Connections opened later, and the client's requests, pass through.
+    """
+
+    def __init__(self, port: int) -> None:
+        self.target = ("127.0.0.1", port)
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.listener.settimeout(0.1)
+        self.port = self.listener.getsockname()[1]
+        self.clients: list[socket.socket] = []
+        self.upstreams: list[socket.socket] = []
+        self.kept: dict[socket.socket, bytearray] = {}
+        self.rule: Callable[[bytes], int] = lambda kept: 0
+        self.threads: list[threading.Thread] = []
+        self._spawn(self._accept)
+
+    def _spawn(self, target: Callable[..., None], *args: Any) -> None:
+        thread = threading.Thread(target=target, args=args, daemon=True)
+        self.threads.append(thread)
+        thread.start()
+
+    def hold(self, rule: Callable[[bytes], int] = lambda kept: 0) -> None:
+        with self.lock:
+            self.rule = rule
+            for client in self.clients:
+                self.kept.setdefault(client, bytearray())
+
+    def deliver(self, count: int | None = None, *, release: bool = False) -> int:
+        """Send ``count`` kept bytes (None: all) of each held connection;
+        with ``release``, forward everything from then on."""
+        sent = 0
+        with self.lock:
+            for client, kept in self.kept.items():
+                part = bytes(kept if count is None else kept[:count])
+                with contextlib.suppress(OSError):
+                    client.sendall(part)
+                sent += len(part)
+                del kept[:len(part)]
+            if release:
+                self.kept.clear()
+        return sent
+
+    def _accept(self) -> None:
+        for _ in range(MAX_TURNS):
+            if self.stopping.is_set():
+                return
+            try:
+                client, _ = self.listener.accept()
+            except (TimeoutError, OSError):
+                continue
+            try:
+                upstream = socket.create_connection(self.target, timeout=1.0)
+            except OSError:
+                client.close()
+                continue
+            with self.lock:
+                self.clients.append(client)
+                self.upstreams.append(upstream)
+            self._spawn(self._pipe, upstream, client, True)
+            self._spawn(self._pipe, client, upstream, False)
+
+    def _pipe(self, source: socket.socket, sink: socket.socket, down: bool) -> None:
+        source.settimeout(0.1)
+        for _ in range(MAX_TURNS):
+            if self.stopping.is_set():
+                return
+            try:
+                data = source.recv(65536)
+                if not data:
+                    return
+                with self.lock:
+                    kept = self.kept.get(sink) if down else None
+                    if kept is not None:
+                        kept += data
+                        count = self.rule(bytes(kept))
+                        data = bytes(kept[:count])
+                        del kept[:count]
+                    if data:
+                        sink.sendall(data)
+            except TimeoutError:
+                continue
+            except OSError:
+                return
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for sock in [self.listener, *self.clients, *self.upstreams]:
+            with contextlib.suppress(OSError):
+                sock.close()
+        for thread in self.threads:
+            thread.join(timeout=2.0)
+
+
+def once(at: int, count: int) -> Callable[[bytes], int]:
+    """A rule: once ``at`` bytes are kept, send ``count`` of them; then nothing."""
+    done: list[bool] = []
+
+    def rule(kept: bytes) -> int:
+        if done or len(kept) < at:
+            return 0
+        done.append(True)
+        return count
+
+    return rule
+
+
+PONG = Settle(2, lambda reply: reply == b"PONG", lambda reply: False)
+PING = [Command(b"PING")] * 3
+#: B's link: its reply comes this long after C's bytes (each way), so that a
+#: settled round reads C's part before B decides it.
+B_LATENCY = 0.05
+
+
+@pytest.fixture
+def parted(nodes3: RedisNodes) -> Any:
+    """Nodes A (direct), B (a slow link), C (behind a :class:`PartsProxy`)."""
+    slow = FaultProxy.for_server(nodes3[1]).start()
+    slow.set_latency(B_LATENCY)
+    parts = PartsProxy(nodes3[2].port)
+    yield [nodes3[0].url, slow.url, f"redis://127.0.0.1:{parts.port}/0"], parts
+    parts.stop()
+    slow.stop()
+
+
+def _warm(transport: Any) -> list[Any]:
+    """A connection to each node (B's set-up over its slow link may take
+    longer than a node timeout: the round waits for it up to 5 s)."""
+    result: list[Any] = transport.round(PING, until=transport.clock() + 5.0)
+    return result
+
+
+def _owed_replies(node: Any) -> int:
+    return max((len(entry.expect) for entry in list(node._owed)), default=0)
+
+
+@pytest.mark.parametrize("parser", ["default", "python"])
+def test_a_settled_round_leaving_part_of_a_reply_fails_its_node_once_overdue(
+        parted: Any, make_manager: MakeManager, parser: str) -> None:
+    """C sends 3 bytes of ``+PONG\r\n`` and then nothing more on that
+    connection. The settled round that read them returns on A and B and
+    leaves the rest owed. Once C's reply is overdue, the next round drops
+    that connection and fails C (it was kept for ever: the parser's buffer
+    held part of a reply, so ``can_read`` said readable; C was reported as
+    NOT_AWAITED round after round, with one more owed reply each round, and
+    C never counted as failed); then C answers on a new connection."""
+    urls, parts = parted
+    options: dict[str, Any] = {}
+    if parser == "python":
+        options["pool_factory"] = _python_parser_pool
+    mgr = make_manager(urls, node_timeout=NODE_TIMEOUT, connect_timeout=CONNECT_TIMEOUT,
+                       auto_renew=False, **options)
+    transport, node = mgr.transport, mgr.transport.nodes[2]
+    assert _warm(transport) == [b"PONG"] * 3
+    parts.hold(once(at=len(b"+PONG\r\n"), count=3))
+    first, took = bounded(lambda: transport.round(PING, settle=PONG, tag="t1"), 5.0)
+    assert first == [b"PONG", b"PONG", NOT_AWAITED], first
+    time.sleep(NODE_TIMEOUT + 0.1)  # C's reply is overdue; nothing more came
+    second, took = bounded(lambda: transport.round(PING, settle=PONG, tag="t2"), 5.0)
+    assert second[:2] == [b"PONG", b"PONG"], second
+    assert isinstance(second[2], NodeError) and not second[2].sent, second
+    assert node.errors == 1 and _owed_replies(node) == 0
+    time.sleep(0.2)  # C's back-off
+    third, took = bounded(lambda: transport.round(PING), 5.0)
+    assert third == [b"PONG"] * 3 and took < NODE_TIMEOUT / 2, (third, took)
+
+
+@pytest.mark.parametrize("parser", ["default", "python"])
+def test_an_overdue_owed_reply_coming_a_byte_at_a_time_fails_its_node_at_once(
+        parted: Any, make_manager: MakeManager, parser: str) -> None:
+    """As above, but one more byte of C's overdue reply comes just before
+    the next round (its socket is readable when that round takes the
+    connection): the reply is read by its own due time, so the round fails
+    C at once; it waited a whole node timeout for the rest (an unsettled
+    round), and a node sending a byte now and then kept its connection."""
+    urls, parts = parted
+    options: dict[str, Any] = {}
+    if parser == "python":
+        options["pool_factory"] = _python_parser_pool
+    mgr = make_manager(urls, node_timeout=NODE_TIMEOUT, connect_timeout=CONNECT_TIMEOUT,
+                       auto_renew=False, **options)
+    transport, node = mgr.transport, mgr.transport.nodes[2]
+    assert _warm(transport) == [b"PONG"] * 3
+    parts.hold(once(at=len(b"+PONG\r\n"), count=3))
+    first, _ = bounded(lambda: transport.round(PING, settle=PONG, tag="t1"), 5.0)
+    assert first == [b"PONG", b"PONG", NOT_AWAITED], first
+    time.sleep(NODE_TIMEOUT + 0.1)
+    assert parts.deliver(1) == 1  # "N": still no whole reply
+    time.sleep(0.05)
+    second, took = bounded(lambda: transport.round(PING), 5.0)
+    assert second[:2] == [b"PONG", b"PONG"], second
+    assert isinstance(second[2], NodeError), second
+    assert took < NODE_TIMEOUT / 2, took
+    assert node.errors == 1 and _owed_replies(node) == 0
+
+
+@pytest.mark.parametrize("parser", ["default", "python"])
+def test_an_overdue_owed_reply_that_came_whole_is_read_however_big(
+        parted: Any, make_manager: MakeManager, parser: str) -> None:
+    """C's 100,000-byte reply, held back by the proxy past its due time,
+    then sent whole before the next round on that connection: the round
+    reads it (more than one ``recv``: whatever came already is read however
+    late) and C is not failed. An owed reply is read by its own due time;
+    had that bounded every recv, the second would have failed a node that
+    answered."""
+    urls, parts = parted
+    options: dict[str, Any] = {}
+    if parser == "python":
+        options["pool_factory"] = _python_parser_pool
+    mgr = make_manager(urls, node_timeout=NODE_TIMEOUT, connect_timeout=CONNECT_TIMEOUT,
+                       auto_renew=False, **options)
+    transport, node = mgr.transport, mgr.transport.nodes[2]
+    assert _warm(transport) == [b"PONG"] * 3
+    value = b"v" * 100_000
+    echo = [Command(b"ECHO", value)] * 3
+    settle = Settle(2, lambda reply: reply == value, lambda reply: False)
+    parts.hold()
+    first, _ = bounded(lambda: transport.round(echo, settle=settle, tag="t"), 5.0)
+    assert first == [value, value, NOT_AWAITED], [type(r) for r in first]
+    whole = len(b"$100000\r\n") + len(value) + 2
+    assert wait_until(lambda: sum(map(len, parts.kept.values())) == whole, timeout=5.0)
+    time.sleep(NODE_TIMEOUT + 0.1)  # overdue
+    assert parts.deliver(release=True) == whole
+    time.sleep(0.1)  # all of it in C's socket
+    second, _ = bounded(lambda: transport.round(PING, tag="t"), 5.0)
+    assert second == [b"PONG"] * 3, second
+    assert node.errors == 0

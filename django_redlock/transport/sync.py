@@ -40,6 +40,7 @@ import inspect
 import logging
 import math
 import select
+import ssl
 import termios
 import threading
 import time
@@ -253,6 +254,11 @@ class _NotYet(Exception):
     next read resumes the reply where it stopped."""
 
 
+#: What a ``recv`` on a socket without a timeout raises when nothing came: a
+#: plain socket's EAGAIN, a TLS socket's want of the rest of a record.
+_WOULD_BLOCK = (BlockingIOError, ssl.SSLWantReadError, ssl.SSLWantWriteError)
+
+
 class _Reads:
     """The socket a connection's reply parser reads through: the socket's own
     calls, but a read armed with a deadline (:func:`_armed`) ends by it,
@@ -274,9 +280,11 @@ class _Reads:
     So the first ``recv`` of a read uses the socket's own timeout when that
     ends by the deadline (the usual case: the read right after the send, the
     reply whole in one ``recv``; no system call added), every later one gets
-    what is left of the deadline, and none once it passed: the read fails as
-    any timed-out read (its connection is dropped: a half-read reply must
-    never be taken for the next command's). A settled round's read
+    what is left of the deadline, and once it passed only what came already
+    (a ``recv`` that does not wait: a reply that came whole is read however
+    late its reader runs). A read that still lacks part of its reply then
+    fails as any timed-out read (its connection is dropped: a half-read
+    reply must never be taken for the next command's). A settled round's read
     (``wait`` False) does not wait for the rest of a reply at all: it raises
     :class:`_NotYet` and reads the other nodes meanwhile.
 
@@ -327,7 +335,8 @@ class _Reads:
                 return recv(*args)
             left = max(left, _TIMEOUT_SLACK)  # a reply already come is read however late
         elif left <= 0:
-            raise TimeoutError("timed out")  # the rest of the reply came too late
+            # The rest of the reply, if it came already; else too late.
+            return self._now(recv, args, TimeoutError("timed out"))
         elif not self.wait and not _readable_now(sock):
             raise _NotYet()
         sock.settimeout(left)
@@ -335,6 +344,18 @@ class _Reads:
             return recv(*args)
         finally:
             sock.settimeout(home)
+
+    def _now(self, recv: Callable[..., Any], args: tuple[Any, ...],
+             nothing: BaseException | type[BaseException]) -> Any:
+        """``recv`` what came already; raise ``nothing`` when that is nothing."""
+        sock = self.sock
+        sock.settimeout(0.0)
+        try:
+            return recv(*args)
+        except _WOULD_BLOCK:
+            raise nothing from None
+        finally:
+            sock.settimeout(self.home)
 
 
 def _readable_now(sock: Any) -> bool:
@@ -881,9 +902,12 @@ class NodeClient:
         rounds take a connection that owes nobody's replies, or one whose
         replies are all due, so that owed connections are drained promptly
         and a node needs no more connections than before. A connection whose
-        oldest owed reply is overdue, with nothing to read, belongs to a node
-        that stopped answering: it is dropped and the node marked failed
-        (:class:`NodeError`, raised here).
+        oldest owed reply is overdue, with nothing new on its socket (part of
+        a reply left in its parser by a settled round is no answer), belongs
+        to a node that stopped answering: it is dropped and the node marked
+        failed (:class:`NodeError`, raised here). One with something new is
+        taken, and its overdue reply read by its own due time: whole by now,
+        or the node fails.
         """
         if self._later_tags and tag is not None and tag in self._later_tags:
             if self._set_up_reply_waits():
@@ -931,9 +955,19 @@ class NodeClient:
 
     @staticmethod
     def _readable(conn: Any) -> bool:
+        """Whether something came on ``conn``'s socket since it was last
+        read. The socket, not the parser (``can_read``): a settled round may
+        leave part of a reply in the parser's buffer (:class:`_NotYet`), and
+        then ``can_read`` says True however long nothing more comes: a node
+        that sent part of a reply and stopped was never dropped nor failed,
+        every round sent behind it, and its connection's owed replies grew
+        by one per round."""
+        sock = conn._sock
+        if sock is None:
+            return False
         try:
-            return bool(conn.can_read(timeout=0))
-        except NODE_DOWN_ERRORS:
+            return _readable_now(sock)
+        except (OSError, ValueError):  # closed under us
             return False
 
     @staticmethod
@@ -1319,7 +1353,10 @@ class SyncTransport:
         """Read the next reply on ``conn``: ``(True, reply)`` when it is this round's.
 
         The whole reply is read by ``deadline``, not each ``recv`` within the
-        node timeout (:class:`_Reads`). With ``wait`` False (a settled round),
+        node timeout (:class:`_Reads`); a reply owed by an earlier round by
+        its own due time, when that is sooner (a node must not keep an owed
+        connection alive, and every round on it waiting, by sending a byte now
+        and then). With ``wait`` False (a settled round),
         a reply that came in part raises :class:`_NotYet`: the round reads it
         on when more came, and the other nodes meanwhile.
 
@@ -1335,7 +1372,8 @@ class SyncTransport:
         try:
             if conn._sock is None:
                 raise RedisConnectionError("Connection closed by server.")
-            reads = _armed(conn, deadline, node.timeout, self.clock, wait)
+            reads = _armed(conn, expect_due if expect_due < deadline else deadline, node.timeout,
+                           self.clock, wait)
             try:
                 if wait:
                     reply = conn.read_response()
