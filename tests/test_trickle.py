@@ -14,7 +14,8 @@ A settled round (one that returns once a quorum answered) never waits for
 the rest of a reply, and leaves it to a later round on that connection: a
 node behind :class:`PartsProxy` delivers its replies in parts, at the moments
 that hurt most (part of a reply, then nothing more, or a byte now and then;
-a whole reply held back past its due time).
+a whole reply held back past its due time; round 1's reply with the head of
+round 2's in one segment; a TLS record but its last bytes).
 
 Every call runs in a daemon thread joined with a bound, so a regression fails
 the test instead of hanging it; every loop here is bounded in count and time.
@@ -30,6 +31,7 @@ import sys
 import threading
 import time
 from typing import Any, Callable
+from urllib.parse import urlsplit
 
 import pytest
 import redis
@@ -40,6 +42,7 @@ from django_redlock.testing import FaultProxy, RedisNodes
 from django_redlock.transport.resp import Command
 from django_redlock.transport.sync import NOT_AWAITED, NodeError, Settle
 from tests.polling import wait_until
+from tests.test_tls import _TLSNodes, certificate, tls_nodes  # noqa: F401 - fixtures
 
 pytestmark = pytest.mark.slow
 
@@ -530,3 +533,61 @@ def test_an_overdue_owed_reply_that_came_whole_is_read_however_big(
     second, _ = bounded(lambda: transport.round(PING, tag="t"), 5.0)
     assert second == [b"PONG"] * 3, second
     assert node.errors == 0
+
+
+@pytest.mark.parametrize("parser", ["default", "python"])
+def test_a_settled_round_does_not_wait_for_the_rest_of_its_own_reply_after_an_owed_one(
+        parted: Any, make_manager: MakeManager, parser: str) -> None:
+    """Round 1 settles on A and B, C's reply held back. In round 2 C sends
+    round 1's reply and the head of round 2's in one segment, then nothing:
+    the round drops the owed reply and returns on A and B (about 2 x
+    B_LATENCY), C's rest owed. It waited for the rest of C's reply until C's
+    deadline (the first recv of a read took the socket's timeout, and
+    ``can_read`` said True for the head in the parser) and reported C down."""
+    urls, parts = parted
+    options: dict[str, Any] = {}
+    if parser == "python":
+        options["pool_factory"] = _python_parser_pool
+    mgr = make_manager(urls, node_timeout=NODE_TIMEOUT, connect_timeout=CONNECT_TIMEOUT,
+                       auto_renew=False, **options)
+    transport = mgr.transport
+    assert _warm(transport) == [b"PONG"] * 3
+    parts.hold(once(at=2 * len(b"+PONG\r\n"), count=len(b"+PONG\r\n+PO")))
+    first, _ = bounded(lambda: transport.round(PING, settle=PONG, tag="t"), 5.0)
+    assert first == [b"PONG", b"PONG", NOT_AWAITED], first
+    second, took = bounded(lambda: transport.round(PING, settle=PONG, tag="t"), 5.0)
+    assert second == [b"PONG", b"PONG", NOT_AWAITED], second
+    assert took < NODE_TIMEOUT - 0.1, took
+    assert parts.deliver(release=True) == len(b"NG\r\n")
+    third, _ = bounded(lambda: transport.round(PING, tag="t"), 5.0)
+    assert third == [b"PONG"] * 3, third  # C's rest read and dropped, in order
+
+
+def test_a_settled_round_does_not_wait_for_the_rest_of_a_tls_record(
+        tls_nodes: _TLSNodes, make_manager: MakeManager) -> None:  # noqa: F811 - the fixture
+    """TLS: C's reply record comes but its last 5 bytes. Its socket is
+    readable, and nothing of it can be decrypted yet: the settled round
+    returns on A and B, C owed. ``SSLSocket.recv`` waited for the rest of the
+    record until C's deadline (poll said readable)."""
+    ports = [int(urlsplit(url).port or 0) for url in tls_nodes.tls_urls]
+    slow = FaultProxy("127.0.0.1", ports[1]).start()
+    slow.set_latency(B_LATENCY)
+    parts = PartsProxy(ports[2])
+    try:
+        urls = [url.replace(f":{port}/", f":{proxy}/") for url, port, proxy
+                in zip(tls_nodes.tls_urls, ports, [ports[0], slow.port, parts.port])]
+        mgr = make_manager(urls, node_timeout=NODE_TIMEOUT, connect_timeout=2.0,
+                           auto_renew=False)
+        transport = mgr.transport
+        warm, _ = bounded(lambda: _warm(transport), 10.0)
+        assert warm == [b"PONG"] * 3, warm
+        parts.hold(lambda kept: max(len(kept) - 5, 0))
+        first, took = bounded(lambda: transport.round(PING, settle=PONG, tag="t"), 5.0)
+        assert first == [b"PONG", b"PONG", NOT_AWAITED], first
+        assert took < NODE_TIMEOUT - 0.1, took
+        assert parts.deliver(release=True) == 5
+        second, _ = bounded(lambda: transport.round(PING, tag="t"), 5.0)
+        assert second == [b"PONG"] * 3, second
+    finally:
+        parts.stop()
+        slow.stop()

@@ -279,20 +279,34 @@ class _Reads:
 
     So the first ``recv`` of a read uses the socket's own timeout when that
     ends by the deadline (the usual case: the read right after the send, the
-    reply whole in one ``recv``; no system call added), every later one gets
-    what is left of the deadline, and once it passed only what came already
-    (a ``recv`` that does not wait: a reply that came whole is read however
-    late its reader runs). A read that still lacks part of its reply then
-    fails as any timed-out read (its connection is dropped: a half-read
-    reply must never be taken for the next command's). A settled round's read
-    (``wait`` False) does not wait for the rest of a reply at all: it raises
-    :class:`_NotYet` and reads the other nodes meanwhile.
+    reply whole in one ``recv``; no system call added, and no Python call:
+    it goes to the socket ``direct``), every later one gets what is left of
+    the deadline, and once it passed only what came already (a ``recv``
+    that does not wait: a reply that came whole is read however late its
+    reader runs). A read that still lacks part of its reply then fails as
+    any timed-out read (its connection is dropped: a half-read reply must
+    never be taken for the next command's).
+
+    A settled round's read (``wait`` False) never waits before its
+    deadline: every ``recv`` takes only what came already, and when that is
+    nothing it raises :class:`_NotYet` (the round reads the other nodes
+    meanwhile). Only a plain socket that the round's ``poll`` just found
+    readable (``ready``) is read directly: its ``recv`` returns at once. A
+    readable TLS socket may hold part of a record only, for which
+    ``SSLSocket.recv`` would wait; a parser's buffer may hold part of a reply
+    (``can_read`` then says True while nothing more came)::
+
+        round 2  node C sends round 1's owed reply and the head of round 2's
+                 own in one segment; the read drops the owed reply, and the
+                 next recv would wait for the rest of C's until its deadline
+                 (1 s) while A and B, which answered, sat unread
 
     Disarmed (``deadline`` None), it is the socket: ``can_read`` and
     redis-py's own reads go through unchanged.
     """
 
-    __slots__ = ("clock", "deadline", "first", "home", "parser", "sock", "wait")
+    __slots__ = ("clock", "deadline", "direct", "first", "home", "parser", "plain", "sock",
+                 "wait")
 
     def __init__(self, sock: Any, parser: Any) -> None:
         self.sock = sock
@@ -302,48 +316,49 @@ class _Reads:
         #: The socket's timeout between reads (the node timeout; the connect
         #: timeout in a set-up), which a bounded ``recv`` puts back.
         self.home = 0.0
-        self.first = True
+        #: The next ``recv`` goes to the socket as it is: disarmed, or the
+        #: first of a read that ends by its deadline anyway (_armed).
+        self.direct = True
+        #: The next ``recv`` is the read's first, not ``direct``.
+        self.first = False
         self.wait = True
+        #: Not TLS: readable means a ``recv`` returns at once.
+        self.plain = not isinstance(sock, ssl.SSLSocket)
 
     def __getattr__(self, name: str) -> Any:  # fileno, settimeout, pending (TLS)...
         return getattr(self.sock, name)
 
     # The arguments go through as given: a TLS socket's defaults differ.
     def recv_into(self, *args: Any) -> Any:
-        if self.deadline is None:
+        if self.direct:
+            if self.deadline is not None:
+                self.direct = False  # the rest of the reply by the deadline
             return self.sock.recv_into(*args)
-        return self._bounded(self.sock.recv_into, *args)
+        return self._bounded(self.sock.recv_into, args)
 
     def recv(self, *args: Any) -> Any:
-        if self.deadline is None:
+        if self.direct:
+            if self.deadline is not None:
+                self.direct = False
             return self.sock.recv(*args)
-        return self._bounded(self.sock.recv, *args)
+        return self._bounded(self.sock.recv, args)
 
-    def _bounded(self, recv: Callable[..., Any], *args: Any) -> Any:
+    def _bounded(self, recv: Callable[..., Any], args: tuple[Any, ...]) -> Any:
         assert self.deadline is not None
         sock = self.sock
-        home = self.home
         left = self.deadline - self.clock()
-        if self.first:
-            self.first = False
-            if left >= home - _SOCKET_TIMEOUT_SLACK:
-                # The read right after the send: the socket's own timeout is
-                # the deadline, to within the slack. A timeout of its own
-                # costs two more system calls (set, and set back).
-                if sock.gettimeout() != home:
-                    sock.settimeout(home)  # changed by someone else's read
-                return recv(*args)
-            left = max(left, _TIMEOUT_SLACK)  # a reply already come is read however late
-        elif left <= 0:
+        first = self.first
+        self.first = False
+        if left > 0 and not self.wait:
+            return self._now(recv, args, _NotYet)  # a settled round reads the others meanwhile
+        if left <= 0 and not first:
             # The rest of the reply, if it came already; else too late.
             return self._now(recv, args, TimeoutError("timed out"))
-        elif not self.wait and not _readable_now(sock):
-            raise _NotYet()
-        sock.settimeout(left)
+        sock.settimeout(max(left, _TIMEOUT_SLACK))  # a reply already come is read however late
         try:
             return recv(*args)
         finally:
-            sock.settimeout(home)
+            sock.settimeout(self.home)
 
     def _now(self, recv: Callable[..., Any], args: tuple[Any, ...],
              nothing: BaseException | type[BaseException]) -> Any:
@@ -374,12 +389,13 @@ _READS = "_redlock_reads"
 
 
 def _armed(conn: Any, deadline: float, home: float, clock: Callable[[], float],
-           wait: bool = True) -> _Reads:
+           wait: bool = True, ready: bool = False) -> _Reads:
     """Arm ``conn``'s reads with ``deadline`` (on ``clock``) for one reply;
-    disarm with ``reads.deadline = None``. A connection's parser is wrapped
-    once per socket (redis-py's parsers keep the socket they read: hiredis as
-    ``_sock``, the pure-Python ones in their buffer; a handshake may change
-    the parser)."""
+    disarm with :func:`_disarm`. ``ready``: a ``poll`` just found the
+    socket readable, and nothing read it since. A connection's parser is
+    wrapped once per socket (redis-py's parsers keep the socket they read:
+    hiredis as ``_sock``, the pure-Python ones in their buffer; a handshake
+    may change the parser)."""
     sock = conn._sock
     parser = conn._parser
     reads = getattr(conn, _READS, None)
@@ -396,9 +412,25 @@ def _armed(conn: Any, deadline: float, home: float, clock: Callable[[], float],
     reads.deadline = deadline
     reads.home = home
     reads.clock = clock
-    reads.first = True
     reads.wait = wait
+    if wait:
+        # The socket's own timeout ends by the deadline, to within the slack:
+        # a timeout of its own would cost two more system calls (set, and
+        # set back).
+        direct = deadline - clock() >= home - _SOCKET_TIMEOUT_SLACK
+        if direct and sock.gettimeout() != home:
+            sock.settimeout(home)  # changed by someone else's read
+    else:
+        direct = ready and reads.plain
+    reads.direct = direct
+    reads.first = not direct
     return reads
+
+
+def _disarm(reads: _Reads) -> None:
+    """The socket as it is again (:func:`_armed`)."""
+    reads.deadline = None
+    reads.direct = True
 
 
 def secrets_of(spec: NodeSpec) -> list[str]:
@@ -828,7 +860,7 @@ class NodeClient:
                     except ResponseError:
                         pass
                     finally:
-                        reads.deadline = None
+                        _disarm(reads)
             except NODE_DOWN_ERRORS as e:
                 conn.disconnect()
                 raise NodeError(self.name, _short(e)) from e
@@ -859,7 +891,7 @@ class NodeClient:
             try:
                 reply = read(*args, **kwargs)
             finally:
-                reads.deadline = None
+                _disarm(reads)
             self.note_set_up_reply()  # each step answered: the node is alive
             return reply
 
@@ -1328,37 +1360,39 @@ class SyncTransport:
             expect.append((request, True, deadline))
 
     def _read_up_to_mine(self, i: int, conn: Any, expect: Deque[Expected], deadline: float,
-                         *, block: bool = True) -> Any:
+                         *, block: bool = True, ready: bool = False) -> Any:
         """Read replies on ``conn`` up to and including this round's; return its result.
 
-        With ``block=False`` (a settled round, once ``poll`` said node ``i`` sent
-        something), stop when nothing more has arrived yet and return None.
+        With ``block=False`` (a settled round: ``ready``, its ``poll`` just
+        said node ``i`` sent something; or the node's deadline passed), stop
+        when no whole reply is in the parser and nothing more came on the
+        socket, and return None (:class:`_NotYet`). Not ``can_read``: it says
+        True for part of a reply in the parser's buffer, and the next read
+        waited for the rest of it.
         """
         try:
             while True:
-                mine, reply = self._read_next(i, conn, expect, deadline, wait=block)
+                mine, reply = self._read_next(i, conn, expect, deadline, wait=block, ready=ready)
                 if mine:
                     return reply
-                if not block and not conn.can_read(timeout=0):
-                    return None
-        except _NotYet:  # part of a reply came, not the rest yet
+                ready = False  # read since
+        except _NotYet:  # nothing more came yet
             return None
         except _NodeDone as done:
             return done.result
-        except NODE_DOWN_ERRORS as e:  # can_read on a connection the server closed
-            return self._fail(self.nodes[i], conn, expect, _short(e))
 
     def _read_next(self, i: int, conn: Any, expect: Deque[Expected], deadline: float,
-                   *, wait: bool = True) -> tuple[bool, Any]:
+                   *, wait: bool = True, ready: bool = False) -> tuple[bool, Any]:
         """Read the next reply on ``conn``: ``(True, reply)`` when it is this round's.
 
         The whole reply is read by ``deadline``, not each ``recv`` within the
         node timeout (:class:`_Reads`); a reply owed by an earlier round by
         its own due time, when that is sooner (a node must not keep an owed
         connection alive, and every round on it waiting, by sending a byte now
-        and then). With ``wait`` False (a settled round),
-        a reply that came in part raises :class:`_NotYet`: the round reads it
-        on when more came, and the other nodes meanwhile.
+        and then). With ``wait`` False (a settled round), a reply not yet
+        whole raises :class:`_NotYet` when nothing more came: the round reads
+        it on when more came, and the other nodes meanwhile (``ready``: its
+        ``poll`` just found the socket readable).
 
         A reply owed by an earlier round is dropped. ``NOSCRIPT`` sends this
         round's own request again as ``EVAL``, and an owed release too; any
@@ -1373,14 +1407,15 @@ class SyncTransport:
             if conn._sock is None:
                 raise RedisConnectionError("Connection closed by server.")
             reads = _armed(conn, expect_due if expect_due < deadline else deadline, node.timeout,
-                           self.clock, wait)
+                           self.clock, wait, ready)
             try:
                 if wait:
                     reply = conn.read_response()
                 else:  # _NotYet must not drop the connection (redis-py's default)
                     reply = conn.read_response(disconnect_on_error=False)
             finally:
-                reads.deadline = None
+                reads.deadline = None  # _disarm, inline: every round passes here
+                reads.direct = True
         except _NotYet:
             raise
         except NoScriptError as e:
@@ -1522,7 +1557,7 @@ class SyncTransport:
                 ready = [i for i in by_fd.values() if deadlines[i] <= now]
             for i in ready:
                 result = self._read_up_to_mine(i, conns[i], expects[i], deadlines[i],
-                                               block=False)
+                                               block=False, ready=bool(events))
                 if result is None:
                     continue
                 results[i] = result
