@@ -1069,7 +1069,21 @@ def _scrape() -> str:
     return generate_latest(REGISTRY).decode()
 
 
-def test_snippet_metrics_app_config() -> None:
+@pytest.fixture
+def metrics_counting(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """The metrics' receivers connected for this test, whatever ran before
+    (tests/test_metrics.py disconnects them when it is imported), and the
+    label budget fresh (earlier tests' lock names may have used it up)."""
+    metrics = pytest.importorskip("django_redlock.metrics")
+    monkeypatch.setattr(metrics, "_seen", set())
+    metrics._connect()
+    try:
+        yield
+    finally:
+        metrics._disconnect()
+
+
+def test_snippet_metrics_app_config(metrics_counting: None) -> None:
     pytest.importorskip("prometheus_client")
     import tests.testapp
 
@@ -1083,7 +1097,7 @@ def test_snippet_metrics_app_config() -> None:
 
 
 @pytest.mark.django_db
-def test_snippet_metrics_urls(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_snippet_metrics_urls(monkeypatch: pytest.MonkeyPatch, metrics_counting: None) -> None:
     pytest.importorskip("prometheus_client")
     patterns = [p for p in run("metrics-urls")["urlpatterns"] if p is not Ellipsis]
     with django_redlock.lock("docscrape:1"):

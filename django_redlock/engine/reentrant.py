@@ -1,5 +1,10 @@
 """``lock(name, reentrant=True)``: the same thread (or asyncio task) may take it again.
 
+(Why one module of 750 lines: who owns a hold (a thread, a task, the task
+that awaits a release run by ``shield``), how long the hold lives (weakly
+kept, ended with its owner) and the sync and asyncio objects that share both
+are one model of ownership; split, each half would reach into the other.)
+
 Why: a decorated view calls a decorated helper that locks the same row::
 
     @with_lock("stock:<pk>", reentrant=True)
