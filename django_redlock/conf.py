@@ -5,7 +5,8 @@ Nothing is read at import time and nothing is written back into
 built on first use from ``REDLOCK_NODES`` and ``REDLOCK``, and retired when a
 ``setting_changed`` signal (``override_settings`` in tests) touches them, or
 ``CACHES`` when a ``cache:`` node is configured. A retired manager is no longer
-handed out, and is closed once the locks it still holds are released.
+handed out; it is closed at once when nothing of it is in use, else by a later
+``get_manager()`` once the locks it still held are gone (``LockManager.retire``).
 """
 
 from __future__ import annotations
@@ -108,10 +109,11 @@ def _look_at_retired() -> None:
 
 def reset_manager() -> None:
     """Forget the settings' manager (the next ``get_manager()`` rebuilds it)
-    and retire it: it is closed at once when it holds no lock, else when its
-    last held lock is released, and until then keeps renewing the locks it
-    holds (``LockManager.retire``: closing it there stopped their renewal
-    silently, and a second holder got in once their leases ran out)."""
+    and retire it: it is closed at once when nothing of it is in use, else by
+    a later look (:func:`_look_at_retired`) once nothing is, and until then
+    keeps renewing the locks it holds (``LockManager.retire``: closing it
+    here stopped their renewal silently, and a second holder got in once
+    their leases ran out)."""
     global _manager
     with _lock:
         manager, _manager = _manager, None
