@@ -472,21 +472,35 @@ def test_a_grant_that_lands_on_a_closed_retired_manager_is_not_held(
     assert other._close_if_idle()
 
 
-def test_a_grant_enrolled_after_the_close_was_decided_is_refused(make_manager: Any,
-                                                                  session_nodes: Any) -> None:
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_grant_enrolled_after_the_close_was_decided_is_refused(
+        make_manager: Any, session_nodes: Any, flavour: str) -> None:
     """The narrow order: the close of a retired manager is decided (nothing
     held) while an acquire's round is out; the round comes back granted
     before the connections are shut. The grant is not held: nobody would
-    renew it (here: the decision made, the close itself not yet run)."""
+    renew it (here: the decision made, the close itself not yet run). It is
+    taken back where the nodes can be reached (the asyncio flavour left the
+    keys a whole lease, and the lock busy for everyone)."""
+    import asyncio
+
     from django_redlock.exceptions import QuorumUnavailable
 
     mgr = make_manager(list(session_nodes.urls))
-    lock = mgr.lock("retired:decided", ttl=5)
+    name = f"retired:decided:{flavour}"
     mgr._retired = mgr._closing = mgr._closed = True  # what _close_if_idle just decided
     with pytest.raises(QuorumUnavailable, match="granted after its manager was closed"):
-        lock.acquire(timeout=0)
+        if flavour == "sync":
+            lock: Any = mgr.lock(name, ttl=30)
+            lock.acquire(timeout=0)
+        else:
+            lock = mgr.alock(name, ttl=30)
+            asyncio.run(lock.acquire(timeout=0))
     assert not lock.owned()
     mgr._closing = mgr._closed = False  # for the fixture's own close
+    assert all(server.execute("EXISTS", lock.key) == 0 for server in session_nodes)
+    other = make_manager(list(session_nodes.urls)).lock(name, ttl=5)
+    assert other.acquire(timeout=0)
+    other.release()
 
 
 def test_the_exit_hook_releases_every_lock_of_a_retired_manager(session_nodes: Any) -> None:

@@ -561,7 +561,21 @@ class AsyncLock(LockBase):
                 return False
             served = True  # the granting nodes' scripts took us out of the line
             self.granted_nodes = result.granted  # for the debug-toolbar panel
-            self._on_acquired(token, result.fence, result.valid_until)
+            try:
+                self._on_acquired(token, result.fence, result.valid_until)
+            except QuorumUnavailable:
+                # Granted on a retired manager closed meanwhile (_enter_hold):
+                # not held, so taken back where the nodes can still be reached
+                # (the sync flavour's _take_back), and out of the line (finally).
+                served = False
+                mgr._call_begins()
+                try:
+                    await _complete(_release_round(mgr, self.transport, self._key_b,
+                                                   self._fence_key_b, self._waiters_key_b,
+                                                   token, 0, redo=self.ttl))
+                finally:
+                    mgr._call_ends()
+                raise
             try:
                 if waiter is not None and result.queued_at:
                     # Nodes that answered busy put us in line: leave it there too.

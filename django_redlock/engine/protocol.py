@@ -784,9 +784,10 @@ class LockBase:
             self._valid_until = 0.0
             raise QuorumUnavailable(
                 f"lock {self.name!r} was granted after its manager was closed (retired by a "
-                f"settings change): nobody would renew it, so it is not held; its keys "
-                f"expire with the lease. Take the lock from django_redlock.get_manager() "
-                f"again", lock_name=self.name, needed=self.manager.quorum)
+                f"settings change): nobody would renew it, so it is not held; it is taken "
+                f"back where the nodes can still be reached, else its keys expire with the "
+                f"lease. Take the lock from django_redlock.get_manager() again",
+                lock_name=self.name, needed=self.manager.quorum)
 
     def __getstate__(self) -> Any:
         raise TypeError("lock objects cannot be pickled: a lock belongs to one process")
