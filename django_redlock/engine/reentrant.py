@@ -329,6 +329,20 @@ _watched: "weakref.WeakKeyDictionary[asyncio.Task[Any], weakref.WeakSet[Reentran
 _watched_guard = threading.Lock()  # loops may run in several threads
 
 
+def _reset_watched_after_fork() -> None:
+    """In a forked child: a parent thread inside ``_watch_task`` or
+    ``_task_done`` at the fork left the guard held, with no thread here to let
+    go of it (the child's first reentrant alock waited for ever); the
+    parent's tasks do not exist here either."""
+    global _watched, _watched_guard
+    _watched = weakref.WeakKeyDictionary()
+    _watched_guard = threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_watched_after_fork)
+
+
 def _watch_task(task: "asyncio.Task[Any]", lock: "ReentrantBase") -> None:
     """Drop ``task``'s holds through ``lock`` when ``task`` is done."""
     with _watched_guard:
@@ -540,6 +554,10 @@ class AsyncReentrantLock(ReentrantBase):
         #: task -> how many of its ``async with`` through this object are open
         #: (see :meth:`_exiting_owner`); weakly keyed, dropped when it is done.
         self._entered: weakref.WeakKeyDictionary[object, int] = weakref.WeakKeyDictionary()
+        #: id of the frame an open ``async with`` is in -> (its task, weakly;
+        #: the frame's code, against a reused id): whose exit an exit is,
+        #: whatever task runs it (:meth:`_exiting_owner`).
+        self._enterers: dict[int, tuple[weakref.ref[Any], Any]] = {}
 
     def _owner(self) -> object | None:
         return _task_owner()
@@ -685,6 +703,10 @@ class AsyncReentrantLock(ReentrantBase):
             raise self._busy()
         task = _task_owner()  # acquire() refuses outside a task
         self._entered[task] = self._entered.get(task, 0) + 1
+        frame = inspect.currentframe()
+        caller = frame.f_back if frame is not None else None  # the async with's frame
+        if caller is not None and task is not None:
+            self._enterers[id(caller)] = (weakref.ref(task), caller.f_code)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -707,10 +729,11 @@ class AsyncReentrantLock(ReentrantBase):
         return owner
 
     def _exiting_owner(self, frame: Any) -> object | None:
-        """Whose ``async with`` this exit ends: the caller's task's when it
-        entered one (or holds through this object); else, as for a release,
-        the task awaiting it through ``shield`` or ``wait_for`` that entered
-        one; else the object's only task inside an ``async with`` of it.
+        """Whose ``async with`` this exit ends: the task that entered it in
+        this very frame (recorded by ``__aenter__``), whatever task runs the
+        exit; else the caller's task's when it entered one (or holds through
+        this object); else, as for a release, the task awaiting it through
+        ``shield`` or ``wait_for`` that entered one. None: nothing to end.
 
         An async generator holding the lock across a ``yield`` and abandoned
         is closed by the event loop's finalizer hook, whose ``aclose()`` runs in
@@ -722,9 +745,25 @@ class AsyncReentrantLock(ReentrantBase):
             loop     aclose() in a new task: __aexit__ holds nothing: returned
             ...      the key stays held while A lives
 
-        With several tasks inside an ``async with`` of this object, whose
-        exit it is cannot be known: logged, and ``RuntimeError``, nothing
-        released (each hold still ends with its task)."""
+        The exit is matched to its enterer by the frame, never guessed: "the
+        only task inside" (an earlier form) ended another task's hold when a
+        generator was finalized late::
+
+            task A   iterates rows(), breaks; the generator is kept by a cycle
+            task A   ends: its hold goes with it
+            task B   enters async with (the key expired: B's now)
+            gc       frees the generator: aclose() in a new task; its exit
+                     took "the only task inside", B, and ended B's hold
+                     while B was inside: two holders
+
+        An enterer that is done (its holds went with it) has nothing to end."""
+        caller = frame.f_back if frame is not None else None
+        entry = self._enterers.pop(id(caller), None) if caller is not None else None
+        if entry is not None and caller is not None and entry[1] is caller.f_code:
+            enterer = entry[0]()
+            if enterer is None or enterer.done() or not self._entered.get(enterer):
+                return None
+            return self._left(enterer)
         task = _task_owner()
         if task is None:
             return None
@@ -735,17 +774,4 @@ class AsyncReentrantLock(ReentrantBase):
         holder, _ = self._awaited_by(task, _runs_alone(task, frame))
         if holder is not None and self._entered.get(holder):
             return self._left(holder)
-        inside = [owner for owner, count in list(self._entered.items()) if count > 0]
-        if not inside:
-            return None
-        if len(inside) > 1:
-            message = (f"lock {self.name!r}: an async with is left in a task that did not "
-                       f"enter it (an async generator closed by the event loop's finalizer, "
-                       f"or its aclose() run in another task), while {len(inside)} tasks are "
-                       f"inside an async with of this object: whose hold it ends cannot be "
-                       f"known, nothing was released (each hold ends with its task, its key "
-                       f"expiring within a lease). Use one lock object per task, or close "
-                       f"the generator in the task that iterates it")
-            logger.error(message)
-            raise RuntimeError(message)
-        return self._left(inside[0])
+        return None
