@@ -311,14 +311,22 @@ class SemaphoreBase(compose.Composite):
         enough disagree" instead let a caller with another count through
         while one node was out (the module docstring, t1). A minority with
         another count beside a quorum that agrees (a node restarted empty
-        that a stray caller reached first) only grants nothing there."""
+        that a stray caller reached first) only grants nothing there.
+
+        Raised only when the count can no longer win: fewer than a quorum
+        agree even if every node that did not answer agreed. Undecided (a node
+        out, and another with a stray count) is a refused try, like a busy
+        permit: the caller waits while its timeout lasts, and no count gets a
+        quorum of grants meanwhile (every try carries the guard). Blaming the
+        caller there told one with the right count that its holders used
+        another, at once, for the whole outage."""
         others = [detail for code, detail in refusal.values() if code == GUARD_COUNT]
         if not others:
             return
         nodes = len(self.manager.nodes)
         unheard = sum(1 for code, _ in refusal.values() if code == GUARD_UNHEARD)
         agreed = nodes - len(others) - unheard
-        if agreed >= self.manager.quorum:
+        if agreed + unheard >= self.manager.quorum:
             return
         counts = [detail.decode() if isinstance(detail, bytes) else str(detail)
                   for detail in others]
