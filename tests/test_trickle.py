@@ -60,21 +60,21 @@ MAX_BYTES = 600
 MAX_TURNS = 1200
 
 
-class TrickleProxy:
-    """A TCP proxy in front of one server: forwards both ways until
-    :meth:`stall`; from then on, every chunk a client sends is not forwarded,
-    and that client gets :data:`HEAD`, then one byte every :data:`INTERVAL`
-    seconds (until :meth:`stop`, or :data:`MAX_BYTES`)."""
+class _Proxy:
+    """A TCP proxy in front of one server, its threads bounded in turns: each
+    connection accepted is connected upstream and handed to :meth:`_serve`;
+    :meth:`stop` closes every socket and joins every thread."""
 
     def __init__(self, port: int) -> None:
         self.target = ("127.0.0.1", port)
-        self.stalled = threading.Event()
         self.stopping = threading.Event()
+        self.lock = threading.Lock()
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.listener.settimeout(0.1)
         self.port = self.listener.getsockname()[1]
         self.url = f"redis://127.0.0.1:{self.port}/0"
-        self.socks: list[socket.socket] = []
+        self.clients: list[socket.socket] = []
+        self.upstreams: list[socket.socket] = []
         self.threads: list[threading.Thread] = []
         self._spawn(self._accept)
 
@@ -82,9 +82,6 @@ class TrickleProxy:
         thread = threading.Thread(target=target, args=args, daemon=True)
         self.threads.append(thread)
         thread.start()
-
-    def stall(self) -> None:
-        self.stalled.set()
 
     def _accept(self) -> None:
         for _ in range(MAX_TURNS):
@@ -99,9 +96,39 @@ class TrickleProxy:
             except OSError:
                 client.close()
                 continue
-            self.socks += [client, upstream]
-            self._spawn(self._down, upstream, client)
-            self._spawn(self._up, client, upstream)
+            with self.lock:
+                self.clients.append(client)
+                self.upstreams.append(upstream)
+            self._serve(client, upstream)
+
+    def _serve(self, client: socket.socket, upstream: socket.socket) -> None:
+        raise NotImplementedError
+
+    def stop(self) -> None:
+        self.stopping.set()
+        for sock in [self.listener, *self.clients, *self.upstreams]:
+            with contextlib.suppress(OSError):
+                sock.close()
+        for thread in self.threads:
+            thread.join(timeout=2.0)
+
+
+class TrickleProxy(_Proxy):
+    """Forwards both ways until :meth:`stall`; from then on, every chunk a
+    client sends is not forwarded, and that client gets :data:`HEAD`, then one
+    byte every :data:`INTERVAL` seconds (until :meth:`stop`, or
+    :data:`MAX_BYTES`)."""
+
+    def __init__(self, port: int) -> None:
+        self.stalled = threading.Event()
+        super().__init__(port)
+
+    def stall(self) -> None:
+        self.stalled.set()
+
+    def _serve(self, client: socket.socket, upstream: socket.socket) -> None:
+        self._spawn(self._down, upstream, client)
+        self._spawn(self._up, client, upstream)
 
     def _down(self, upstream: socket.socket, client: socket.socket) -> None:
         upstream.settimeout(0.1)
@@ -143,14 +170,6 @@ class TrickleProxy:
                 if self.stopping.wait(INTERVAL):
                     return
                 client.sendall(b"x")
-
-    def stop(self) -> None:
-        self.stopping.set()
-        for sock in [self.listener, *self.socks]:
-            with contextlib.suppress(OSError):
-                sock.close()
-        for thread in self.threads:
-            thread.join(timeout=2.0)
 
 
 @pytest.fixture
@@ -300,33 +319,19 @@ def test_the_exit_hook_is_bounded_with_a_node_stalling_mid_reply(
     assert not nodes3[0].client().exists(key) and not nodes3[1].client().exists(key)
 
 
-class PartsProxy:
-    """A TCP proxy in front of one server (plain or TLS: it forwards bytes)
-    that can deliver the server's replies in parts. After :meth:`hold`, the
-    server's bytes on the connections open at that moment are kept, and
-    ``rule(kept)`` says how many of the kept bytes to send now, in one write
-    (the client reads them as one segment); :meth:`deliver` sends some by
-    hand. Connections opened later, and the client's requests, pass through.
+class PartsProxy(_Proxy):
+    """A proxy (plain or TLS: it forwards bytes) that can deliver the server's
+    replies in parts. After :meth:`hold`, the server's bytes on the
+    connections open at that moment are kept, and ``rule(kept)`` says how
+    many of the kept bytes to send now, in one write (the client reads them
+    as one segment); :meth:`deliver` sends some by hand. Connections opened
+    later, and the client's requests, pass through.
     """
 
     def __init__(self, port: int) -> None:
-        self.target = ("127.0.0.1", port)
-        self.stopping = threading.Event()
-        self.lock = threading.Lock()
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.listener.settimeout(0.1)
-        self.port = self.listener.getsockname()[1]
-        self.clients: list[socket.socket] = []
-        self.upstreams: list[socket.socket] = []
         self.kept: dict[socket.socket, bytearray] = {}
         self.rule: Callable[[bytes], int] = lambda kept: 0
-        self.threads: list[threading.Thread] = []
-        self._spawn(self._accept)
-
-    def _spawn(self, target: Callable[..., None], *args: Any) -> None:
-        thread = threading.Thread(target=target, args=args, daemon=True)
-        self.threads.append(thread)
-        thread.start()
+        super().__init__(port)
 
     def hold(self, rule: Callable[[bytes], int] = lambda kept: 0) -> None:
         with self.lock:
@@ -349,24 +354,9 @@ class PartsProxy:
                 self.kept.clear()
         return sent
 
-    def _accept(self) -> None:
-        for _ in range(MAX_TURNS):
-            if self.stopping.is_set():
-                return
-            try:
-                client, _ = self.listener.accept()
-            except (TimeoutError, OSError):
-                continue
-            try:
-                upstream = socket.create_connection(self.target, timeout=1.0)
-            except OSError:
-                client.close()
-                continue
-            with self.lock:
-                self.clients.append(client)
-                self.upstreams.append(upstream)
-            self._spawn(self._pipe, upstream, client, True)
-            self._spawn(self._pipe, client, upstream, False)
+    def _serve(self, client: socket.socket, upstream: socket.socket) -> None:
+        self._spawn(self._pipe, upstream, client, True)
+        self._spawn(self._pipe, client, upstream, False)
 
     def _pipe(self, source: socket.socket, sink: socket.socket, down: bool) -> None:
         source.settimeout(0.1)
@@ -390,14 +380,6 @@ class PartsProxy:
                 continue
             except OSError:
                 return
-
-    def stop(self) -> None:
-        self.stopping.set()
-        for sock in [self.listener, *self.clients, *self.upstreams]:
-            with contextlib.suppress(OSError):
-                sock.close()
-        for thread in self.threads:
-            thread.join(timeout=2.0)
 
 
 def once(at: int, count: int) -> Callable[[bytes], int]:
