@@ -207,6 +207,12 @@ def _python_parser_pool(spec: Any) -> Any:
                                          socket_connect_timeout=CONNECT_TIMEOUT)
 
 
+def _parser_options(parser: str) -> dict[str, Any]:
+    """The manager options of a test run with redis-py's pure-Python parser
+    (``"python"``), or with the default one (hiredis when installed)."""
+    return {"pool_factory": _python_parser_pool} if parser == "python" else {}
+
+
 @pytest.mark.parametrize("parser", ["default", "python"])
 def test_a_node_stalling_mid_reply_costs_a_call_at_most_its_node_timeout(
         trickle_proxies: list[TrickleProxy], make_manager: MakeManager, parser: str) -> None:
@@ -215,11 +221,8 @@ def test_a_node_stalling_mid_reply_costs_a_call_at_most_its_node_timeout(
     settled round reads the two that answered and leaves the stalled reply
     owed; a round that waits for every node drops it at its deadline). Both
     redis-py parsers: hiredis's (the default here) and the pure-Python one."""
-    options: dict[str, Any] = {}
-    if parser == "python":
-        options["pool_factory"] = _python_parser_pool
     mgr = make_manager([p.url for p in trickle_proxies], node_timeout=NODE_TIMEOUT,
-                       connect_timeout=CONNECT_TIMEOUT, ttl=5, auto_renew=False, **options)
+                       connect_timeout=CONNECT_TIMEOUT, ttl=5, auto_renew=False, **_parser_options(parser))
     with mgr.lock("warm"):
         pass  # connections open to every node
     trickle_proxies[0].stall()
@@ -435,11 +438,8 @@ def test_a_settled_round_leaving_part_of_a_reply_fails_its_node_once_overdue(
     NOT_AWAITED round after round, with one more owed reply each round, and
     C never counted as failed); then C answers on a new connection."""
     urls, parts = parted
-    options: dict[str, Any] = {}
-    if parser == "python":
-        options["pool_factory"] = _python_parser_pool
     mgr = make_manager(urls, node_timeout=NODE_TIMEOUT, connect_timeout=CONNECT_TIMEOUT,
-                       auto_renew=False, **options)
+                       auto_renew=False, **_parser_options(parser))
     transport, node = mgr.transport, mgr.transport.nodes[2]
     assert _warm(transport) == [b"PONG"] * 3
     parts.hold(once(at=len(b"+PONG\r\n"), count=3))
@@ -464,11 +464,8 @@ def test_an_overdue_owed_reply_coming_a_byte_at_a_time_fails_its_node_at_once(
     C at once; it waited a whole node timeout for the rest (an unsettled
     round), and a node sending a byte now and then kept its connection."""
     urls, parts = parted
-    options: dict[str, Any] = {}
-    if parser == "python":
-        options["pool_factory"] = _python_parser_pool
     mgr = make_manager(urls, node_timeout=NODE_TIMEOUT, connect_timeout=CONNECT_TIMEOUT,
-                       auto_renew=False, **options)
+                       auto_renew=False, **_parser_options(parser))
     transport, node = mgr.transport, mgr.transport.nodes[2]
     assert _warm(transport) == [b"PONG"] * 3
     parts.hold(once(at=len(b"+PONG\r\n"), count=3))
@@ -494,11 +491,8 @@ def test_an_overdue_owed_reply_that_came_whole_is_read_however_big(
     had that bounded every recv, the second would have failed a node that
     answered."""
     urls, parts = parted
-    options: dict[str, Any] = {}
-    if parser == "python":
-        options["pool_factory"] = _python_parser_pool
     mgr = make_manager(urls, node_timeout=NODE_TIMEOUT, connect_timeout=CONNECT_TIMEOUT,
-                       auto_renew=False, **options)
+                       auto_renew=False, **_parser_options(parser))
     transport, node = mgr.transport, mgr.transport.nodes[2]
     assert _warm(transport) == [b"PONG"] * 3
     value = b"v" * 100_000
@@ -527,11 +521,8 @@ def test_a_settled_round_does_not_wait_for_the_rest_of_its_own_reply_after_an_ow
     deadline (the first recv of a read took the socket's timeout, and
     ``can_read`` said True for the head in the parser) and reported C down."""
     urls, parts = parted
-    options: dict[str, Any] = {}
-    if parser == "python":
-        options["pool_factory"] = _python_parser_pool
     mgr = make_manager(urls, node_timeout=NODE_TIMEOUT, connect_timeout=CONNECT_TIMEOUT,
-                       auto_renew=False, **options)
+                       auto_renew=False, **_parser_options(parser))
     transport = mgr.transport
     assert _warm(transport) == [b"PONG"] * 3
     parts.hold(once(at=2 * len(b"+PONG\r\n"), count=len(b"+PONG\r\n+PO")))
