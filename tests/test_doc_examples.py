@@ -48,6 +48,7 @@ from django_redlock.exceptions import LockLost, LockNotAcquired, QuorumUnavailab
 from django_redlock.testing import RedisClusterGroup, RedisNodes, RedisServer, SentinelGroup
 from tests import docsnippets
 from tests.docsnippets import ROOT, SNIPPETS, run
+from tests.test_tls import make_certificate
 from tests.testapp.models import Product, SkuItem
 
 TIMEOUT0 = {"NODE_TIMEOUT": 0.5, "TIMEOUT": 0}
@@ -339,15 +340,7 @@ def test_snippet_quickstart_signals() -> None:
 
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("openssl") is None:
-        pytest.skip("no openssl command to make a test certificate (apt-get install openssl)")
-    where = tmp_path_factory.mktemp("tls")
-    cert, key = where / "server.crt", where / "server.key"
-    subprocess.run(
-        ["openssl", "req", "-x509", "-newkey", "rsa:2048", "-nodes", "-days", "2",
-         "-keyout", str(key), "-out", str(cert), "-subj", "/CN=127.0.0.1",
-         "-addext", "subjectAltName=IP:127.0.0.1"],
-        check=True, capture_output=True, timeout=60)
+    cert, _ = make_certificate(tmp_path_factory)  # its key beside it: server.key
     return cert
 
 

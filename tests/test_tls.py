@@ -37,6 +37,11 @@ def _free_port() -> int:
 
 @pytest.fixture(scope="module")
 def certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    return make_certificate(tmp_path_factory)
+
+
+def make_certificate(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """A self-signed certificate and its key for 127.0.0.1 (skips without openssl)."""
     if shutil.which("openssl") is None:
         pytest.skip("no openssl command to make a test certificate (apt-get install openssl)")
     where = tmp_path_factory.mktemp("tls")
