@@ -317,12 +317,21 @@ def test_a_node_that_hangs_at_exit_does_not_hold_the_exit_for_every_lock(
     the later releases skip it at once and leave it to the late sender. The
     process ends within a few seconds, every lock released on the two nodes
     that answer."""
-    status, err, took = _exit_with_node3_faulty(nodes3, _MANY_AT_EXIT_SCRIPT,
-                                                lambda proxy: proxy.cut())
+    keys = [f"redlock:many-exit:{i}" for i in range(60)]
+    on_node3_at_the_cut: list[str] = []
+
+    def cut(proxy: FaultProxy) -> None:
+        # On a loaded machine one of the 60 grants may have missed node 3 (its
+        # 0.15 s node timeout) and still won 2 of 3: count what node 3 holds
+        # now, so the end can say its copies were left alone by the cut link.
+        on_node3_at_the_cut.extend(key for key in keys if nodes3[2].client().exists(key))
+        proxy.cut()
+
+    status, err, took = _exit_with_node3_faulty(nodes3, _MANY_AT_EXIT_SCRIPT, cut)
     assert status == 0, err
     assert took < 6.0, (took, err[-2000:])
     print(f"exit took {took:.2f} s")
-    keys = [f"redlock:many-exit:{i}" for i in range(60)]
-    assert sum(_holders(nodes3, key) for key in keys) == 60  # node 3's copies only
+    assert len(on_node3_at_the_cut) >= 50, on_node3_at_the_cut  # the hung node had work
+    assert [key for key in keys if nodes3[2].client().exists(key)] == on_node3_at_the_cut
     assert not any(nodes3[0].client().exists(key) or nodes3[1].client().exists(key)
                    for key in keys)
