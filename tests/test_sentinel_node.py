@@ -490,6 +490,85 @@ def test_a_dead_master_that_every_sentinel_names_fails_the_call_in_bounded_time(
         assert node_of(mgr).name in str(raised.value)
 
 
+def take_once(mgr: Any, name: str, flavour: str, timeout: float) -> None:
+    """Acquire and release ``name`` in ``flavour`` on ``mgr`` (raises
+    ``QuorumUnavailable`` when its node fails)."""
+    if flavour == "sync":
+        with mgr.lock(name, timeout=timeout, auto_renew=False):
+            return
+
+    async def in_a_loop() -> None:
+        async with mgr.alock(name, timeout=timeout, auto_renew=False):
+            pass
+
+    asyncio.run(in_a_loop())
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_cold_node_whose_first_sentinel_does_not_answer_resolves_through_the_next(
+        group: SentinelGroup, make_manager: MakeManager, flavour: str) -> None:
+    """A cold node (no master known yet) whose first sentinel is paused
+    (SIGSTOP: TCP connects, nothing answers): the sentinels are asked one
+    after the other, each for at most ``CONNECT_TIMEOUT``, so the second names
+    the master and the first call is granted, in both flavours. Timeline (the
+    asyncio flavour, connect timeout 0.5 s)::
+
+        t=0     the first alock sets up a connection: resolve, in a thread;
+                sentinel 1 is asked and does not answer
+        t=0.5   sentinel 1 given up (its CONNECT_TIMEOUT); sentinel 2 asked
+        t=0.5+  sentinel 2 names the master
+        before: the set-up gave the whole resolve ONE connect timeout: at
+                t=0.5 it failed ("no master address within 0.5 s"), and the
+                call with it (QuorumUnavailable: its one node failed), while
+                its caller had 3 s; only the next call was granted
+        now:    one connect timeout per sentinel asked: the address comes at
+                t=0.5+, the connection is set up, the call is granted"""
+    connect_timeout = 0.5
+    first = group.sentinels[0]  # the first the node asks (URL order)
+    mgr = make_manager([group.node_setting()], connect_timeout=connect_timeout)
+    first.pause()
+    try:
+        started = time.monotonic()
+        take_once(mgr, f"first-sentinel-paused-{flavour}", flavour, timeout=3.0)
+        took = time.monotonic() - started
+    finally:
+        first.resume()
+    # One connect timeout for the paused sentinel, then the answer (room for a slow CI).
+    assert took < connect_timeout + 1.5, took
+    assert node_of(mgr).address == (group.master.host, group.master.port)
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_cold_node_whose_sentinels_all_do_not_answer_fails_in_bounded_time(
+        group: SentinelGroup, make_manager: MakeManager, flavour: str) -> None:
+    """Every sentinel paused, a cold node, a caller with 20 s to wait: the
+    set-up asks each sentinel for at most ``CONNECT_TIMEOUT`` and fails with
+    their reasons (``MasterUnknown``, "no master for ..."), not a hang nor the
+    caller's whole timeout: ``QuorumUnavailable`` within the asyncio set-up's
+    bound, sentinels + 1 connect timeouts (``SentinelNode.resolve_bound``),
+    with room for a slow CI. (Before, the asyncio set-up gave up after one
+    connect timeout, "no master address within 0.3 s", having asked only the
+    first sentinel.)"""
+    connect_timeout = 0.3
+    sentinels = group.sentinels
+    mgr = make_manager([group.node_setting()], connect_timeout=connect_timeout)
+    paused: list[Any] = []
+    try:
+        for sentinel in sentinels:
+            sentinel.pause()
+            paused.append(sentinel)
+        started = time.monotonic()
+        with pytest.raises(QuorumUnavailable) as raised:
+            take_once(mgr, f"all-sentinels-paused-{flavour}", flavour, timeout=20.0)
+        took = time.monotonic() - started
+    finally:
+        for sentinel in paused:
+            sentinel.resume()
+    assert took < (len(sentinels) + 1) * connect_timeout + 1.5, took
+    assert f"no master for {group.service!r} from the sentinels" in str(raised.value), \
+        str(raised.value)
+
+
 def test_a_child_forked_while_the_master_is_resolved_resolves_its_own(
         group: SentinelGroup, make_manager: MakeManager) -> None:
     """A fork while a parent thread asks the sentinels where the master is
