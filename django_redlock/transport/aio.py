@@ -326,6 +326,10 @@ class _NodeConns:
         waiting_for, bound = "master address", node.connect_timeout  # what a TimeoutError means
         try:
             if node.moves:  # a Sentinel node: where its master is now (nodekinds)
+                # One connect timeout per sentinel asked, as in the sync
+                # set-up: a first sentinel that does not answer is given up
+                # after its own, and the next names the master in time.
+                bound = node.resolve_bound()  # type: ignore[attr-defined]
                 async with _timeout(bound):
                     conn.host, conn.port = await asyncio.to_thread(node.resolve)  # type: ignore[attr-defined]
             # Each step (the TCP connect, each handshake reply, the scripts)

@@ -1,6 +1,6 @@
 """Nodes that are more than one server: a Sentinel-managed master, a Redis Cluster.
 
-(Why one module of 950 lines: both kinds hook into the transports at the same
+(Why one module of 970 lines: both kinds hook into the transports at the same
 few points, routed rounds, redirections and the master moving, which read best
 side by side; issue 21.) Each counts as one Redlock node, and each is a
 :class:`~django_redlock.transport.sync.NodeClient` to the engine, so the
@@ -22,7 +22,8 @@ Sentinel node (:class:`SentinelNode`)
     (:mod:`~django_redlock.transport.notify`) drops its pub/sub connection and
     subscribes again on the new master. Resolving is I/O to the sentinels: it
     runs in the connection set-up (a thread of the sync transport, a worker
-    thread for asyncio), never in a round.
+    thread for asyncio), never in a round, and asks each sentinel for at most
+    ``CONNECT_TIMEOUT`` in both (:meth:`SentinelNode.resolve_bound`).
 
 Cluster node (:class:`ClusterNode`)
     Every key of one lock name lives in one hash slot (``core.keys``), so a
@@ -259,6 +260,28 @@ class SentinelNode(NodeClient):
                 self.switches += 1
                 self._forget_connections()
             return address
+
+    def resolve_bound(self) -> float:
+        """How long the asyncio set-up waits for :meth:`resolve` (run in a
+        worker thread): one ``CONNECT_TIMEOUT`` per sentinel asked, as the
+        sync set-up's resolve takes at most (each sentinel is asked for at
+        most that, one after the other), and one more for the worker thread
+        to start and a resolve under way in another thread to end. The whole
+        stays bounded: sentinels that all do not answer fail the set-up
+        within it. Timeline (a cold node, its first sentinel paused, connect
+        timeout 0.5 s)::
+
+            t=0     the asyncio set-up resolves: sentinel 1 does not answer
+            t=0.5   sentinel 1 given up; sentinel 2 names the master
+            before: the set-up gave the whole resolve one connect timeout:
+                    at t=0.5 it failed ("no master address within 0.5 s"),
+                    and so did the first call (only the next one, in the
+                    same process, found the address the thread had left)
+            now:    3 sentinels, 2 s: the address at t=0.5+, the call granted
+
+        A bound for the thread's work is all it is: the thread is not
+        stopped (nothing stops a thread), its socket timeouts end it."""
+        return self.connect_timeout * (len(self.sentinel().sentinels) + 1)
 
     def _after_fork(self) -> None:
         """In a forked child: what the parent's threads held is free, and the
