@@ -601,3 +601,68 @@ def test_a_tryagain_reply_counts_as_busy_in_an_acquire_round() -> None:
         assert tally.maybe_ours == [False] and tally.queued_at == [False]
     assert not retry_later(ResponseError("READONLY You can't write against a read only replica"))
     assert not retry_later(1)
+
+
+def _tryagain_replies(server: RedisServer) -> int:
+    """How many TRYAGAIN error replies ``server`` has given (``INFO errorstats``)."""
+    stats = server.client().info("errorstats")
+    return int(stats.get("errorstat_TRYAGAIN", {}).get("count", 0))
+
+
+def test_an_async_acquire_meeting_tryagain_does_not_stop_the_event_loop(
+        cluster: RedisClusterGroup, make_manager: MakeManager) -> None:
+    """A free lock in a slot being migrated: every round of a blocking
+    acquire meets ASK from the source, then TRYAGAIN from the target behind
+    ASKING, and goes again after a short pause. Under asyncio that pause was
+    a ``time.sleep`` in the routing code: 5 ms of a stopped event loop for
+    every TRYAGAIN, every other task of the loop held up with it. A ticker
+    task beside the acquire counts how often it was held up 5 ms or more:
+    before, about once per acquire round (some 70 times in a second, for
+    some 140 TRYAGAIN replies: the two of a round come back to back);
+    now the pause is awaited and the ticker runs on (a loaded machine may
+    still hold it up now and then: a few times, against some 140 replies)."""
+    mgr = make_manager([cluster.node_setting()], retry_delay=0.01)
+    name = "tryagain-loop"
+    slot = cluster.key_slot(mgr.key(name))
+    source = cluster.master_for_slot(slot)
+    target = next(m for m in cluster if m is not source)
+    cluster.migrate_slot(slot, to=target, finish=False)
+    try:
+        before = _tryagain_replies(target)
+
+        async def scenario() -> tuple[bool, list[float]]:
+            loop = asyncio.get_running_loop()
+            gaps: list[float] = []
+            done = asyncio.Event()
+
+            async def ticker() -> None:
+                last = loop.time()
+                for _ in range(10_000):  # bounded: about 1 ms a turn, the acquire 1 s
+                    if done.is_set():
+                        return
+                    await asyncio.sleep(0.001)
+                    now = loop.time()
+                    gaps.append(now - last)
+                    last = now
+
+            ticking = asyncio.create_task(ticker())
+            await asyncio.sleep(0.01)  # the ticker runs first
+            try:
+                got = await mgr.alock(name, timeout=1.0, auto_renew=False).acquire()
+            finally:
+                done.set()
+                await asyncio.wait_for(ticking, timeout=5.0)
+            return bool(got), gaps
+
+        got, gaps = asyncio.run(scenario())
+        tryagains = _tryagain_replies(target) - before
+    finally:
+        cluster.finish_migration()
+    cluster.migrate_slot(slot, to=source)  # back, for the other tests
+    assert got is False  # the move lasted longer than the acquire's timeout
+    assert tryagains >= 20, tryagains  # the acquire met TRYAGAIN round after round
+    held_up = [gap for gap in gaps if gap >= 0.005]
+    assert len(held_up) < tryagains / 4, (
+        f"the event loop stopped {len(held_up)} times for 5 ms or more "
+        f"(longest {max(gaps) * 1000:.1f} ms) while the acquire met {tryagains} "
+        f"TRYAGAIN replies, {len(gaps)} ticks")

@@ -1,6 +1,6 @@
 """Nodes that are more than one server: a Sentinel-managed master, a Redis Cluster.
 
-(Why one module of 970 lines: both kinds hook into the transports at the same
+(Why one module of 990 lines: both kinds hook into the transports at the same
 few points, routed rounds, redirections and the master moving, which read best
 side by side; issue 21.) Each counts as one Redlock node, and each is a
 :class:`~django_redlock.transport.sync.NodeClient` to the engine, so the
@@ -34,8 +34,10 @@ Cluster node (:class:`ClusterNode`)
     Cluster node's. A ``MOVED`` reply updates the map at once (and reloads it
     in the background) and the request goes again to the new owner, in the
     same call, within the node timeout; an ``ASK`` reply sends it once to the
-    importing master behind ``ASKING`` (a slot half-migrated). A request whose
-    keys span slots (``EXTEND_MANY`` of locks of several names) is split by
+    importing master behind ``ASKING`` (a slot half-migrated); a ``TRYAGAIN``
+    reply sends it again to the same master after :data:`TRYAGAIN_PAUSE`,
+    which each transport waits its own way (slept in a thread, awaited in an
+    event loop: :class:`Hop`). A request whose keys span slots (``EXTEND_MANY`` of locks of several names) is split by
     the engine before it gets here (``rounds.extend_many_steps``).
 
 The transports call into this module only through :func:`routed`,
@@ -46,11 +48,12 @@ as before.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import re
 import threading
 import time
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import redis
 from redis.exceptions import (
@@ -85,6 +88,33 @@ _MOVED_AWAY = re.compile(r"^(READONLY|MASTERDOWN|LOADING)\b|read only replica")
 #: Redirections (MOVED, ASK, TRYAGAIN) one request follows within one call (a
 #: MOVED from a stale map, then an ASK from a slot half-moved, and one to spare).
 MAX_REDIRECTS = 3
+
+#: Seconds a request answered ``TRYAGAIN`` waits before it goes again (a
+#: slot being migrated: the keys may have moved by then). The driver waits:
+#: :func:`routed_round` sleeps, :func:`async_routed_round` awaits.
+TRYAGAIN_PAUSE = 0.005
+
+
+class Redirect(NamedTuple):
+    """Where a redirected request goes next (:meth:`ClusterNode.redirect`)."""
+
+    target: NodeClient
+    request: Any
+    #: Seconds to wait before it goes (:data:`TRYAGAIN_PAUSE`; 0: at once).
+    pause: float = 0.0
+
+
+class Hop(NamedTuple):
+    """The round to send again (:func:`follow_redirects`)."""
+
+    targets: list[NodeClient]
+    #: The request of each node to send again; None for the others.
+    requests: list[Any]
+    #: Seconds the driver waits before it sends them, without blocking its
+    #: callers' other work: ``time.sleep`` in a thread of the sync transport,
+    #: ``await asyncio.sleep`` in the event loop (a sleep there would stop
+    #: every task of the loop for as long, each time a slot move answers).
+    pause: float
 
 
 def make_node(spec: NodeSpec, *, node_timeout: float,
@@ -719,16 +749,17 @@ class ClusterNode(NodeClient):
         return self.shard(self.owner(key_slot(key)))
 
     def redirect(self, result: Any, request: Any, sent: Any, target: NodeClient
-                 ) -> tuple[NodeClient, Any] | None:
+                 ) -> Redirect | None:
         """Where a ``MOVED``/``ASK``/``TRYAGAIN`` reply (to ``sent``, which is
-        ``request`` or it behind ``ASKING``) sends ``request`` next: it ran
-        nothing. None for any other reply."""
+        ``request`` or it behind ``ASKING``) sends ``request`` next, and after
+        what pause: it ran nothing. None for any other reply. No I/O and no
+        wait here: the driver waits the pause its own way (:class:`Hop`)."""
         error = _cluster_error(result.first if isinstance(result, ChainReply) else result)
         if isinstance(error, MovedError):
             address = (str(error.host) or self.owner(error.slot_id)[0], int(error.port))
             self._moved[int(error.slot_id)] = address
             self.refresh()
-            return self.shard(address), request
+            return Redirect(self.shard(address), request)
         if isinstance(error, AskError):
             shard = self.shard((str(error.host), int(error.port)))
             if type(request) is Chain:
@@ -736,17 +767,18 @@ class ClusterNode(NodeClient):
                 # then WAIT, all to the importing master, so that WAIT confirms
                 # the write of the master that made it. (WAIT on the master that
                 # answered ASK would confirm nothing: it wrote nothing.)
-                return shard, Chain(request.first, request.then, lead=(_Asking(),))
-            return shard, Chain(_Asking(), request)
+                return Redirect(shard, Chain(request.first, request.then, lead=(_Asking(),)))
+            return Redirect(shard, Chain(_Asking(), request))
         if isinstance(error, TryAgainError):
             # Some of the request's keys moved, some not (or do not exist):
             # the same master, the same way, a moment later. A slot whose
             # move takes longer answers the call with the reply: nothing ran,
             # and an acquire round counts the node busy for this round
             # (engine.rounds.retry_later), so a blocking acquire waits for the
-            # move to end and a try is refused.
-            time.sleep(0.005)
-            return target, sent
+            # move to end and a try is refused. The moment is the driver's to
+            # wait: a sleep here, under the asyncio transport, stopped the
+            # whole event loop 5 ms for every TRYAGAIN of a move.
+            return Redirect(target, sent, TRYAGAIN_PAUSE)
         return None
 
     def _map(self) -> Any:
@@ -857,17 +889,18 @@ def route(nodes: Sequence[NodeClient], requests: Sequence[Any]) -> list[NodeClie
 
 def follow_redirects(nodes: Sequence[NodeClient], targets: list[NodeClient],
                      requests: Sequence[Any], sent: Sequence[Any], results: list[Any],
-                     asked_again: set[int] | None = None
-                     ) -> tuple[list[NodeClient], list[Any]] | None:
+                     asked_again: set[int] | None = None) -> Hop | None:
     """The round to send again for the requests a Cluster redirected
     (``MOVED``/``ASK``/``TRYAGAIN``), a demoted Sentinel master refused, or
     a Sentinel node could not deliver because its master was unreachable
     (once per node and call: ``asked_again`` holds the nodes that had theirs):
-    (node clients, requests) with None for the others; None when there is
-    none. ``requests``: the originals; ``sent``: what went out last (None:
-    nothing, this time)."""
+    node clients, requests (None for the others) and the pause before it
+    (the longest any redirection asked for); None when there is none.
+    ``requests``: the originals; ``sent``: what went out last (None:
+    nothing, this time). No I/O and no wait: the caller sends and waits."""
     again: list[Any] = [None] * len(nodes)
     found = False
+    pause = 0.0
     new_targets = list(targets)
     for i, node in enumerate(nodes):
         if sent[i] is None:
@@ -875,7 +908,8 @@ def follow_redirects(nodes: Sequence[NodeClient], targets: list[NodeClient],
         if isinstance(node, ClusterNode):
             hop = node.redirect(results[i], requests[i], sent[i], targets[i])
             if hop is not None:
-                new_targets[i], again[i] = hop
+                new_targets[i], again[i] = hop.target, hop.request
+                pause = max(pause, hop.pause)
                 found = True
         elif isinstance(node, SentinelNode) and node.moves and node.moved_away(results[i]):
             # Refused by a demoted master (a write refused runs nothing): again,
@@ -891,7 +925,7 @@ def follow_redirects(nodes: Sequence[NodeClient], targets: list[NodeClient],
             asked_again.add(i)
             again[i] = requests[i]
             found = True
-    return (new_targets, again) if found else None
+    return Hop(new_targets, again, pause) if found else None
 
 
 def unwrap(request: Any, result: Any) -> Any:
@@ -941,7 +975,9 @@ def routed_round(transport: Any, requests: Sequence[Any], **kwargs: Any) -> list
         hop = follow_redirects(nodes, targets, requests, sent, results, asked_again)
         if hop is None:
             break
-        targets, sent = hop
+        targets, sent = hop.targets, hop.requests
+        if hop.pause:
+            time.sleep(hop.pause)  # this thread's call only
         more = _view(transport, targets).round(
             sent, skip_backoff=False, tag=kwargs.get("tag"), final=kwargs.get("final", False),
             until=kwargs.get("until"))
@@ -954,7 +990,8 @@ def routed_round(transport: Any, requests: Sequence[Any], **kwargs: Any) -> list
 
 async def async_routed_round(transport: Any, requests: Sequence[Any], **kwargs: Any
                              ) -> list[Any]:
-    """:func:`routed_round` for the asyncio transport."""
+    """:func:`routed_round` for the asyncio transport: the same redirections,
+    and a ``TRYAGAIN``'s pause awaited, never slept (the loop goes on)."""
     nodes = transport.nodes
     targets = route(nodes, requests)
     results = await _view(transport, targets).round(requests, **kwargs)
@@ -964,7 +1001,9 @@ async def async_routed_round(transport: Any, requests: Sequence[Any], **kwargs: 
         hop = follow_redirects(nodes, targets, requests, sent, results, asked_again)
         if hop is None:
             break
-        targets, sent = hop
+        targets, sent = hop.targets, hop.requests
+        if hop.pause:
+            await asyncio.sleep(hop.pause)  # the loop's other tasks run meanwhile
         more = await _view(transport, targets).round(
             sent, skip_backoff=False, tag=kwargs.get("tag"), final=kwargs.get("final", False),
             until=kwargs.get("until"))
