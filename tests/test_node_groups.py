@@ -9,7 +9,7 @@ from typing import Iterator
 import pytest
 
 from django_redlock.testing import RedisClusterGroup, SentinelGroup
-from django_redlock.testing.groups import _key_in_slot
+from django_redlock.testing.groups import _cluster_info, _key_in_slot
 
 from .polling import wait_until
 
@@ -149,6 +149,56 @@ def test_a_slot_migrates_with_its_keys(cluster: RedisClusterGroup) -> None:
     with pytest.raises(Exception, match="MOVED"):
         source.execute("GET", "{lock}")
     cluster.migrate_slot(slot, to=source)  # back, for the other tests
+
+
+def _own_epochs(cluster: RedisClusterGroup) -> dict[int, int]:
+    return {m.port: int(_cluster_info(m)["cluster_my_epoch"]) for m in cluster}
+
+
+def test_each_move_of_a_slot_leaves_its_new_owner_with_the_greatest_epoch() -> None:
+    """A slot moved back and forth at once, four times: after each move the
+    new owner's config epoch is above every other master's, so no claim of
+    an earlier owner can take the slot back. Before, the importing master
+    bumped its epoch above the ones it had heard of, and gossip had not told
+    it of the last move's yet: it claimed the slot with an epoch below its
+    source's, or equal to it."""
+    with RedisClusterGroup(3) as c:
+        slot = 16000
+        key = _key_in_slot(slot)
+        a = c.master_for_slot(slot)
+        b = next(m for m in c if m is not a)
+        a.execute("SET", key, "v")
+        for to in (b, a, b, a):
+            c.migrate_slot(slot, to=to)
+            epochs = _own_epochs(c)
+            assert all(epochs[to.port] > e for port, e in epochs.items() if port != to.port), \
+                (to.port, epochs)
+            assert to.execute("GET", key) == b"v"
+
+
+def test_a_slot_moved_back_keeps_its_keys_however_late_the_source_hands_it_over() -> None:
+    """The CI flake of a test's clean-up move: a slot moved from A to B and
+    back at once, A's ``SETSLOT`` before A had heard of B's new epoch (no
+    bump: its own was the greatest it knew of). Until B's own ``SETSLOT``, B
+    still claimed the slot with its greater epoch, and a ping of B then gave
+    the slot back to B, and A dropped the key moved. The window is made long
+    here (2.5 s, while the nodes ping each other at least every 0.5 s with a
+    1 s node timeout), after three moves at once: the key stays, A keeps the
+    slot."""
+    with RedisClusterGroup(3, node_timeout_ms=1000) as c:
+        slot = 16000
+        key = _key_in_slot(slot)
+        a = c.master_for_slot(slot)
+        b = next(m for m in c if m is not a)
+        a.execute("SET", key, "v")
+        for to in (b, a, b):
+            c.migrate_slot(slot, to=to)
+        c.migrate_slot(slot, to=a, finish=False)
+        c.finish_migration(hand_over_after=2.5)
+        assert c.master_for_slot(slot) is a
+        assert a.execute("GET", key) == b"v"
+        epochs = _own_epochs(c)
+        assert all(epochs[a.port] > e for port, e in epochs.items() if port != a.port), epochs
 
 
 def test_a_cluster_replica_takes_over_on_a_manual_failover() -> None:

@@ -1,6 +1,6 @@
 """A Sentinel group and a Redis Cluster, real processes on loopback, for tests.
 
-(Why one module of 800 lines: both are groups of RedisServer processes set up
+(Why one module of 840 lines: both are groups of RedisServer processes set up
 and broken with plain commands, sharing the bounded waits and reply parsing.)
 
 A Redlock node may be a Sentinel-managed master or a whole Redis Cluster
@@ -411,6 +411,27 @@ def _cluster_info(server: RedisServer) -> dict[str, str]:
     return dict(line.split(":", 1) for line in text.split("\r\n") if ":" in line)
 
 
+def _my_epoch(server: RedisServer) -> int:
+    """``server``'s own config epoch (the epoch its slot claims carry)."""
+    return int(_cluster_info(server).get("cluster_my_epoch", 0))
+
+
+def _config_epochs(server: RedisServer) -> dict[int, int]:
+    """The config epoch ``server`` records for each master, by port (``CLUSTER
+    NODES``: ``id host:port@bus[,hostname] flags master ping pong epoch ...``)."""
+    out = {}
+    for line in _text(server.execute("CLUSTER", "NODES", timeout=1.0)).splitlines():
+        fields = line.split()
+        if len(fields) >= 8 and "master" in fields[2].split(","):
+            port = fields[1].split("@", 1)[0].rsplit(":", 1)[1]
+            out[int(port)] = int(fields[6])
+    return out
+
+
+#: The channel :meth:`RedisClusterGroup._share_epochs` publishes on (nobody listens).
+EPOCH_CHANNEL = "redlock-testing:epochs"
+
+
 #: Seconds after which :meth:`RedisClusterGroup.failover` asks again (the
 #: server drops a manual failover not done within 5 s).
 MANUAL_FAILOVER_RETRY = 6.0
@@ -459,8 +480,6 @@ class RedisClusterGroup:
             [node() for _ in range(replicas)] for _ in range(masters)]
         self.ids: dict[int, str] = {}  # port -> cluster node id
         self._pending: tuple[int, RedisServer, RedisServer] | None = None
-        #: The master each migrated slot was given to (see :meth:`_repair_slots`).
-        self._assigned: dict[int, RedisServer] = {}
 
     @property
     def servers(self) -> list[RedisServer]:
@@ -623,7 +642,6 @@ class RedisClusterGroup:
         the source) until :meth:`finish_migration`.
         """
         target = self.masters[to] if isinstance(to, int) else to
-        self._repair_slots()  # an earlier move some node took back (see there)
         source = self.master_for_slot(slot)
         if source is target:
             raise ValueError(f"slot {slot} is already on {target!r}")
@@ -649,37 +667,56 @@ class RedisClusterGroup:
             moved += len(keys)
         return moved
 
-    def finish_migration(self, timeout: float = 10.0) -> None:
+    def finish_migration(self, timeout: float = 10.0, *, hand_over_after: float = 0.0) -> None:
         """Move the keys of the slot :meth:`migrate_slot` started moving and
-        give the slot to its target on every master."""
+        give the slot to its target on every master: the target first, then
+        the source, then the others (the order of the Redis docs' resharding).
+
+        The target's ``SETSLOT NODE`` bumps its config epoch above every
+        epoch *it knows of* (``clusterBumpConfigEpochWithoutConsensus``; no
+        bump at all when it thinks its own is the greatest), and until its
+        own ``SETSLOT`` the source still claims the slot in its gossip: a
+        claim with a greater epoch than the target's takes the slot back, and
+        the target drops the keys it had imported. The epochs travel by
+        gossip, about once a second, so a move right after another one did
+        exactly that (CI: the clean-up move of a test's slot, back to its
+        source, a moment after the test's own move)::
+
+            t0  move slot s from A to B: B bumps, B 4 (A 3, the greatest before)
+            t1  at once, move s back to A: A has not heard of B's 4 yet, its
+                own 3 is the greatest it knows of: no bump, A claims s with 3
+            t2  before A's SETSLOT reaches B (a loaded machine), B's ping
+                claims s with 4 > 3: A gives s back to B and deletes its keys
+            t3  B's SETSLOT hands s to A: nobody claims it, A names B, the
+                others A; the key moved is gone
+
+        So every live node first learns every master's current epoch
+        (:meth:`_share_epochs`), then the target claims the slot and its
+        epoch is checked to be the greatest of all: the source's claims lose
+        however late its hand-over comes. ``hand_over_after``: seconds between
+        the target's claim and the source's hand-over (a loaded machine's
+        delay, made long: for the harness's own test)."""
         if self._pending is None:
             raise RuntimeError("no slot migration was started")
         slot, source, target = self._pending
         self._pending = None
+        deadline = time.monotonic() + timeout
         moved = self.move_keys(slot, source, target)
+        self._share_epochs(deadline)
         owner = self.ids[target.port]
         target.execute("CLUSTER", "SETSLOT", slot, "NODE", owner)
-        # The target's claim must outrank any gossip still on its way from the
-        # source (which claimed the slot until its own SETSLOT): with a config
-        # epoch not above the source's, the target gave the slot back to the
-        # source on such a message, and no node claimed it after that (seen
-        # in CI: the target named the source, the others the target, for
-        # good). BUMPEPOCH makes the target's epoch the greatest.
-        target.execute("CLUSTER", "BUMPEPOCH")
+        claimed = _my_epoch(target)
+        rivals = {m.port: _my_epoch(m) for m in self._masters_now() if m is not target}
+        if any(epoch >= claimed for epoch in rivals.values()):
+            raise RuntimeError(f"slot {slot}: {target!r} claimed it with config epoch "
+                               f"{claimed}, not above the other masters' {rivals}")
+        if hand_over_after:
+            time.sleep(hand_over_after)
         for server in (source, *[m for m in self._masters_now() if m not in (source, target)]):
             server.execute("CLUSTER", "SETSLOT", slot, "NODE", owner)
-        self._assigned[slot] = target
-        deadline = time.monotonic() + timeout
-        for _ in range(20):  # bounded: each pass waits at most 2 s, all of them `timeout`
-            try:
-                self.wait_ok(max(0.1, min(2.0, deadline - time.monotonic())))
-                break
-            except RuntimeError:
-                if time.monotonic() >= deadline:
-                    raise
-            self._repair_slots()
-        else:
-            self.wait_ok(max(0.1, deadline - time.monotonic()))
+        self.wait_ok(max(0.1, deadline - time.monotonic()))
+        # The next move starts from epochs every node knows.
+        self._share_epochs(deadline)
         # A node that loses a slot to a claim with a greater epoch drops its
         # keys there: say so here, not as a test's missing key later.
         held = int(target.execute("CLUSTER", "COUNTKEYSINSLOT", slot))
@@ -688,37 +725,42 @@ class RedisClusterGroup:
                                f"holds {held} (it lost the slot for a moment and dropped "
                                "them)")
 
-    def _repair_slots(self) -> None:
-        """Tell a master that names another owner for a slot this group moved
-        the owner it was given, and raise that owner's epoch.
+    def _share_epochs(self, deadline: float) -> None:
+        """Wait until every live node knows each live master's config epoch
+        and the cluster's current epoch, and no two masters share an epoch.
 
-        Gossip from the old owner sent before its own ``SETSLOT`` can arrive
-        after the new owner took the slot; with an epoch not above the old
-        owner's, the new owner (or a third master) gives the slot back, and
-        since nobody claims it then, the views stay apart for good. Seen in
-        CI, also seconds after a move had converged, when the next move of a
-        test started: so each move first repairs the earlier ones."""
-        if not self._assigned:
-            return
+        Gossip would tell them within a second or two; a ``PUBLISH`` on each
+        master tells them at once (a Cluster sends it over the bus to every
+        node, and every bus message carries its sender's epochs, which the
+        receiver records whatever the message). Sent again while not known:
+        a message may meet a link being set up again. Equal epochs (none
+        should arise here) are left to the Cluster, whose rule is that the
+        master with the smaller node id takes a new one."""
         masters = self._masters_now()
-        for slot, owner in self._assigned.items():
-            if owner not in masters:
-                continue  # it failed over since: the cluster chose anew
-            wrong = [m for m in masters if self._owner_port(m, slot) != owner.port]
-            if not wrong:
-                continue
-            owner.execute("CLUSTER", "SETSLOT", slot, "NODE", self.ids[owner.port])
-            owner.execute("CLUSTER", "BUMPEPOCH")
-            for server in wrong:
-                if server is not owner:
-                    server.execute("CLUSTER", "SETSLOT", slot, "NODE", self.ids[owner.port])
+        seen = ["nothing read yet"]
 
-    def _owner_port(self, server: RedisServer, slot: int) -> int | None:
-        """The port of the master ``server`` says serves ``slot``."""
-        for first, last, port in self._slot_map(server):
-            if first <= slot <= last:
-                return port
-        return None
+        def shared() -> bool:
+            own = {m.port: _my_epoch(m) for m in masters}
+            if len(set(own.values())) < len(own):
+                seen[0] = f"masters share a config epoch: {own}"
+                return False
+            for server in self._live():
+                current = int(_cluster_info(server).get("cluster_current_epoch", 0))
+                recorded = _config_epochs(server)
+                if current < max(own.values()) or any(recorded.get(port) != epoch
+                                                      for port, epoch in own.items()):
+                    seen[0] = (f"{server.port} knows current epoch {current} and "
+                               f"{recorded}; the masters have {own}")
+                    for master in masters:
+                        master.execute("PUBLISH", EPOCH_CHANNEL, "")
+                    return False
+            return True
+
+        try:
+            _wait("every node knowing the masters' config epochs", shared,
+                  max(0.1, deadline - time.monotonic()), 0.02)
+        except RuntimeError as exc:
+            raise RuntimeError(f"{exc}; last seen: {seen[0]}") from None
 
     def _masters_now(self) -> list[RedisServer]:
         out = []
