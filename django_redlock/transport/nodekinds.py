@@ -1,6 +1,6 @@
 """Nodes that are more than one server: a Sentinel-managed master, a Redis Cluster.
 
-(Why one module of 990 lines: both kinds hook into the transports at the same
+(Why one module of 1,010 lines: both kinds hook into the transports at the same
 few points, routed rounds, redirections and the master moving, which read best
 side by side; issue 21.) Each counts as one Redlock node, and each is a
 :class:`~django_redlock.transport.sync.NodeClient` to the engine, so the
