@@ -399,6 +399,42 @@ def acquire_settle(need: int, replicas: int = 0) -> Settle:
     return Settle(need, yes, no)
 
 
+def _count_refused(reply: Any) -> bool:
+    """Whether one node's acquire reply is a guard's count refusal (``GUARD_COUNT``)."""
+    first = reply.first if type(reply) is ChainReply else reply
+    return isinstance(first, list) and len(first) > 3 and first[3] == GUARD_COUNT
+
+
+@functools.lru_cache(maxsize=64)
+def guarded_settle(need: int, replicas: int = 0) -> Settle:
+    """When a semaphore's try of a permit that does not step aside (a
+    :class:`Guard` with ``b"0"``: a ``timeout=0`` try, the head's tries) is
+    decided: ``need`` grants (each passed the count check on its node, so a
+    quorum of grants is a quorum that agrees on the count: granted); or so
+    many *plain* busy answers that ``need`` grants are out of reach. A plain
+    busy answer also passed the count check, and a settled round has heard
+    at least ``need`` nodes, so these are a quorum that agrees on the count:
+    whatever the nodes not waited for say, the count cannot lose
+    (``PermitsMismatch`` needs more than ``N - quorum`` count refusals), and
+    the try is simply refused. A count refusal decides neither: a round that
+    meets one hears the others out, so that ``_check_count`` (semaphore.py)
+    counts every verdict it can get.
+
+    Heard out whatever the answers (no settle), a try waited for a paused
+    node, its node timeout, even when two nodes of three had granted with
+    the right count: a ``timeout=0`` acquire of a 5-permit semaphore took
+    one node timeout per busy permit it tried (1.5 s for a 0.5 s node
+    timeout) until that node's back-off began. The replies not waited for
+    are read later and dropped, and a lost round's clean-up goes to those
+    nodes too (``maybe_ours``), as for a plain lock's round."""
+    settle = acquire_settle(need, replicas)
+
+    def plain_busy(reply: Any) -> bool:
+        return settle.no(reply) and not _count_refused(reply)
+
+    return Settle(need, settle.yes, plain_busy)
+
+
 def tally_acquire(replies: Sequence[Any], node_names: "Sequence[str] | _NodeNames",
                   clock_node: int = 0) -> AcquireTally:
     """Count one acquire round's replies. ``clock_node``: the node whose clock
@@ -1133,14 +1169,19 @@ def acquire_steps(mgr: RoundContext, key: bytes, fkey: bytes, wkey: bytes, token
         replies[gate] = first
     else:
         handed = None  # the gate is not trusted now: its copy is asked like any
-        # A guarded attempt (a semaphore's try of a permit) hears every node out
-        # (within the node timeout): one node's guard refusal loses the
-        # round, and a round settled on a quorum of grants left it unread
-        # about one run in three; and a refused round's verdicts are all
-        # counted (semaphore.py's _check_count). A first attempt settles at once: a
-        # newcomer whose round ends before the hand-over node answers may
-        # pass the line (barging); a waiter in it asks the gate first.
-        settle = None if n > 1 and guard is not None else acquire_settle(mgr.quorum, acks)
+        # A guarded attempt that steps aside (a semaphore's first try of a
+        # blocking acquire) hears every node out (within the node timeout):
+        # one node's "someone in line" loses the round, and a round settled
+        # on a quorum of grants left it unread about one run in three. One
+        # that does not step aside (a try, the head's tries) settles once
+        # its outcome is decided, count check included (guarded_settle). A
+        # first attempt settles at once: a newcomer whose round ends before
+        # the hand-over node answers may pass the line (barging); a waiter
+        # in it asks the gate first.
+        if n > 1 and guard is not None:
+            settle = None if guard.args[2] == b"1" else guarded_settle(mgr.quorum, acks)
+        else:
+            settle = acquire_settle(mgr.quorum, acks)
         # (positional: requests, settle, tag, final, skip_backoff; built per attempt)
         replies = yield Ask(calls, settle, token, False, not again)
         if acks:
