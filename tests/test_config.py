@@ -473,6 +473,87 @@ def test_a_grant_that_lands_on_a_closed_retired_manager_is_not_held(
 
 
 @pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_retired_manager_does_not_close_under_a_release_in_flight(
+        redis_nodes_factory: Any, fault_proxy_factory: Any, make_manager: Any,
+        monkeypatch: pytest.MonkeyPatch, flavour: str) -> None:
+    """The switch ``_close_if_idle`` argues about, forced on real nodes: the
+    last lock of a retired manager is being released, its round slowed on
+    the wire (0.3 s each way to nodes 1 and 2, 1.2 s to node 3), and the close check
+    runs in the middle of it, when the lock no longer counts as held
+    (``holds_any`` is False) and its requests are out::
+
+        t=0    release(): counted in flight, then no longer held; round sent
+        t=0+   the close check (directly, and a look of get_manager()):
+               nothing held, but a release in flight: the manager stays open
+        t=0.6  nodes 1 and 2 answer: the round is settled, release() returns
+        t=0.6+ a later look closes the manager; node 3's release is still on
+               the wire (it lands at 1.2 s), and runs all the same: it left
+               before the close, and the close only ends the connection
+
+    Closed under the round, its connections would be shut before the
+    nodes had the release, and the key left on them for its lease (30 s):
+    here it is gone from every node within a few seconds, and release()
+    reports nothing lost."""
+    import asyncio
+    import threading
+
+    from django_redlock import conf
+    from django_redlock.engine.held import holds_any
+
+    nodes = redis_nodes_factory(3)
+    proxies = [fault_proxy_factory(server) for server in nodes]
+    mgr = make_manager([p.url for p in proxies], node_timeout=3.0)
+    make = mgr.lock if flavour == "sync" else mgr.alock
+    lock = make(f"retired:releasing:{flavour}", ttl=30, auto_renew=False)
+    acquired, go = threading.Event(), threading.Event()
+    outcome: list[Any] = []
+
+    async def hold() -> None:
+        try:
+            result = lock.acquire(timeout=5)
+            assert await result if asyncio.iscoroutine(result) else result
+            acquired.set()
+            await asyncio.get_running_loop().run_in_executor(None, go.wait, 10.0)
+            result = lock.release()
+            if asyncio.iscoroutine(result):
+                await result
+            outcome.append("released")
+        except BaseException as e:  # noqa: BLE001 - reported by the assertion below
+            outcome.append(e)
+
+    releasing = threading.Thread(target=asyncio.run, args=(hold(),), daemon=True)
+    releasing.start()
+    assert acquired.wait(10)
+    mgr.retire()
+    assert not mgr._closed  # a lock held
+    conf._retired.add(mgr)
+    for proxy, latency in zip(proxies, (0.3, 0.3, 1.2)):
+        proxy.set_latency(latency)  # each way
+    go.set()
+    # The release is under way: no longer held, its round on the wire.
+    assert wait_until(lambda: not lock.owned(), timeout=5.0, interval=0.002)
+    assert not holds_any(mgr)
+    assert not mgr._close_if_idle(), "closed under a release in flight"
+    monkeypatch.setattr(conf, "_next_look", 0.0)
+    conf.get_manager()  # a look, in a thread of its own
+    for thread in threading.enumerate():
+        if thread.name == "redlock-retired":
+            thread.join(5.0)
+    assert not mgr._closed, "a look closed it under a release in flight"
+    assert releasing.is_alive(), "the release was over before the close checks ran"
+    releasing.join(10)
+    assert outcome == ["released"], outcome
+    # Node 3's release is still on the wire: a later look closes the manager.
+    monkeypatch.setattr(conf, "_next_look", 0.0)
+    conf.get_manager()
+    assert wait_until(lambda: mgr._closed and mgr not in conf._retired, timeout=5.0)
+    assert nodes[2].execute("EXISTS", lock.key) == 1  # node 3 has not run it yet
+    assert wait_until(lambda: all(server.execute("EXISTS", lock.key) == 0
+                                  for server in nodes), timeout=5.0), \
+        "the release did not reach every node: its key is left for its lease"
+
+
+@pytest.mark.parametrize("flavour", ["sync", "async"])
 def test_a_grant_enrolled_after_the_close_was_decided_is_refused(
         make_manager: Any, session_nodes: Any, flavour: str) -> None:
     """The narrow order: the close of a retired manager is decided (nothing
