@@ -261,6 +261,156 @@ def test_a_reentrant_lock_shared_by_threads_releases_only_the_callers_hold(
     assert not shared.owned()
 
 
+@pytest.mark.parametrize("how", ["close() in another thread", "freed by gc in another thread",
+                                 "close() in another thread, nested in its own with"])
+def test_a_reentrant_with_left_in_another_thread_releases_its_enterers_hold(
+        how: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """Thread A holds ``with lock(..., reentrant=True)`` across a generator's
+    ``yield``; the generator is closed in another thread (``gen.close()``, or
+    a gc pass freeing a reference cycle there). The ``with``'s exit asked
+    about the closing thread's holds: it returned at once, and A's hold lived
+    on, renewed for as long as A did (a plain lock releases there). It ends
+    the hold of the thread that entered it, matched by the generator's frame:
+    the key goes, or A's count goes back to its own ``with``."""
+    mgr = make_manager(nodes3)
+    name = "re-gen-" + "".join(c for c in how if c.isalpha())
+    lock = mgr.lock(name, reentrant=True, ttl=5, timeout=1)
+    nested = how.endswith("nested in its own with")
+    gens: list[Any] = []
+    inside, closed = threading.Event(), threading.Event()
+    seen: dict[str, Any] = {}
+
+    def rows() -> Any:
+        with lock:
+            yield 1
+            yield 2
+
+    def iterate() -> None:
+        gen = rows()
+        next(gen)  # inside its with, and left there
+        if how.startswith("freed by gc"):
+            cycle: list[Any] = [gen]
+            cycle.append(cycle)  # only the cycle collector frees it
+        else:
+            gens.append(gen)
+
+    def thread_a() -> None:
+        if nested:
+            with lock:
+                iterate()
+                inside.set()
+                assert closed.wait(5)
+                seen["A owned, inside its own with"] = lock.owned()
+                seen["held, inside its own with"] = _holders(nodes3, lock.key)
+        else:
+            iterate()
+            inside.set()
+            assert closed.wait(5)
+            seen["A owned"] = lock.owned()
+            try:
+                lock.release()
+                seen["A release"] = "released"
+            except LockNotOwned:
+                seen["A release"] = "LockNotOwned"
+
+    def closer() -> None:
+        if gens:
+            gens.pop().close()
+        else:
+            gc.collect()  # the generator is finalized in this thread
+
+    gc.disable()
+    try:
+        a = threading.Thread(target=thread_a, daemon=True)
+        a.start()
+        assert inside.wait(5)
+        seen["held while open"] = _holders(nodes3, lock.key)
+        _run_threads(closer)
+        seen["held after the close"] = _holders(nodes3, lock.key)
+        closed.set()
+        a.join(5)
+        assert not a.is_alive()
+    finally:
+        gc.enable()
+    if nested:
+        assert seen == {"held while open": 3, "held after the close": 3,
+                        "A owned, inside its own with": True, "held, inside its own with": 3}
+    else:
+        assert seen == {"held while open": 3, "held after the close": 0,
+                        "A owned": False, "A release": "LockNotOwned"}
+    assert _holders(nodes3, lock.key) == 0
+    assert len(mgr._reentrant) == 0
+
+
+def test_a_reentrant_lock_entered_by_hand_keeps_no_pile_of_open_blocks(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """``ExitStack.enter_context(lock)`` enters in one frame and leaves in
+    another: the exit is the caller's own, and the entry recorded for the
+    block (to match an exit in another thread) is never claimed. Such
+    entries are pruned once their hold is gone, not kept for the object's
+    life."""
+    import contextlib
+
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("re-exit-stack", reentrant=True, ttl=5, timeout=1)
+    for _ in range(200):
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(lock)
+            with lock:
+                assert lock.owned()
+            assert lock.owned()
+        assert not lock.owned()
+    assert sum(len(entries) for entries in lock._enterers.values()) <= 33
+    assert _holders(nodes3, lock.key) == 0
+    assert len(mgr._reentrant) == 0
+
+
+def test_a_reentrant_with_left_in_another_thread_ends_its_own_enterers_hold_only(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """Thread A's generator is inside ``with shared`` (one object); A's lease
+    runs out and thread B takes the key anew through the same object, then
+    closes A's generator from inside its own ``with``. The generator's exit
+    asked about B's holds and ended B's, in the middle of B's block: another
+    process got in. It ends A's hold (lost: nothing of B's is touched)."""
+    mgr = make_manager(nodes3, auto_renew=False)
+    shared = mgr.lock("re-gen-two", reentrant=True, ttl=0.3, timeout=5)
+    gens: list[Any] = []
+    inside, done = threading.Event(), threading.Event()
+    seen: dict[str, Any] = {}
+
+    def rows() -> Any:
+        with shared:
+            yield 1
+            yield 2
+
+    def thread_a() -> None:
+        gen = rows()
+        next(gen)
+        gens.append(gen)
+        inside.set()
+        assert done.wait(5)
+        seen["A owned"] = shared.owned()
+
+    def thread_b() -> None:
+        assert inside.wait(5)
+        time.sleep(0.45)  # A's lease runs out on the nodes
+        with shared:
+            shared.extend(5.0)
+            fence = shared.fence
+            gens.pop().close()
+            seen["B owned after the close"] = shared.owned()
+            seen["B kept its fence"] = shared.fence == fence
+            seen["held after the close"] = _holders(nodes3, shared.key)
+            seen["rival got in"] = make_manager(nodes3).lock("re-gen-two").acquire(timeout=0)
+        done.set()
+
+    _run_threads(thread_a, thread_b)
+    assert seen == {"B owned after the close": True, "B kept its fence": True,
+                    "held after the close": 3, "rival got in": False, "A owned": False}
+    assert _holders(nodes3, shared.key) == 0
+    assert len(mgr._reentrant) == 0
+
+
 def test_an_async_reentrant_lock_shared_by_tasks_releases_only_the_callers_hold(
         nodes3: RedisNodes, make_manager: MakeManager) -> None:
     """The asyncio twin: one object, two tasks, the first task's lease runs

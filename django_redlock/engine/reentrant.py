@@ -1,6 +1,6 @@
 """``lock(name, reentrant=True)``: the same thread (or asyncio task) may take it again.
 
-(Why one module of 750 lines: who owns a hold (a thread, a task, the task
+(Why one module of 850 lines: who owns a hold (a thread, a task, the task
 that awaits a release run by ``shield``), how long the hold lives (weakly
 kept, ended with its owner) and the sync and asyncio objects that share both
 are one model of ownership; split, each half would reach into the other.)
@@ -328,15 +328,21 @@ _watched: "weakref.WeakKeyDictionary[asyncio.Task[Any], weakref.WeakSet[Reentran
     weakref.WeakKeyDictionary())
 _watched_guard = threading.Lock()  # loops may run in several threads
 
+#: Guards the sync objects' tables of open ``with`` blocks
+#: (:attr:`ReentrantLock._enterers`): one object may be shared by threads.
+#: One for all, held for a few dict operations, so that a fork resets it.
+_enterers_guard = threading.Lock()
+
 
 def _reset_watched_after_fork() -> None:
     """In a forked child: a parent thread inside ``_watch_task`` or
-    ``_task_done`` at the fork left the guard held, with no thread here to let
-    go of it (the child's first reentrant alock waited for ever); the
-    parent's tasks do not exist here either."""
-    global _watched, _watched_guard
+    ``_task_done`` (or a ``with``'s bookkeeping) at the fork left the guard
+    held, with no thread here to let go of it (the child's first reentrant
+    alock waited for ever); the parent's tasks do not exist here either."""
+    global _watched, _watched_guard, _enterers_guard
     _watched = weakref.WeakKeyDictionary()
     _watched_guard = threading.Lock()
+    _enterers_guard = threading.Lock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -477,13 +483,23 @@ class ReentrantBase:
             self._watch(owner)
         mine.append(hold)
 
-    def _leave(self, owner: object | None | EllipsisType = ...) -> Hold | None:
-        """End one acquisition of the caller's (or ``owner``'s); the hold to
-        release on the nodes when it was the last."""
+    def _leave(self, owner: object | None | EllipsisType = ...,
+               hold: Hold | None = None) -> Hold | None:
+        """End one acquisition of the caller's (or ``owner``'s): of ``hold``
+        (a ``with`` block's own) or else the innermost; the hold to release
+        on the nodes when it was the last."""
         if owner is ...:
             owner = self._owner()
-        hold = self._innermost(owner)  # raises if it holds nothing through this object
-        self._holds[owner].pop()
+        innermost = self._innermost(owner)  # raises if it holds nothing through this object
+        mine = self._holds[owner]
+        if hold is None or mine[-1] is hold:
+            hold = innermost
+            mine.pop()
+        else:  # a block left out of order (its generator closed late): its own hold
+            places = [at for at, held in enumerate(mine) if held is hold]
+            if not places:
+                return None  # ended meanwhile by its owner's thread
+            del mine[places[-1]]
         return hold if self.manager._reentrant.leave(self.key, owner, hold) else None
 
     def _busy(self) -> LockNotAcquired:
@@ -496,6 +512,17 @@ class ReentrantLock(ReentrantBase):
     """A lock its own thread may take again; from ``lock(name, reentrant=True)``."""
 
     _who = "thread"
+
+    def __init__(self, manager: "LockHost", make: Callable[[], Any], timeout: float | None,
+                 ) -> None:
+        super().__init__(manager, make, timeout)
+        #: id of the frame an open ``with`` is in -> its entries, innermost
+        #: last (``with L, L:`` is two in one frame): (the entering thread's
+        #: owner, weakly; the frame's code, against a reused id; the hold it
+        #: entered). Whose exit an exit is, whatever thread runs it (:meth:`_exiting`).
+        self._enterers: dict[int, list[tuple[weakref.ref[Any], Any, Hold]]] = {}
+        self._open_entries = 0  # in ``_enterers``, all ids together
+        self._prune_above = 32  # open entries (see :meth:`_prune_enterers`)
 
     def _owner(self) -> object | None:
         return _thread_owner()
@@ -530,17 +557,82 @@ class ReentrantLock(ReentrantBase):
     def __enter__(self) -> "ReentrantLock":
         if not self.acquire():
             raise self._busy()
+        frame = inspect.currentframe()
+        caller = frame.f_back if frame is not None else None  # the with's frame
+        if caller is not None:
+            owner = self._owner()
+            entry = (weakref.ref(owner), caller.f_code, self._mine(owner)[-1])
+            with _enterers_guard:
+                if self._open_entries >= self._prune_above:
+                    self._prune_enterers()
+                self._enterers.setdefault(id(caller), []).append(entry)
+                self._open_entries += 1
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if not self._mine():
-            return
+        owner, hold = self._exiting(inspect.currentframe())
+        if owner is None:
+            return  # released inside the block already (or its thread ended: its holds went)
         try:
-            self.release()
+            released = self._leave(owner, hold)
+            if released is not None:
+                released.lock.release()
         except LockLost:
             if exc_type is None:
                 raise
+
+    def _exiting(self, frame: Any) -> tuple[object | None, Hold | None]:
+        """Whose ``with`` this exit ends, and its hold: the thread's that
+        entered it in this very frame (recorded by ``__enter__``), whatever
+        thread runs the exit; else the caller's own innermost hold (a
+        ``__enter__`` called by hand). (None, None): nothing to end.
+
+        A generator holding the lock across a ``yield`` is closed where it is
+        let go of: ``gen.close()`` in another thread, or the garbage collector
+        in whichever thread it runs (a reference cycle). Asked about its own
+        holds, that thread's exit returned at once and the enterer's hold
+        lived on, renewed for as long as its thread did; or, holding through
+        the same object itself, it ended its own hold, in the middle of its
+        block::
+
+            thread A   for row in rows(): break   # rows() inside with L
+            thread A   lives on (a worker): its hold is renewed, never released
+            thread B   (A's lease ran out) with L: takes the key anew
+            thread B   gen.close() (or a gc pass frees A's generator): the exit
+                       ended B's hold; another process got in while B was inside
+
+        The asyncio twin is matched the same way
+        (:meth:`AsyncReentrantLock._exiting_owner`)."""
+        caller = frame.f_back if frame is not None else None
+        if caller is not None:
+            with _enterers_guard:
+                entries = self._enterers.get(id(caller))
+                entry = entries.pop() if entries else None
+                self._open_entries -= entry is not None
+                if entries is not None and not entries:
+                    del self._enterers[id(caller)]
+            if entry is not None and entry[1] is caller.f_code:
+                enterer, hold = entry[0](), entry[2]
+                if enterer is None or not any(held is hold for held in self._mine(enterer)):
+                    return None, None
+                return enterer, hold
+        owner = self._owner()
+        return (owner, None) if self._mine(owner) else (None, None)
+
+    def _prune_enterers(self) -> None:
+        """Drop the entries of blocks whose hold is gone (entered by hand,
+        never left through ``__exit__``: ``ExitStack.enter_context``), so that
+        they do not pile up; then again once their number doubled (many
+        threads inside at once are not pruned at every entry). Called under
+        ``_enterers_guard``."""
+        for frame_id, entries in list(self._enterers.items()):
+            entries[:] = [entry for entry in entries if (owner := entry[0]()) is not None
+                          and any(held is entry[2] for held in self._mine(owner))]
+            if not entries:
+                del self._enterers[frame_id]
+        self._open_entries = sum(len(entries) for entries in self._enterers.values())
+        self._prune_above = max(32, 2 * self._open_entries)
 
 
 class AsyncReentrantLock(ReentrantBase):
