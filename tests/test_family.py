@@ -1084,6 +1084,62 @@ def test_an_async_reentrant_release_by_a_child_task_holding_nothing_leaves_the_p
                     "rival got in": False, "held at the end": 0}
 
 
+@pytest.mark.parametrize("how", ["shield(task)", "wait_for(task)", "shield(wait_for(task))"])
+def test_an_async_reentrant_release_by_a_shielded_child_task_that_tried_to_acquire_is_its_own(
+        how: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """A child task awaited through ``asyncio.shield(task)`` (or ``wait_for``
+    before 3.12), whose ``acquire(blocking=False)`` said False (its parent
+    holds) and whose ``finally`` releases anyway: asyncio's own callbacks are
+    all that is seen between the two tasks, as for a clean-up coroutine run by
+    ``shield``, and its release ended the parent's hold in the middle of the
+    parent's critical section::
+
+        task A   lock.acquire() ... await asyncio.shield(create_task(child()))
+        child    lock.acquire(blocking=False) -> False; finally: lock.release()
+                 ended A's hold: the key is deleted, another process gets in
+
+    A task that acquired, or tried to, through the object is a task of its
+    own: its release is its own (LockNotOwned), the parent's hold is left
+    alone."""
+    mgr = make_manager(nodes3)
+    name = "are-shielded-child-" + "".join(c for c in how if c.isalpha())
+
+    async def scenario() -> dict[str, Any]:
+        lock = mgr.alock(name, reentrant=True, ttl=5, timeout=1)
+        seen: dict[str, Any] = {}
+
+        async def child() -> str:
+            got = await lock.acquire(blocking=False)  # the parent holds it
+            try:
+                return f"got {got}"
+            finally:
+                try:
+                    await lock.release()
+                    seen["child release"] = "released"
+                except LockNotOwned:
+                    seen["child release"] = "LockNotOwned"
+
+        assert await lock.acquire()
+        task = asyncio.ensure_future(child())
+        if how == "shield(task)":
+            seen["child"] = await asyncio.wait_for(asyncio.shield(task), 5)
+        elif how == "wait_for(task)":
+            seen["child"] = await asyncio.wait_for(task, 5)
+        else:
+            seen["child"] = await asyncio.shield(asyncio.wait_for(task, 5))
+        seen["parent owned after"] = lock.owned()
+        seen["held after"] = _holders(nodes3, lock.key)
+        seen["rival got in"] = await make_manager(nodes3).alock(name).acquire(timeout=0)
+        await lock.release()  # the parent's own: no LockNotOwned
+        seen["held at the end"] = _holders(nodes3, lock.key)
+        return seen
+
+    seen = asyncio.run(asyncio.wait_for(scenario(), 15))
+    assert seen == {"child": "got False", "child release": "LockNotOwned",
+                    "parent owned after": True, "held after": 3, "rival got in": False,
+                    "held at the end": 0}
+
+
 # -- multi_lock --------------------------------------------------------------------
 
 def test_multi_lock_takes_all_or_none(nodes3: RedisNodes, make_manager: MakeManager) -> None:

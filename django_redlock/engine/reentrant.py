@@ -1,6 +1,6 @@
 """``lock(name, reentrant=True)``: the same thread (or asyncio task) may take it again.
 
-(Why one module of 850 lines: who owns a hold (a thread, a task, the task
+(Why one module of 900 lines: who owns a hold (a thread, a task, the task
 that awaits a release run by ``shield``), how long the hold lives (weakly
 kept, ended with its owner) and the sync and asyncio objects that share both
 are one model of ownership; split, each half would reach into the other.)
@@ -80,9 +80,12 @@ task``, ``gather``, a ``TaskGroup``) is of a child task, a task of its own with
 its own holds, followed only when that task runs nothing but the release
 (``gather(lock.release())``): a child whose ``acquire(blocking=False)`` said
 False and whose ``finally`` released anyway ended its parent's hold, in the
-middle of the parent's critical section. (Before 3.12 ``wait_for(task, t)``
-on a task of one's own cannot be told from ``wait_for(coroutine, t)``: it is
-followed too; since 3.12 ``wait_for`` runs a coroutine in the caller's task.)
+middle of the parent's critical section. A task that acquired, or tried to,
+through the object is never followed, however awaited: ``shield(task)``, and
+``wait_for(task, t)`` before 3.12, cannot be told from ``shield(coroutine)``
+and ``wait_for(coroutine, t)`` (since 3.12 ``wait_for`` runs a coroutine in
+the caller's task), so a child task awaited so that never tried to acquire
+is followed as a clean-up coroutine is.
 A task started by an eager task factory (3.12+) runs its first step before
 anyone awaits it, inside the call that made it: its maker's task is found on
 the stack instead. A task of its own running only the release that no task is
@@ -650,6 +653,10 @@ class AsyncReentrantLock(ReentrantBase):
         #: the frame's code, against a reused id): whose exit an exit is,
         #: whatever task runs it (:meth:`_exiting_owner`).
         self._enterers: dict[int, tuple[weakref.ref[Any], Any]] = {}
+        #: the tasks that acquired, or tried to, through this object (weakly):
+        #: tasks of their own, whose release is never another task's
+        #: (see :meth:`_releasing_owner`).
+        self._acquirers: weakref.WeakSet[asyncio.Task[Any]] = weakref.WeakSet()
 
     def _owner(self) -> object | None:
         return _task_owner()
@@ -735,9 +742,24 @@ class AsyncReentrantLock(ReentrantBase):
         through ``asyncio.shield`` or ``wait_for`` and holds (see
         :meth:`_awaited_by`); for a task of its own running only the release
         that no task is found to await, the object's only holder's (see the
-        module's docstring). Otherwise the caller's: ``LockNotOwned``."""
+        module's docstring). Otherwise the caller's: ``LockNotOwned``.
+
+        A task that acquired, or tried to, through this object is a task of
+        its own whatever awaits it: its release is its own. Between a parent
+        and a child task it awaits through ``shield(task)`` (or ``wait_for``
+        before 3.12) only asyncio's own callbacks are seen, as for a clean-up
+        coroutine that ``shield`` runs in a task for its caller, and the
+        child's release ended the parent's hold::
+
+            task A   lock.acquire() ... await asyncio.shield(create_task(child()))
+            child    lock.acquire(blocking=False) -> False; finally: release()
+                     ended A's hold: the key deleted, A still inside
+
+        (A child that never tried to acquire through the object cannot be
+        told from such a clean-up coroutine: its release is still its
+        awaiting task's, as documented.)"""
         task = _task_owner()
-        if task is None or self._mine(task):
+        if task is None or self._mine(task) or task in self._acquirers:
             return task
         alone = _runs_alone(task, frame)
         holder, found = self._awaited_by(task, alone)
@@ -764,6 +786,7 @@ class AsyncReentrantLock(ReentrantBase):
     async def acquire(self, blocking: bool = True,
                       timeout: float | None | EllipsisType = ...) -> bool:
         owner = self._acquiring_owner(inspect.currentframe())
+        self._acquirers.add(owner)
         hold, wait = self._enter(blocking, timeout, owner)
         if hold is not None:
             return True
@@ -863,6 +886,8 @@ class AsyncReentrantLock(ReentrantBase):
             return self._left(task)
         if self._mine(task):  # entered otherwise (``__aenter__`` called by hand)
             return task
+        if task in self._acquirers:  # a task of its own (see :meth:`_releasing_owner`)
+            return None
         holder, _ = self._awaited_by(task, _runs_alone(task, frame))
         if holder is not None and self._entered.get(holder):
             return self._left(holder)
