@@ -478,14 +478,17 @@ def _expires_within(nodes: RedisNodes, key: str, seconds: float) -> bool:
 
 
 @pytest.mark.parametrize("case", ["thread ends", "thread ends, object kept",
-                                  "object dropped, thread lives on"])
+                                  "object dropped, thread lives on",
+                                  "thread ends inside a with left open"])
 def test_a_reentrant_hold_dropped_without_release_expires_within_a_lease(
         case: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
     """A request's thread takes a reentrant lock and fails before release: like
     a plain lock dropped the same way, the hold stops being renewed and its key
     expires within one lease. The manager's table kept every hold, and with
     it its plain lock, which the renewal thread renewed until the process
-    exited: every other process waited for ever."""
+    exited: every other process waited for ever. A ``with`` left open in a
+    generator that outlives its thread is the same: the entry recorded for
+    its exit kept the hold (renewed) until the generator was closed."""
     mgr = make_manager(nodes3)
     ttl = 0.5  # renewed every lease while held
     name = "re-drop-" + case.split()[0] + str(len(case))
@@ -497,6 +500,15 @@ def test_a_reentrant_hold_dropped_without_release_expires_within_a_lease(
         assert lock.acquire(timeout=0)  # nested: one hold, entered twice
         if case == "thread ends, object kept":
             kept.append(lock)  # e.g. a module-level lock: the object outlives the thread
+        if case == "thread ends inside a with left open":
+            def rows() -> Any:
+                with lock:
+                    yield 1
+                    yield 2
+
+            gen = rows()
+            next(gen)
+            kept.extend([lock, gen])  # never closed while the thread lives
 
     if case == "object dropped, thread lives on":
         request()  # this thread (a pool's worker) goes on to other work

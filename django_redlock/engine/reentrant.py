@@ -522,8 +522,10 @@ class ReentrantLock(ReentrantBase):
         #: id of the frame an open ``with`` is in -> its entries, innermost
         #: last (``with L, L:`` is two in one frame): (the entering thread's
         #: owner, weakly; the frame's code, against a reused id; the hold it
-        #: entered). Whose exit an exit is, whatever thread runs it (:meth:`_exiting`).
-        self._enterers: dict[int, list[tuple[weakref.ref[Any], Any, Hold]]] = {}
+        #: entered, weakly: kept, it kept its plain lock, renewed after its
+        #: thread ended). Whose exit an exit is, whatever thread runs it
+        #: (:meth:`_exiting`).
+        self._enterers: dict[int, list[tuple[weakref.ref[Any], Any, weakref.ref[Hold]]]] = {}
         self._open_entries = 0  # in ``_enterers``, all ids together
         self._prune_above = 32  # open entries (see :meth:`_prune_enterers`)
 
@@ -564,7 +566,7 @@ class ReentrantLock(ReentrantBase):
         caller = frame.f_back if frame is not None else None  # the with's frame
         if caller is not None:
             owner = self._owner()
-            entry = (weakref.ref(owner), caller.f_code, self._mine(owner)[-1])
+            entry = (weakref.ref(owner), caller.f_code, weakref.ref(self._mine(owner)[-1]))
             with _enterers_guard:
                 if self._open_entries >= self._prune_above:
                     self._prune_enterers()
@@ -616,8 +618,9 @@ class ReentrantLock(ReentrantBase):
                 if entries is not None and not entries:
                     del self._enterers[id(caller)]
             if entry is not None and entry[1] is caller.f_code:
-                enterer, hold = entry[0](), entry[2]
-                if enterer is None or not any(held is hold for held in self._mine(enterer)):
+                enterer, hold = entry[0](), entry[2]()
+                if (enterer is None or hold is None
+                        or not any(held is hold for held in self._mine(enterer))):
                     return None, None
                 return enterer, hold
         owner = self._owner()
@@ -631,7 +634,8 @@ class ReentrantLock(ReentrantBase):
         ``_enterers_guard``."""
         for frame_id, entries in list(self._enterers.items()):
             entries[:] = [entry for entry in entries if (owner := entry[0]()) is not None
-                          and any(held is entry[2] for held in self._mine(owner))]
+                          and (hold := entry[2]()) is not None
+                          and any(held is hold for held in self._mine(owner))]
             if not entries:
                 del self._enterers[frame_id]
         self._open_entries = sum(len(entries) for entries in self._enterers.values())
