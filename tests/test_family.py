@@ -523,12 +523,15 @@ def test_a_reentrant_hold_dropped_without_release_expires_within_a_lease(
 
 
 @pytest.mark.parametrize("case", ["task fails", "task fails, object kept",
-                                  "object dropped, task goes on"])
+                                  "object dropped, task goes on",
+                                  "task fails inside an async with left open"])
 def test_an_async_reentrant_hold_dropped_without_release_expires_within_a_lease(
         case: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
     """The asyncio twin, in a loop that keeps running (an ASGI server): a task
     that took a reentrant lock and failed before release. The table kept the
-    hold and the task object itself, renewed for the life of the loop."""
+    hold and the task object itself, renewed for the life of the loop. Left
+    inside an ``async with`` of a generator kept open, the entry recorded for
+    the block's exit must not keep the hold either."""
     mgr = make_manager(nodes3)
     ttl = 0.5
     name = "are-drop-" + case.split()[0] + str(len(case))
@@ -549,6 +552,15 @@ def test_an_async_reentrant_hold_dropped_without_release_expires_within_a_lease(
                 return
             if case == "task fails, object kept":
                 kept.append(lock)
+            if case == "task fails inside an async with left open":
+                async def rows() -> Any:
+                    async with lock:
+                        yield 1
+                        yield 2
+
+                gen = rows()
+                await gen.__anext__()
+                kept.extend([lock, gen])  # never closed while the loop runs
             raise RuntimeError("the view failed before release")
 
         task = asyncio.ensure_future(request())
@@ -852,6 +864,129 @@ def test_an_async_reentrant_with_left_in_another_task_releases_its_enterers_hold
 
     seen = asyncio.run(asyncio.wait_for(scenario(), 15))
     assert seen == {"held while open": 3, "released within 2 s": True, "owned after": False}
+    assert len(mgr._reentrant) == 0
+
+
+@pytest.mark.parametrize("nesting", ["nested", "one statement", "one statement, in its own"])
+@pytest.mark.parametrize("how", ["finalized by the loop", "aclose() in a new task"])
+def test_an_async_reentrant_with_twice_in_one_frame_left_in_another_task_ends_both(
+        how: str, nesting: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """An async generator enters ``async with`` twice in its one frame
+    (``async with L: async with L:``, or ``async with L, L:``) across a
+    ``yield``, and is closed in a new task. One entry was kept per frame: the
+    inner enter overwrote the outer's, so the outer exit found none, asked
+    about the closing task, which holds nothing, and returned::
+
+        task A   async for row in rows(): break   # rows() inside async with L, L
+        loop     aclose() in a new task: the inner exit ends one acquisition;
+                 the outer one finds no entry: nothing ended
+        ...      the key stays held, renewed while A lives
+
+    Each exit ends the acquisition its own enter made: the key goes, or A's
+    count goes back to its own ``async with``."""
+    mgr = make_manager(nodes3)
+    name = "are-agen-twice-" + "".join(c for c in how + nesting if c.isalpha())
+    in_its_own = nesting.endswith("in its own")
+
+    async def scenario() -> dict[str, Any]:
+        lock = mgr.alock(name, reentrant=True, ttl=10, timeout=1)
+        seen: dict[str, Any] = {}
+
+        async def rows() -> Any:
+            if nesting == "nested":
+                async with lock:
+                    async with lock:
+                        for row in range(10):
+                            yield row
+            else:
+                async with lock, lock:
+                    for row in range(10):
+                        yield row
+
+        async def abandon() -> None:
+            gen = rows()
+            async for row in gen:
+                if row == 1:
+                    break  # abandoned, still inside both its blocks
+            seen["held while open"] = _holders(nodes3, lock.key)
+            if how == "finalized by the loop":
+                del gen  # the loop's finalizer hook runs aclose() in a task of its own
+                await asyncio.sleep(0.05)
+            else:
+                # Awaited plainly: the closing task is a task of its own.
+                await asyncio.ensure_future(gen.aclose())
+
+        if in_its_own:
+            async with lock:
+                await abandon()
+                seen["owned, inside its own"] = lock.owned()
+                seen["held, inside its own"] = _holders(nodes3, lock.key)
+            seen["held after its own"] = _holders(nodes3, lock.key)
+        else:
+            await abandon()
+            seen["released within 2 s"] = await _aexpires_within(nodes3, lock.key, 2.0)
+        seen["owned after"] = lock.owned()
+        return seen
+
+    seen = asyncio.run(asyncio.wait_for(scenario(), 15))
+    if in_its_own:
+        assert seen == {"held while open": 3, "owned, inside its own": True,
+                        "held, inside its own": 3, "held after its own": 0,
+                        "owned after": False}
+    else:
+        assert seen == {"held while open": 3, "released within 2 s": True, "owned after": False}
+    assert len(mgr._reentrant) == 0
+
+
+@pytest.mark.parametrize("how", ["AsyncExitStack", "__aenter__ by hand in tasks still alive"])
+def test_an_async_reentrant_lock_entered_by_hand_keeps_no_pile_of_open_blocks(
+        how: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """``AsyncExitStack.enter_async_context(lock)``, or ``__aenter__()``
+    called by hand and left through ``release()``, records an entry for the
+    block (to match an exit in another task) that no ``__aexit__`` in its
+    frame ever claims. Such entries are pruned once their hold is gone (its
+    task done, or its acquisition released), not kept for the object's life:
+    with tasks still alive, their frames too, they piled up, one per task."""
+    import contextlib
+
+    mgr = make_manager(nodes3)
+
+    async def scenario() -> tuple[int, int]:
+        lock = mgr.alock("are-exit-stack", reentrant=True, ttl=5, timeout=1)
+        if how == "AsyncExitStack":
+            for n in range(200):
+                async with contextlib.AsyncExitStack() as stack:
+                    await stack.enter_async_context(lock)
+                    async with lock:
+                        assert lock.owned()
+                    assert lock.owned()
+                    if n % 2:
+                        await lock.release()
+                        stack.pop_all()  # its __aexit__ never runs
+                assert not lock.owned()
+        else:
+            go_on = asyncio.Event()
+
+            async def by_hand(entered: asyncio.Event) -> None:
+                await lock.__aenter__()
+                await lock.release()  # the block's end; no __aexit__
+                entered.set()
+                await asyncio.wait_for(go_on.wait(), 10)
+
+            tasks = []
+            for _ in range(100):
+                entered = asyncio.Event()
+                tasks.append(asyncio.ensure_future(by_hand(entered)))
+                await asyncio.wait_for(entered.wait(), 5)
+            open_entries = sum(len(entries) for entries in lock._enterers.values())
+            go_on.set()
+            await asyncio.wait_for(asyncio.gather(*tasks), 5)
+            return open_entries, len(lock._enterers)
+        return sum(len(entries) for entries in lock._enterers.values()), len(lock._enterers)
+
+    open_entries, frames = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert open_entries <= 33, f"{open_entries} entries in {frames} frames"
+    assert _holders(nodes3, mgr.key("are-exit-stack")) == 0
     assert len(mgr._reentrant) == 0
 
 

@@ -331,9 +331,10 @@ _watched: "weakref.WeakKeyDictionary[asyncio.Task[Any], weakref.WeakSet[Reentran
     weakref.WeakKeyDictionary())
 _watched_guard = threading.Lock()  # loops may run in several threads
 
-#: Guards the sync objects' tables of open ``with`` blocks
-#: (:attr:`ReentrantLock._enterers`): one object may be shared by threads.
-#: One for all, held for a few dict operations, so that a fork resets it.
+#: Guards the objects' tables of open ``with`` / ``async with`` blocks
+#: (:attr:`ReentrantBase._enterers`): one object may be shared by threads
+#: (and by loops in several threads). One for all, held for a few dict
+#: operations, so that a fork resets it.
 _enterers_guard = threading.Lock()
 
 
@@ -404,6 +405,15 @@ class ReentrantBase:
         #: weakly keyed: the holds of an ended thread (or a freed task) go.
         self._holds: weakref.WeakKeyDictionary[object, list[Hold]] = (
             weakref.WeakKeyDictionary())
+        #: id of the frame an open ``with`` (``async with``) is in -> its
+        #: entries, innermost last (``with L, L:``, or two nested in one
+        #: frame, is two): (the entering owner, weakly; the frame's code,
+        #: against a reused id; the hold it entered, weakly: kept, it kept its
+        #: plain lock, renewed after its owner ended). Whose exit an exit is,
+        #: whatever thread or task runs it (:meth:`_claim_entry`).
+        self._enterers: dict[int, list[tuple[weakref.ref[Any], Any, weakref.ref[Hold]]]] = {}
+        self._open_entries = 0  # in ``_enterers``, all ids together
+        self._prune_above = 32  # open entries (see :meth:`_prune_enterers`)
 
     def __repr__(self) -> str:
         mine = self._mine()
@@ -505,6 +515,68 @@ class ReentrantBase:
             del mine[places[-1]]
         return hold if self.manager._reentrant.leave(self.key, owner, hold) else None
 
+    def _record_entry(self, frame: Any, owner: object) -> None:
+        """A ``with`` (``async with``) block was entered by ``owner``, whose
+        innermost hold is the one it entered: record it under the frame of the
+        block (the caller of ``__enter__``, whose frame is ``frame``), so that
+        its exit ends that hold, whichever thread or task runs the exit.
+
+        One entry per frame, as the asyncio form kept, lost one of two blocks
+        entered in one frame (``async with L, L:``, or nested): the inner
+        enter overwrote the outer's, and the outer exit, in another task,
+        found none::
+
+            task A   rows() (inside async with L, L) abandoned across a yield
+            loop     aclose() in a new task: the inner exit ends one; the
+                     outer finds no entry, asks the closing task: nothing
+            ...      the key stays held, renewed while A lives"""
+        caller = frame.f_back if frame is not None else None
+        if caller is None:
+            return
+        entry = (weakref.ref(owner), caller.f_code, weakref.ref(self._mine(owner)[-1]))
+        with _enterers_guard:
+            if self._open_entries >= self._prune_above:
+                self._prune_enterers()
+            self._enterers.setdefault(id(caller), []).append(entry)
+            self._open_entries += 1
+
+    def _claim_entry(self, frame: Any) -> tuple[Any, Hold | None] | None:
+        """For an exit (``__exit__`` / ``__aexit__``, whose frame is
+        ``frame``): the innermost entry recorded in its block's frame, taken
+        off, as (its enterer, None once gone; the hold it entered, None once
+        gone); None when the frame has none (entered by hand:
+        ``ExitStack.enter_context`` enters in another frame) or one of another
+        code (a reused id)."""
+        caller = frame.f_back if frame is not None else None
+        if caller is None:
+            return None
+        with _enterers_guard:
+            entries = self._enterers.get(id(caller))
+            entry = entries.pop() if entries else None
+            self._open_entries -= entry is not None
+            if entries is not None and not entries:
+                del self._enterers[id(caller)]
+        if entry is None or entry[1] is not caller.f_code:
+            return None
+        return entry[0](), entry[2]()
+
+    def _prune_enterers(self) -> None:
+        """Drop the entries of blocks whose hold is gone (entered by hand,
+        never left through ``__exit__`` / ``__aexit__`` in their frame:
+        ``ExitStack.enter_context``, ``AsyncExitStack.enter_async_context``,
+        ``__aenter__()`` then ``release()``; or their owner ended, its holds
+        with it), so that they do not pile up; then again once their number
+        doubled (many owners inside at once are not pruned at every entry).
+        Called under ``_enterers_guard``."""
+        for frame_id, entries in list(self._enterers.items()):
+            entries[:] = [entry for entry in entries if (owner := entry[0]()) is not None
+                          and (hold := entry[2]()) is not None
+                          and any(held is hold for held in self._mine(owner))]
+            if not entries:
+                del self._enterers[frame_id]
+        self._open_entries = sum(len(entries) for entries in self._enterers.values())
+        self._prune_above = max(32, 2 * self._open_entries)
+
     def _busy(self) -> LockNotAcquired:
         return LockNotAcquired(f"lock {self.name!r} is busy: not acquired within "
                                f"{'no' if self.timeout is None else format(self.timeout, 'g')} s",
@@ -519,15 +591,6 @@ class ReentrantLock(ReentrantBase):
     def __init__(self, manager: "LockHost", make: Callable[[], Any], timeout: float | None,
                  ) -> None:
         super().__init__(manager, make, timeout)
-        #: id of the frame an open ``with`` is in -> its entries, innermost
-        #: last (``with L, L:`` is two in one frame): (the entering thread's
-        #: owner, weakly; the frame's code, against a reused id; the hold it
-        #: entered, weakly: kept, it kept its plain lock, renewed after its
-        #: thread ended). Whose exit an exit is, whatever thread runs it
-        #: (:meth:`_exiting`).
-        self._enterers: dict[int, list[tuple[weakref.ref[Any], Any, weakref.ref[Hold]]]] = {}
-        self._open_entries = 0  # in ``_enterers``, all ids together
-        self._prune_above = 32  # open entries (see :meth:`_prune_enterers`)
 
     def _owner(self) -> object | None:
         return _thread_owner()
@@ -562,16 +625,7 @@ class ReentrantLock(ReentrantBase):
     def __enter__(self) -> "ReentrantLock":
         if not self.acquire():
             raise self._busy()
-        frame = inspect.currentframe()
-        caller = frame.f_back if frame is not None else None  # the with's frame
-        if caller is not None:
-            owner = self._owner()
-            entry = (weakref.ref(owner), caller.f_code, weakref.ref(self._mine(owner)[-1]))
-            with _enterers_guard:
-                if self._open_entries >= self._prune_above:
-                    self._prune_enterers()
-                self._enterers.setdefault(id(caller), []).append(entry)
-                self._open_entries += 1
+        self._record_entry(inspect.currentframe(), self._owner())
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
@@ -609,37 +663,15 @@ class ReentrantLock(ReentrantBase):
 
         The asyncio twin is matched the same way
         (:meth:`AsyncReentrantLock._exiting_owner`)."""
-        caller = frame.f_back if frame is not None else None
-        if caller is not None:
-            with _enterers_guard:
-                entries = self._enterers.get(id(caller))
-                entry = entries.pop() if entries else None
-                self._open_entries -= entry is not None
-                if entries is not None and not entries:
-                    del self._enterers[id(caller)]
-            if entry is not None and entry[1] is caller.f_code:
-                enterer, hold = entry[0](), entry[2]()
-                if (enterer is None or hold is None
-                        or not any(held is hold for held in self._mine(enterer))):
-                    return None, None
-                return enterer, hold
+        claimed = self._claim_entry(frame)
+        if claimed is not None:
+            enterer, hold = claimed
+            if (enterer is None or hold is None
+                    or not any(held is hold for held in self._mine(enterer))):
+                return None, None
+            return enterer, hold
         owner = self._owner()
         return (owner, None) if self._mine(owner) else (None, None)
-
-    def _prune_enterers(self) -> None:
-        """Drop the entries of blocks whose hold is gone (entered by hand,
-        never left through ``__exit__``: ``ExitStack.enter_context``), so that
-        they do not pile up; then again once their number doubled (many
-        threads inside at once are not pruned at every entry). Called under
-        ``_enterers_guard``."""
-        for frame_id, entries in list(self._enterers.items()):
-            entries[:] = [entry for entry in entries if (owner := entry[0]()) is not None
-                          and (hold := entry[2]()) is not None
-                          and any(held is hold for held in self._mine(owner))]
-            if not entries:
-                del self._enterers[frame_id]
-        self._open_entries = sum(len(entries) for entries in self._enterers.values())
-        self._prune_above = max(32, 2 * self._open_entries)
 
 
 class AsyncReentrantLock(ReentrantBase):
@@ -653,10 +685,6 @@ class AsyncReentrantLock(ReentrantBase):
         #: task -> how many of its ``async with`` through this object are open
         #: (see :meth:`_exiting_owner`); weakly keyed, dropped when it is done.
         self._entered: weakref.WeakKeyDictionary[object, int] = weakref.WeakKeyDictionary()
-        #: id of the frame an open ``async with`` is in -> (its task, weakly;
-        #: the frame's code, against a reused id): whose exit an exit is,
-        #: whatever task runs it (:meth:`_exiting_owner`).
-        self._enterers: dict[int, tuple[weakref.ref[Any], Any]] = {}
         #: the tasks that acquired, or tried to, through this object (weakly):
         #: tasks of their own, whose release is never another task's
         #: (see :meth:`_releasing_owner`).
@@ -807,10 +835,12 @@ class AsyncReentrantLock(ReentrantBase):
         nodes (and may raise ``LockLost``, as :meth:`AsyncLock.release` does)."""
         await self._release(self._releasing_owner(inspect.currentframe(), "release"))
 
-    async def _release(self, owner: object | None) -> None:
-        hold = self._leave(owner)
-        if hold is not None:
-            await hold.lock.release()
+    async def _release(self, owner: object | None, hold: Hold | None = None) -> None:
+        """End one acquisition of ``owner``'s: of ``hold`` (an ``async
+        with``'s own) or else the innermost; release on the nodes if last."""
+        released = self._leave(owner, hold)
+        if released is not None:
+            await released.lock.release()
 
     async def extend(self, ttl: float | EllipsisType = ...) -> None:
         """Extend this task's hold, as :meth:`AsyncLock.extend` does."""
@@ -821,20 +851,18 @@ class AsyncReentrantLock(ReentrantBase):
         if not await self.acquire():
             raise self._busy()
         task = _task_owner()  # acquire() refuses outside a task
-        self._entered[task] = self._entered.get(task, 0) + 1
-        frame = inspect.currentframe()
-        caller = frame.f_back if frame is not None else None  # the async with's frame
-        if caller is not None and task is not None:
-            self._enterers[id(caller)] = (weakref.ref(task), caller.f_code)
+        if task is not None:
+            self._entered[task] = self._entered.get(task, 0) + 1
+            self._record_entry(inspect.currentframe(), task)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        owner = self._exiting_owner(inspect.currentframe())
+        owner, hold = self._exiting_owner(inspect.currentframe())
         if owner is None or not self._mine(owner):
             return  # released inside the block already (or its task is done: its holds went)
         try:
-            await self._release(owner)
+            await self._release(owner, hold)
         except LockLost:
             if exc_type is None:
                 raise
@@ -847,12 +875,14 @@ class AsyncReentrantLock(ReentrantBase):
             self._entered.pop(owner, None)
         return owner
 
-    def _exiting_owner(self, frame: Any) -> object | None:
-        """Whose ``async with`` this exit ends: the task that entered it in
-        this very frame (recorded by ``__aenter__``), whatever task runs the
-        exit; else the caller's task's when it entered one (or holds through
-        this object); else, as for a release, the task awaiting it through
-        ``shield`` or ``wait_for`` that entered one. None: nothing to end.
+    def _exiting_owner(self, frame: Any) -> tuple[object | None, Hold | None]:
+        """Whose ``async with`` this exit ends, and its hold: the task that
+        entered it in this very frame (recorded by ``__aenter__``, innermost
+        first: see :meth:`_record_entry`), whatever task runs the exit, and
+        the hold it entered, nothing else; else the caller's task's innermost
+        when it entered one (or holds through this object); else, as for a
+        release, the task awaiting it through ``shield`` or ``wait_for`` that
+        entered one. (None, None): nothing to end.
 
         An async generator holding the lock across a ``yield`` and abandoned
         is closed by the event loop's finalizer hook, whose ``aclose()`` runs in
@@ -876,23 +906,25 @@ class AsyncReentrantLock(ReentrantBase):
                      while B was inside: two holders
 
         An enterer that is done (its holds went with it) has nothing to end."""
-        caller = frame.f_back if frame is not None else None
-        entry = self._enterers.pop(id(caller), None) if caller is not None else None
-        if entry is not None and caller is not None and entry[1] is caller.f_code:
-            enterer = entry[0]()
-            if enterer is None or enterer.done() or not self._entered.get(enterer):
-                return None
-            return self._left(enterer)
+        claimed = self._claim_entry(frame)
+        if claimed is not None:
+            enterer, hold = claimed
+            if enterer is None or enterer.done():
+                return None, None
+            self._left(enterer)
+            if hold is None or not any(held is hold for held in self._mine(enterer)):
+                return None, None  # released inside the block already
+            return enterer, hold
         task = _task_owner()
         if task is None:
-            return None
+            return None, None
         if self._entered.get(task):
-            return self._left(task)
+            return self._left(task), None
         if self._mine(task):  # entered otherwise (``__aenter__`` called by hand)
-            return task
+            return task, None
         if task in self._acquirers:  # a task of its own (see :meth:`_releasing_owner`)
-            return None
+            return None, None
         holder, _ = self._awaited_by(task, _runs_alone(task, frame))
         if holder is not None and self._entered.get(holder):
-            return self._left(holder)
-        return None
+            return self._left(holder), None
+        return None, None
