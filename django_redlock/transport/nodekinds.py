@@ -37,8 +37,9 @@ Cluster node (:class:`ClusterNode`)
     importing master behind ``ASKING`` (a slot half-migrated); a ``TRYAGAIN``
     reply sends it again to the same master after :data:`TRYAGAIN_PAUSE`,
     which each transport waits its own way (slept in a thread, awaited in an
-    event loop: :class:`Hop`). A request whose keys span slots (``EXTEND_MANY`` of locks of several names) is split by
-    the engine before it gets here (``rounds.extend_many_steps``).
+    event loop: :class:`Hop`). A request whose keys span slots
+    (``EXTEND_MANY`` of locks of several names) is split by the engine before
+    it gets here (``rounds.extend_many_steps``).
 
 The transports call into this module only through :func:`routed`,
 :func:`route` and :func:`after_round` (and :meth:`NodeClient.accepts`), and
