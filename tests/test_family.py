@@ -1559,3 +1559,111 @@ def test_segments_skip_leaves_segments_out(nodes3: RedisNodes, make_manager: Mak
     started = time.monotonic()
     assert seg.acquire(timeout=5) is False  # nothing to try: at once
     assert time.monotonic() - started < 0.5
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_a_reentrant_with_released_and_taken_again_inside_ends_at_its_exit(
+        flavour: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """``with L: L.release(); L.acquire()``: the block's exit ends the
+    acquisition taken inside it, as a plain lock's exit does. Matched to the
+    hold the block entered (gone by then), the exit ended nothing, and the key
+    stayed held, renewed, for as long as the thread (task) lived: a rival was
+    refused after the block."""
+    mgr = make_manager(nodes3)
+    name = f"re-again-{flavour}"
+    rival = make_manager(nodes3).lock(name)
+    if flavour == "sync":
+        lock = mgr.lock(name, reentrant=True, ttl=5, timeout=1)
+        with lock:
+            lock.release()
+            assert lock.acquire()
+        owned = lock.owned()
+    else:
+        async def scenario() -> bool:
+            alock = mgr.alock(name, reentrant=True, ttl=5, timeout=1)
+            async with alock:
+                await alock.release()
+                assert await alock.acquire()
+            return alock.owned()
+        owned = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert not owned
+    assert _holders(nodes3, mgr.key(name)) == 0
+    assert rival.acquire(timeout=0)
+    rival.release()
+
+
+def test_a_reentrant_with_whose_hold_went_left_in_another_thread_ends_no_later_hold(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """Thread A's generator is inside ``with L``; A releases that hold by hand
+    and takes L again for other work; the generator is then closed in another
+    thread. Its exit must end nothing: the hold it entered is gone, and A's
+    new hold belongs to A's other work (ending it would let a rival in while
+    A is inside)."""
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("re-gen-later", reentrant=True, ttl=5, timeout=1)
+    gens: list[Any] = []
+    inside, closed = threading.Event(), threading.Event()
+    seen: dict[str, Any] = {}
+
+    def rows() -> Any:
+        with lock:
+            yield 1
+            yield 2
+
+    def thread_a() -> None:
+        gen = rows()
+        next(gen)
+        gens.append(gen)
+        lock.release()          # the generator's hold ends here
+        assert lock.acquire()   # A's other work
+        inside.set()
+        assert closed.wait(5)
+        seen["A owned after the close"] = lock.owned()
+        seen["held after the close"] = _holders(nodes3, lock.key)
+        lock.release()
+
+    worker = threading.Thread(target=thread_a)
+    worker.start()
+    assert inside.wait(5)
+    gens.pop().close()
+    closed.set()
+    worker.join(10)
+    assert not worker.is_alive()
+    assert seen == {"A owned after the close": True, "held after the close": 3}
+    assert _holders(nodes3, lock.key) == 0
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_a_reentrant_lock_entered_by_hand_under_an_outer_block_keeps_no_pile(
+        flavour: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """A worker's loop inside one long ``with L`` enters L by hand on every job
+    (``ExitStack.enter_context``: left through another frame). Each job's
+    entry is never claimed, and its hold (the outer one, joined) stays open:
+    kept while their hold was open, the entries grew one per job (20,000
+    jobs, 20,000 entries). At most as many are kept as the hold is open."""
+    import contextlib
+
+    mgr = make_manager(nodes3)
+    name = f"re-pile-{flavour}"
+    jobs = 2_000
+    if flavour == "sync":
+        lock = mgr.lock(name, reentrant=True, ttl=5, timeout=1)
+        with lock:
+            for _ in range(jobs):
+                with contextlib.ExitStack() as stack:
+                    stack.enter_context(lock)
+            entries = sum(len(entries) for entries in lock._enterers.values())
+        owned = lock.owned()
+    else:
+        async def scenario() -> tuple[int, bool]:
+            alock = mgr.alock(name, reentrant=True, ttl=5, timeout=1)
+            async with alock:
+                for _ in range(jobs):
+                    async with contextlib.AsyncExitStack() as stack:
+                        await stack.enter_async_context(alock)
+                count = sum(len(entries) for entries in alock._enterers.values())
+            return count, alock.owned()
+        entries, owned = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert entries <= 64, f"{entries} entries after {jobs} jobs"
+    assert not owned
+    assert _holders(nodes3, mgr.key(name)) == 0
