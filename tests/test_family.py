@@ -1667,3 +1667,89 @@ def test_a_reentrant_lock_entered_by_hand_under_an_outer_block_keeps_no_pile(
     assert entries <= 64, f"{entries} entries after {jobs} jobs"
     assert not owned
     assert _holders(nodes3, mgr.key(name)) == 0
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_a_reentrant_with_whose_hold_went_closed_inside_another_block_of_its_owner_ends_none(
+        flavour: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """A generator is inside ``with L``; its owner releases that hold by hand,
+    enters another ``with L`` for other work, and closes the generator there,
+    in its own thread (task). The generator's exit ends nothing: the owner's
+    hold now is its other block's (ending it let a rival in while the owner
+    was inside: two holders)."""
+    mgr = make_manager(nodes3)
+    name = f"re-gen-own-{flavour}"
+    rival = make_manager(nodes3).lock(name)
+    if flavour == "sync":
+        lock = mgr.lock(name, reentrant=True, ttl=5, timeout=1)
+
+        def rows() -> Any:
+            with lock:
+                yield 1
+                yield 2
+
+        gen = rows()
+        next(gen)
+        lock.release()  # the generator's hold ends
+        with lock:      # other work
+            gen.close()
+            seen = (lock.owned(), _holders(nodes3, lock.key), rival.acquire(timeout=0))
+        after = lock.owned()
+    else:
+        async def scenario() -> tuple[tuple[bool, int, bool], bool]:
+            alock = mgr.alock(name, reentrant=True, ttl=5, timeout=1)
+
+            async def rows() -> Any:
+                async with alock:
+                    yield 1
+                    yield 2
+
+            agen = rows()
+            await agen.__anext__()
+            await alock.release()
+            async with alock:
+                await agen.aclose()
+                inner = (alock.owned(), _holders(nodes3, alock.key), rival.acquire(timeout=0))
+            return inner, alock.owned()
+        seen, after = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert seen == (True, 3, False)
+    assert not after
+    assert _holders(nodes3, mgr.key(name)) == 0
+
+
+def test_a_generators_block_under_a_long_outer_block_with_exit_stack_jobs_is_matched(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """A worker's long ``with L`` runs jobs that enter L through an
+    ``ExitStack``, and a generator enters ``with L`` among them; another
+    thread closes the generator. Its exit ends the generator's acquisition,
+    so the outer block's exit releases the key. (Entries recorded for the
+    jobs, never claimed, crowded the generator's out when they were capped
+    per hold: the exit then ended nothing and the key stayed held.)"""
+    import contextlib
+
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("re-gen-jobs", reentrant=True, ttl=5, timeout=1)
+
+    def rows() -> Any:
+        with lock:
+            yield 1
+            yield 2
+
+    def job() -> None:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(lock)
+
+    with lock:
+        for _ in range(5):
+            job()
+        gen = rows()
+        next(gen)
+        for _ in range(100):
+            job()
+        closer = threading.Thread(target=gen.close)
+        closer.start()
+        closer.join(10)
+        assert not closer.is_alive()
+        assert lock.owned()
+    assert not lock.owned()
+    assert _holders(nodes3, lock.key) == 0

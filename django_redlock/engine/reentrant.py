@@ -97,9 +97,9 @@ cannot be known: ``RuntimeError``, and no hold is ended.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
-import itertools
 import logging
 import os
 import threading
@@ -337,8 +337,14 @@ _watched_guard = threading.Lock()  # loops may run in several threads
 #: (and by loops in several threads). One for all, held for a few dict
 #: operations, so that a fork resets it.
 _enterers_guard = threading.Lock()
-#: The order block entries were recorded in (:meth:`ReentrantBase._prune_enterers`).
-_entry_numbers = itertools.count()
+#: ``ExitStack.enter_context`` (and the async twin) enters a block in this
+#: module's frame and leaves it in another: its entries could never be
+#: claimed, and under one long outer block (its hold open) they piled up,
+#: one per job (:meth:`ReentrantBase._record_entry`).
+_EXIT_STACK_CODES = frozenset(
+    method.__code__ for stack in (contextlib.ExitStack, contextlib.AsyncExitStack)
+    for name in ("enter_context", "enter_async_context")
+    if (method := getattr(stack, name, None)) is not None)
 
 
 def _reset_watched_after_fork() -> None:
@@ -412,10 +418,9 @@ class ReentrantBase:
         #: entries, innermost last (``with L, L:``, or two nested in one
         #: frame, is two): (the entering owner, weakly; the frame's code,
         #: against a reused id; the hold it entered, weakly: kept, it kept its
-        #: plain lock, renewed after its owner ended; the order it was
-        #: recorded in). Whose exit an exit is, whatever thread or task runs
-        #: it (:meth:`_claim_entry`).
-        self._enterers: dict[int, list[tuple[weakref.ref[Any], Any, weakref.ref[Hold], int]]] = {}
+        #: plain lock, renewed after its owner ended). Whose exit an exit is,
+        #: whatever thread or task runs it (:meth:`_claim_entry`).
+        self._enterers: dict[int, list[tuple[weakref.ref[Any], Any, weakref.ref[Hold]]]] = {}
         self._open_entries = 0  # in ``_enterers``, all ids together
         self._prune_above = 32  # open entries (see :meth:`_prune_enterers`)
 
@@ -537,8 +542,9 @@ class ReentrantBase:
         caller = frame.f_back if frame is not None else None
         if caller is None:
             return
-        entry = (weakref.ref(owner), caller.f_code, weakref.ref(self._mine(owner)[-1]),
-                 next(_entry_numbers))
+        if caller.f_code in _EXIT_STACK_CODES:
+            return  # entered by an (Async)ExitStack: left through its frame, never this one
+        entry = (weakref.ref(owner), caller.f_code, weakref.ref(self._mine(owner)[-1]))
         with _enterers_guard:
             if self._open_entries >= self._prune_above:
                 self._prune_enterers()
@@ -566,47 +572,27 @@ class ReentrantBase:
         return entry[0](), entry[2]()
 
     def _prune_enterers(self) -> None:
-        """Drop the entries of blocks that cannot be open any more, so that
-        they do not pile up: blocks entered by hand, never left through
-        ``__exit__`` / ``__aexit__`` in their frame (``ExitStack.enter_context``,
-        ``AsyncExitStack.enter_async_context``, ``__aenter__()`` then
-        ``release()``), or whose owner ended, its holds with it. Then again
-        once their number doubled (many owners inside at once are not pruned
-        at every entry). Called under ``_enterers_guard``.
-
-        An entry is kept while its hold is open, but a hold is open once per
-        acquisition (a joined acquisition is the same hold again): of one
-        owner's entries for one hold, at most as many as that hold's
-        acquisitions are kept, the oldest (an outer block first). Keeping
-        every entry whose hold was open let them grow without bound under one
-        long outer block::
-
-            with L:                                   # hold H, open once
-                for job in jobs:                      # a worker's loop
-                    with ExitStack() as s:
-                        s.enter_context(L)            # H again: an entry
-                    # left through ExitStack's frame: the entry stays, and H
-                    # is still open (the outer block): kept, one per job"""
-        allowed: dict[tuple[int, int], int] = {}
-        kept: list[tuple[int, int, Any]] = []
-        for frame_id, entries in self._enterers.items():
-            for entry in entries:
-                owner, hold = entry[0](), entry[2]()
-                if owner is None or hold is None:
-                    continue
-                pair = (id(owner), id(hold))
-                if pair not in allowed:
-                    allowed[pair] = sum(1 for held in self._mine(owner) if held is hold)
-                kept.append((entry[3], frame_id, entry))
-        kept.sort(key=lambda numbered: numbered[0])
-        self._enterers = {}
-        for _, frame_id, entry in kept:
-            pair = (id(entry[0]()), id(entry[2]()))
-            if allowed[pair] > 0:
-                allowed[pair] -= 1
-                self._enterers.setdefault(frame_id, []).append(entry)
+        """Drop the entries of blocks whose hold is gone (entered by hand,
+        never left through ``__exit__`` / ``__aexit__`` in their frame:
+        ``__aenter__()`` then ``release()``; or their owner ended, its holds
+        with it), so that they do not pile up; then again once their number
+        doubled (many owners inside at once are not pruned at every entry).
+        Called under ``_enterers_guard``. (``ExitStack`` and
+        ``AsyncExitStack`` record none: :meth:`_record_entry`.)"""
+        for frame_id, entries in list(self._enterers.items()):
+            entries[:] = [entry for entry in entries if (owner := entry[0]()) is not None
+                          and (hold := entry[2]()) is not None
+                          and any(held is hold for held in self._mine(owner))]
+            if not entries:
+                del self._enterers[frame_id]
         self._open_entries = sum(len(entries) for entries in self._enterers.values())
         self._prune_above = max(32, 2 * self._open_entries)
+
+    def _entry_on(self, owner: object, hold: Hold) -> bool:
+        """Whether an open block of ``owner``'s is recorded on ``hold``."""
+        with _enterers_guard:
+            return any(entry[0]() is owner and entry[2]() is hold
+                       for entries in self._enterers.values() for entry in entries)
 
     def _busy(self) -> LockNotAcquired:
         return LockNotAcquired(f"lock {self.name!r} is busy: not acquired within "
@@ -701,17 +687,18 @@ class ReentrantLock(ReentrantBase):
             if enterer is None:
                 return None, None
             if hold is None or not any(held is hold for held in self._mine(enterer)):
-                # Released inside the block. Re-acquired there too (by its own
-                # thread), the block's exit ends that, as a plain lock's does;
-                # the hold it entered having gone with its lease, an exit run
-                # by another thread ends nothing (the enterer's later holds
-                # are its other blocks')::
+                # Released inside the block. Re-acquired there too, by hand
+                # (no block of its own is on it), the block's exit ends that,
+                # as a plain lock's does; a hold another open block of the
+                # enterer's entered is that block's to end, and an exit run
+                # by another thread ends none of the enterer's later holds::
                 #
                 #     with L:                # hold H1
                 #         L.release()        # H1 ends
                 #         L.acquire()        # H2: ended by nothing before,
                 #                            # renewed while the thread lived
-                if enterer is owner and self._mine(owner):
+                if enterer is owner and self._mine(owner) and not self._entry_on(
+                        owner, self._mine(owner)[-1]):
                     return owner, None
                 return None, None
             return enterer, hold
@@ -957,9 +944,11 @@ class AsyncReentrantLock(ReentrantBase):
                 return None, None
             self._left(enterer)
             if hold is None or not any(held is hold for held in self._mine(enterer)):
-                # Released inside the block; re-acquired there by its own
-                # task, the exit ends that (see ReentrantLock._exiting).
-                if enterer is _task_owner() and self._mine(enterer):
+                # Released inside the block; re-acquired there by hand by its
+                # own task, the exit ends that (see ReentrantLock._exiting).
+                mine = self._mine(enterer)
+                if (enterer is _task_owner() and mine
+                        and not self._entry_on(enterer, mine[-1])):
                     return enterer, None
                 return None, None
             return enterer, hold
