@@ -131,12 +131,18 @@ def test_a_reentrant_hold_whose_thread_ended_is_joined_by_no_new_thread(
         reused += threading.get_ident() == first[0]
         joined.append(mgr.lock("re-ended", reentrant=True).acquire(blocking=False))
 
-    for _ in range(20):  # one after the other: the system hands the ended ids out again
+    # One after the other: the system hands the ended ids out again, mostly
+    # to the next thread started; the manager's own threads (a renewal, a
+    # connection's set-up) may take it first on a loaded machine (CI saw it
+    # once in 20 tries), so up to 200.
+    for _ in range(200):
         later = threading.Thread(target=try_it)
         later.start()
         later.join(10)
+        if reused and len(joined) >= 20:
+            break
     assert reused, "no thread got the ended thread's identifier: the schedule did not happen"
-    assert joined == [False] * 20
+    assert joined and not any(joined)
     with pytest.raises(LockNotOwned):  # nor is it this thread's to release
         holder.release()
 
@@ -1753,3 +1759,38 @@ def test_a_generators_block_under_a_long_outer_block_with_exit_stack_jobs_is_mat
         assert lock.owned()
     assert not lock.owned()
     assert _holders(nodes3, lock.key) == 0
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_a_reentrant_lock_entered_by_its_dunder_under_an_outer_block_keeps_no_pile(
+        flavour: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """``L.__enter__()`` (``await L.__aenter__()``) called by hand and ended by
+    ``release()``, once per job inside one long ``with L``: the entry an
+    entered block records (to match its exit, whatever thread runs it) is
+    recorded only for a ``with`` statement's own entry, so these leave none;
+    recorded, they were never claimed nor pruned (the outer hold is open),
+    one per job. The outer block still releases at its exit."""
+    mgr = make_manager(nodes3)
+    name = f"re-dunder-{flavour}"
+    jobs = 2_000
+    if flavour == "sync":
+        lock = mgr.lock(name, reentrant=True, ttl=5, timeout=1)
+        with lock:
+            for _ in range(jobs):
+                lock.__enter__()
+                lock.release()
+            entries = sum(len(entries) for entries in lock._enterers.values())
+        owned = lock.owned()
+    else:
+        async def scenario() -> tuple[int, bool]:
+            alock = mgr.alock(name, reentrant=True, ttl=5, timeout=1)
+            async with alock:
+                for _ in range(jobs):
+                    await alock.__aenter__()
+                    await alock.release()
+                count = sum(len(entries) for entries in alock._enterers.values())
+            return count, alock.owned()
+        entries, owned = asyncio.run(asyncio.wait_for(scenario(), 60))
+    assert entries == 1, f"{entries} entries after {jobs} jobs"  # the outer block's
+    assert not owned
+    assert _holders(nodes3, mgr.key(name)) == 0

@@ -97,7 +97,7 @@ cannot be known: ``RuntimeError``, and no hold is ended.
 from __future__ import annotations
 
 import asyncio
-import contextlib
+import dis
 import functools
 import inspect
 import logging
@@ -337,14 +337,46 @@ _watched_guard = threading.Lock()  # loops may run in several threads
 #: (and by loops in several threads). One for all, held for a few dict
 #: operations, so that a fork resets it.
 _enterers_guard = threading.Lock()
-#: ``ExitStack.enter_context`` (and the async twin) enters a block in this
-#: module's frame and leaves it in another: its entries could never be
-#: claimed, and under one long outer block (its hold open) they piled up,
-#: one per job (:meth:`ReentrantBase._record_entry`).
-_EXIT_STACK_CODES = frozenset(
-    method.__code__ for stack in (contextlib.ExitStack, contextlib.AsyncExitStack)
-    for name in ("enter_context", "enter_async_context")
-    if (method := getattr(stack, name, None)) is not None)
+#: The instructions a ``with`` / ``async with`` statement enters its context
+#: manager with (3.10: ``SETUP_WITH``; 3.11-3.13: ``BEFORE_WITH``); an
+#: ``async with`` awaits ``__aenter__`` in the few that follow
+#: ``BEFORE_ASYNC_WITH`` (:func:`_statement_entry_offsets`).
+_WITH_OPS = frozenset({"SETUP_WITH", "BEFORE_WITH"})
+_AWAIT_LOOP_OPS = frozenset({"GET_AWAITABLE", "LOAD_CONST", "YIELD_FROM", "SEND", "YIELD_VALUE",
+                             "RESUME", "JUMP_BACKWARD_NO_INTERRUPT", "END_SEND", "EXTENDED_ARG"})
+#: id(code) -> (the code, kept so that its id is not reused; its offsets).
+_entry_offsets: dict[int, tuple[Any, frozenset[int]]] = {}
+
+
+def _statement_entry_offsets(code: Any) -> frozenset[int]:
+    """The offsets in ``code`` where a frame stands while a ``with`` or
+    ``async with`` statement enters its context manager: where the caller of
+    ``__enter__`` / ``__aenter__`` is when the call comes from the statement
+    itself, and never when it comes by hand (``L.__enter__()``,
+    ``ExitStack.enter_context(L)``: a call instruction). Computed once per
+    code object. On an interpreter whose instructions are not these, no
+    offset: no entry is recorded, and every exit is its caller's own (as
+    before entries were kept)."""
+    cached = _entry_offsets.get(id(code))
+    if cached is not None and cached[0] is code:
+        return cached[1]
+    offsets: set[int] = set()
+    start: int | None = None
+    for ins in dis.get_instructions(code):
+        if start is not None:
+            if ins.opname in _AWAIT_LOOP_OPS:
+                continue
+            offsets.update(range(start, ins.offset))  # with their inline caches
+            start = None
+        if ins.opname in _WITH_OPS:
+            offsets.add(ins.offset)
+        elif ins.opname == "BEFORE_ASYNC_WITH":
+            start = ins.offset
+    if len(_entry_offsets) > 4096:
+        _entry_offsets.clear()
+    found = frozenset(offsets)
+    _entry_offsets[id(code)] = (code, found)
+    return found
 
 
 def _reset_watched_after_fork() -> None:
@@ -542,8 +574,13 @@ class ReentrantBase:
         caller = frame.f_back if frame is not None else None
         if caller is None:
             return
-        if caller.f_code in _EXIT_STACK_CODES:
-            return  # entered by an (Async)ExitStack: left through its frame, never this one
+        if caller.f_lasti not in _statement_entry_offsets(caller.f_code):
+            # Entered by hand (``ExitStack.enter_context``, ``__enter__()``):
+            # left through another frame, or by ``release()``, never through
+            # this frame's exit, so the entry could never be claimed; under one
+            # long outer block (its hold open, so never pruned) they piled up,
+            # one per job. Such an exit is its caller's own, as before.
+            return
         entry = (weakref.ref(owner), caller.f_code, weakref.ref(self._mine(owner)[-1]))
         with _enterers_guard:
             if self._open_entries >= self._prune_above:
@@ -572,13 +609,12 @@ class ReentrantBase:
         return entry[0](), entry[2]()
 
     def _prune_enterers(self) -> None:
-        """Drop the entries of blocks whose hold is gone (entered by hand,
-        never left through ``__exit__`` / ``__aexit__`` in their frame:
-        ``__aenter__()`` then ``release()``; or their owner ended, its holds
-        with it), so that they do not pile up; then again once their number
-        doubled (many owners inside at once are not pruned at every entry).
-        Called under ``_enterers_guard``. (``ExitStack`` and
-        ``AsyncExitStack`` record none: :meth:`_record_entry`.)"""
+        """Drop the entries of blocks whose hold is gone (their owner ended,
+        its holds with it; or released inside a block that is never left: a
+        generator kept suspended), so that they do not pile up; then again
+        once their number doubled (many owners inside at once are not pruned
+        at every entry). Called under ``_enterers_guard``. (Blocks entered by
+        hand record none: :meth:`_record_entry`.)"""
         for frame_id, entries in list(self._enterers.items()):
             entries[:] = [entry for entry in entries if (owner := entry[0]()) is not None
                           and (hold := entry[2]()) is not None
