@@ -1794,3 +1794,87 @@ def test_a_reentrant_lock_entered_by_its_dunder_under_an_outer_block_keeps_no_pi
     assert entries == 1, f"{entries} entries after {jobs} jobs"  # the outer block's
     assert not owned
     assert _holders(nodes3, mgr.key(name)) == 0
+
+
+def test_a_reentrant_with_of_a_long_body_left_in_another_thread_releases_its_enterers_hold(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """A generator whose ``with L`` body is long (on 3.10 its ``SETUP_WITH``
+    then carries an ``EXTENDED_ARG``, where the frame stands while
+    ``__enter__`` runs) holds L across a ``yield`` in thread A, and another
+    thread closes it: the block's exit still ends A's hold (the entry was
+    not recorded for such a block on 3.10, and the key stayed held while A
+    lived)."""
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("re-gen-long", reentrant=True, ttl=5, timeout=1)
+    body = "".join(f"        v{i} = len(str({i}))\n" for i in range(120))
+    namespace: dict[str, Any] = {"lock": lock}
+    exec("def rows():\n    with lock:\n" + body + "        yield 1\n        yield 2\n",
+         namespace)
+    gens: list[Any] = []
+    inside, closed = threading.Event(), threading.Event()
+    seen: dict[str, Any] = {}
+
+    def thread_a() -> None:
+        gen = namespace["rows"]()
+        next(gen)
+        gens.append(gen)
+        inside.set()
+        assert closed.wait(5)
+        seen["A owned after the close"] = lock.owned()
+
+    worker = threading.Thread(target=thread_a)
+    worker.start()
+    assert inside.wait(5)
+    assert _holders(nodes3, lock.key) == 3
+    gens.pop().close()
+    seen["held after the close"] = _holders(nodes3, lock.key)
+    closed.set()
+    worker.join(10)
+    assert not worker.is_alive()
+    assert seen == {"held after the close": 0, "A owned after the close": False}
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_a_reentrant_with_taken_again_by_hand_and_joined_by_a_generator_ends_at_its_exit(
+        flavour: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """``with L: L.release(); L.acquire(); g = rows(); next(g)`` (g's own
+    ``with L`` joins the hold taken by hand), then g closed after the block:
+    the block's exit ends the acquisition taken by hand and g's exit its
+    own, so the key goes. (Seeing g's block on the hold, the exit ended
+    nothing, and the by-hand acquisition stayed held, renewed.)"""
+    mgr = make_manager(nodes3)
+    name = f"re-by-hand-gen-{flavour}"
+    if flavour == "sync":
+        lock = mgr.lock(name, reentrant=True, ttl=5, timeout=1)
+
+        def rows() -> Any:
+            with lock:
+                yield 1
+                yield 2
+
+        with lock:
+            lock.release()
+            assert lock.acquire()
+            gen = rows()
+            next(gen)
+        gen.close()
+        owned = lock.owned()
+    else:
+        async def scenario() -> bool:
+            alock = mgr.alock(name, reentrant=True, ttl=5, timeout=1)
+
+            async def rows() -> Any:
+                async with alock:
+                    yield 1
+                    yield 2
+
+            async with alock:
+                await alock.release()
+                assert await alock.acquire()
+                agen = rows()
+                await agen.__anext__()
+            await agen.aclose()
+            return alock.owned()
+        owned = asyncio.run(asyncio.wait_for(scenario(), 30))
+    assert not owned
+    assert _holders(nodes3, mgr.key(name)) == 0

@@ -362,6 +362,7 @@ def _statement_entry_offsets(code: Any) -> frozenset[int]:
         return cached[1]
     offsets: set[int] = set()
     start: int | None = None
+    prefix: list[int] = []  # the EXTENDED_ARGs just before an instruction
     for ins in dis.get_instructions(code):
         if start is not None:
             if ins.opname in _AWAIT_LOOP_OPS:
@@ -369,9 +370,14 @@ def _statement_entry_offsets(code: Any) -> frozenset[int]:
             offsets.update(range(start, ins.offset))  # with their inline caches
             start = None
         if ins.opname in _WITH_OPS:
+            # 3.10's SETUP_WITH takes the block's length: past 255 (a body of
+            # some 85 statements) an EXTENDED_ARG comes first, and the frame
+            # stands there while __enter__ runs.
+            offsets.update(prefix)
             offsets.add(ins.offset)
         elif ins.opname == "BEFORE_ASYNC_WITH":
             start = ins.offset
+        prefix = prefix + [ins.offset] if ins.opname == "EXTENDED_ARG" else []
     if len(_entry_offsets) > 4096:
         _entry_offsets.clear()
     found = frozenset(offsets)
@@ -624,11 +630,27 @@ class ReentrantBase:
         self._open_entries = sum(len(entries) for entries in self._enterers.values())
         self._prune_above = max(32, 2 * self._open_entries)
 
-    def _entry_on(self, owner: object, hold: Hold) -> bool:
-        """Whether an open block of ``owner``'s is recorded on ``hold``."""
+    def _unentered(self, owner: object) -> bool:
+        """Whether ``owner``'s innermost hold has an acquisition no recorded
+        open block of ``owner``'s is on: one taken by hand (``acquire()``),
+        which the exit of a block whose own hold went ends, as a plain
+        lock's block does. Each recorded block is on one acquisition of its
+        hold; acquisitions beyond them are by hand::
+
+            with L:                  # H1, its block recorded
+                L.release()          # H1 ends
+                L.acquire()          # H2 by hand: 1 acquisition, 0 blocks
+                g = rows(); next(g)  # g's with joins H2: 2, 1 block
+            # exit: H2 has one acquisition no block is on: ended (g's is g's)"""
+        mine = self._mine(owner)
+        if not mine:
+            return False
+        hold = mine[-1]
+        taken = sum(1 for held in mine if held is hold)
         with _enterers_guard:
-            return any(entry[0]() is owner and entry[2]() is hold
-                       for entries in self._enterers.values() for entry in entries)
+            entered = sum(1 for entries in self._enterers.values() for entry in entries
+                          if entry[0]() is owner and entry[2]() is hold)
+        return taken > entered
 
     def _busy(self) -> LockNotAcquired:
         return LockNotAcquired(f"lock {self.name!r} is busy: not acquired within "
@@ -733,8 +755,7 @@ class ReentrantLock(ReentrantBase):
                 #         L.release()        # H1 ends
                 #         L.acquire()        # H2: ended by nothing before,
                 #                            # renewed while the thread lived
-                if enterer is owner and self._mine(owner) and not self._entry_on(
-                        owner, self._mine(owner)[-1]):
+                if enterer is owner and self._unentered(owner):
                     return owner, None
                 return None, None
             return enterer, hold
@@ -982,9 +1003,7 @@ class AsyncReentrantLock(ReentrantBase):
             if hold is None or not any(held is hold for held in self._mine(enterer)):
                 # Released inside the block; re-acquired there by hand by its
                 # own task, the exit ends that (see ReentrantLock._exiting).
-                mine = self._mine(enterer)
-                if (enterer is _task_owner() and mine
-                        and not self._entry_on(enterer, mine[-1])):
+                if enterer is _task_owner() and self._unentered(enterer):
                     return enterer, None
                 return None, None
             return enterer, hold
