@@ -335,8 +335,17 @@ _watched_guard = threading.Lock()  # loops may run in several threads
 #: Guards the objects' tables of open ``with`` / ``async with`` blocks
 #: (:attr:`ReentrantBase._enterers`): one object may be shared by threads
 #: (and by loops in several threads). One for all, held for a few dict
-#: operations, so that a fork resets it.
-_enterers_guard = threading.Lock()
+#: operations, so that a fork resets it. Reentrant, and what it guards
+#: bears being changed under it by its own thread: an allocation inside may
+#: run a garbage collection, which may finalize a generator suspended inside
+#: ``with L`` in this very thread, whose exit claims its entry here. With a
+#: plain lock that exit waited for the lock its thread held, and every thread
+#: entering or leaving a reentrant block after it hung for good::
+#:
+#:     thread A   _record_entry: holds the guard, allocates a list
+#:     gc         frees a cycle holding rows() (suspended inside with L)
+#:     thread A   rows' exit -> _claim_entry: waits for the guard: forever
+_enterers_guard = threading.RLock()
 #: The instructions a ``with`` / ``async with`` statement enters its context
 #: manager with (3.10: ``SETUP_WITH``; 3.11-3.13: ``BEFORE_WITH``); an
 #: ``async with`` awaits ``__aenter__`` in the few that follow
@@ -393,7 +402,7 @@ def _reset_watched_after_fork() -> None:
     global _watched, _watched_guard, _enterers_guard
     _watched = weakref.WeakKeyDictionary()
     _watched_guard = threading.Lock()
-    _enterers_guard = threading.Lock()
+    _enterers_guard = threading.RLock()
 
 
 if hasattr(os, "register_at_fork"):
@@ -609,7 +618,7 @@ class ReentrantBase:
             entry = entries.pop() if entries else None
             self._open_entries -= entry is not None
             if entries is not None and not entries:
-                del self._enterers[id(caller)]
+                self._enterers.pop(id(caller), None)
         if entry is None or entry[1] is not caller.f_code:
             return None
         return entry[0](), entry[2]()
@@ -626,31 +635,34 @@ class ReentrantBase:
                           and (hold := entry[2]()) is not None
                           and any(held is hold for held in self._mine(owner))]
             if not entries:
-                del self._enterers[frame_id]
-        self._open_entries = sum(len(entries) for entries in self._enterers.values())
+                self._enterers.pop(frame_id, None)
+        self._open_entries = sum(len(entries) for entries in list(self._enterers.values()))
         self._prune_above = max(32, 2 * self._open_entries)
 
     def _unentered(self, owner: object) -> bool:
-        """Whether ``owner``'s innermost hold has an acquisition no recorded
-        open block of ``owner``'s is on: one taken by hand (``acquire()``),
-        which the exit of a block whose own hold went ends, as a plain
-        lock's block does. Each recorded block is on one acquisition of its
-        hold; acquisitions beyond them are by hand::
+        """Whether ``owner`` holds through this object and no recorded open
+        block of ``owner``'s is on its innermost hold: then that hold was
+        taken by hand (``acquire()``), and the exit of a block whose own
+        hold went ends it, as a plain lock's block does::
 
             with L:                  # H1, its block recorded
                 L.release()          # H1 ends
-                L.acquire()          # H2 by hand: 1 acquisition, 0 blocks
-                g = rows(); next(g)  # g's with joins H2: 2, 1 block
-            # exit: H2 has one acquisition no block is on: ended (g's is g's)"""
+                L.acquire()          # H2 by hand, no block on it
+            # exit: H2 ended
+
+        A block on it, it is left to that block, even when the hold was
+        also taken by hand (a generator's ``with`` joining it: the by-hand
+        acquisition then outlives both blocks, renewed while its owner
+        lives). Counting the acquisitions against the blocks instead read
+        a block's entry already claimed by a thread closing it whose
+        acquisition was not yet left, and ended another open block's."""
         mine = self._mine(owner)
         if not mine:
             return False
         hold = mine[-1]
-        taken = sum(1 for held in mine if held is hold)
         with _enterers_guard:
-            entered = sum(1 for entries in self._enterers.values() for entry in entries
-                          if entry[0]() is owner and entry[2]() is hold)
-        return taken > entered
+            return not any(entry[0]() is owner and entry[2]() is hold
+                           for entries in list(self._enterers.values()) for entry in entries)
 
     def _busy(self) -> LockNotAcquired:
         return LockNotAcquired(f"lock {self.name!r} is busy: not acquired within "
