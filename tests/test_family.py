@@ -1931,3 +1931,38 @@ def test_a_generator_finalized_by_a_collection_inside_the_entry_guard_hangs_noth
     assert proc.stdout.strip() == "done", (proc.stdout, proc.stderr[-2000:])
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert _holders(nodes3, "redlock:re-gc-guard") == 0
+
+
+def test_a_block_released_inside_keeps_its_match_while_many_blocks_join_the_new_hold(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """``with L: L.release()``, then 33 generators enter ``with L`` (the
+    first takes the lock anew, the others join it) and stay inside. The
+    outer block's exit ends nothing of theirs: once 32 of them are closed,
+    the 33rd is still inside and the key is still held (a rival is
+    refused). The outer block's entry (its hold gone) was pruned at the
+    33rd entry, and its exit then ended one of the generators' acquisitions:
+    the key went while the 33rd was inside."""
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("re-prune-open", reentrant=True, ttl=5, timeout=1)
+    rival = make_manager(nodes3).lock("re-prune-open")
+
+    def rows() -> Any:
+        with lock:
+            yield 1
+            yield 2
+
+    gens = []
+    with lock:
+        lock.release()
+        for _ in range(33):
+            gen = rows()
+            next(gen)
+            gens.append(gen)
+    for gen in gens[:-1]:
+        gen.close()
+    assert lock.owned()
+    assert _holders(nodes3, lock.key) == 3
+    assert not rival.acquire(timeout=0)
+    gens[-1].close()
+    assert not lock.owned()
+    assert _holders(nodes3, lock.key) == 0

@@ -624,16 +624,30 @@ class ReentrantBase:
         return entry[0](), entry[2]()
 
     def _prune_enterers(self) -> None:
-        """Drop the entries of blocks whose hold is gone (their owner ended,
-        its holds with it; or released inside a block that is never left: a
-        generator kept suspended), so that they do not pile up; then again
-        once their number doubled (many owners inside at once are not pruned
-        at every entry). Called under ``_enterers_guard``. (Blocks entered by
-        hand record none: :meth:`_record_entry`.)"""
+        """Drop the entries whose owner ended or holds nothing through this
+        object any more (its holds went with it, or a block was left without
+        its exit: a coroutine destroyed while suspended inside), so that they
+        do not pile up; then again once their number doubled (many owners
+        inside at once are not pruned at every entry). Called under
+        ``_enterers_guard``. (Blocks entered by hand record none:
+        :meth:`_record_entry`; a ``with`` statement's block is left through
+        its exit, which claims its entry.)
+
+        An entry whose own hold went is kept while its owner holds: its
+        block may still be open (released inside it), and its exit must find
+        it. Dropped, the exit fell back to the caller's innermost hold and
+        ended an acquisition of another open block::
+
+            with L:                      # H1, its block recorded
+                L.release()              # H1 ends
+                33 generators enter      # H2, joined 33 times: the 33rd
+                                         # entry pruned H1's block's
+            # exit: no entry found: the innermost H2 ended once
+            32 generators closed         # H2 ends on the nodes while the
+                                         # 33rd is inside: a rival gets in"""
         for frame_id, entries in list(self._enterers.items()):
-            entries[:] = [entry for entry in entries if (owner := entry[0]()) is not None
-                          and (hold := entry[2]()) is not None
-                          and any(held is hold for held in self._mine(owner))]
+            entries[:] = [entry for entry in entries
+                          if (owner := entry[0]()) is not None and self._mine(owner)]
             if not entries:
                 self._enterers.pop(frame_id, None)
         self._open_entries = sum(len(entries) for entries in list(self._enterers.values()))
