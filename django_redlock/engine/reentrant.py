@@ -689,10 +689,6 @@ class ReentrantLock(ReentrantBase):
 
     _who = "thread"
 
-    def __init__(self, manager: "LockHost", make: Callable[[], Any], timeout: float | None,
-                 ) -> None:
-        super().__init__(manager, make, timeout)
-
     def _owner(self) -> object | None:
         return _thread_owner()
 
