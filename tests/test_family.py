@@ -1966,3 +1966,56 @@ def test_a_block_released_inside_keeps_its_match_while_many_blocks_join_the_new_
     gens[-1].close()
     assert not lock.owned()
     assert _holders(nodes3, lock.key) == 0
+
+
+_GC_IN_HOLD_TABLE_SCRIPT = r"""
+import gc, sys, threading
+from django_redlock import LockManager
+which, urls = sys.argv[1], sys.argv[2:]
+mgr = LockManager(urls, node_timeout=0.5)
+lock = mgr.lock("re-gc-table-a", reentrant=True, ttl=5, timeout=3)
+other = mgr.lock("re-gc-table-b", reentrant=True, ttl=5, timeout=3) if which == "other" else lock
+
+def rows():
+    with lock:
+        yield 1
+
+def worker():
+    for n in range(60):
+        gc.collect()
+        gen = rows()
+        next(gen)
+        cycle = [gen]
+        cycle.append(cycle)        # only a collection frees it: its exit runs then
+        del gen, cycle
+        gc.set_threshold(gc.get_count()[0] + n)  # a collection at the n-th allocation
+        with other:                # enters the hold table, and the entry table
+            pass
+        gc.set_threshold(700)
+        gc.collect()
+
+thread = threading.Thread(target=worker, daemon=True)
+thread.start()
+thread.join(60)
+print("hung" if thread.is_alive() else "done", flush=True)
+sys.exit(3 if thread.is_alive() else 0)
+"""
+
+
+@pytest.mark.parametrize("which", ["other", "same"])
+def test_a_generator_finalized_by_a_collection_inside_the_hold_table_hangs_nothing(
+        which: str, nodes3: RedisNodes) -> None:
+    """A collection at each allocation in turn of a ``with`` entry (of another
+    reentrant lock of the manager, or of the same one) finalizes a generator
+    suspended inside ``with lock`` in that thread. Its exit ran at once,
+    inside the hold table's section, and waited for the table's guard that
+    its own thread held: every reentrant acquire and release of the manager
+    hung. It is put off until the section ends; every generator's key goes."""
+    import subprocess
+
+    proc = subprocess.run([sys.executable, "-c", _GC_IN_HOLD_TABLE_SCRIPT, which, *nodes3.urls],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.stdout.strip() == "done", (proc.stdout, proc.stderr[-2000:])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert _holders(nodes3, "redlock:re-gc-table-a") == 0
+    assert _holders(nodes3, "redlock:re-gc-table-b") == 0

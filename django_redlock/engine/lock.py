@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING, Any, cast
 from ..core.arguments import check_ttl
 from ..core.pid import getpid
 from ..exceptions import LockLost, LockNotOwned, QuorumUnavailable, RedlockError
-from . import events
+from . import events, finalizers
 from .held import release_held_locks
 from .protocol import (
     _UNLOCKED,
@@ -241,6 +241,12 @@ class Lock(LockBase):
         this call: the key is still deleted wherever it is ours, but the caller
         learns that its critical section was not protected to the end.
         """
+        if finalizers.inside():
+            # Run by a garbage collection inside one of this thread's rounds
+            # (a generator finalized inside ``with lock``): a round inside a
+            # round waited for the node's lock its own thread held. After it.
+            finalizers.put_off(self.release)
+            return
         if self._pid != getpid():
             self._check_process()
         plan = self._release_plan()

@@ -44,7 +44,7 @@ from ..transport.nodekinds import make_node
 from ..transport.notify import ReleaseNotifier
 from ..transport.resp import FORCE_RELEASE, Call
 from ..transport.sync import SyncTransport
-from . import rounds
+from . import finalizers, rounds
 from .held import holds_any
 from .leftovers import Leftovers, failed_requests
 from .lock import Lock
@@ -658,6 +658,7 @@ class LockManager:
     def _run(self, steps: rounds.Steps[T]) -> T:
         """Drive a round's steps (rounds.py) with this manager's transport."""
         exchange = self.transport.round
+        finalizers.enter()  # a release a collection runs meanwhile waits (finalizers.py)
         try:
             ask = next(steps)
             while True:
@@ -670,6 +671,8 @@ class LockManager:
         except StopIteration as done:
             value: T = done.value
             return value
+        finally:
+            finalizers.leave()
 
     def _send_later(self, requests: Sequence[Any], replies: Sequence[Any],
                     lasts: float) -> None:

@@ -109,6 +109,7 @@ from typing import TYPE_CHECKING, Any, Callable, cast
 
 from ..core.arguments import check_timeout
 from ..exceptions import LockLost, LockNotAcquired, LockNotOwned
+from . import finalizers
 
 if TYPE_CHECKING:
     from .protocol import LockHost
@@ -161,6 +162,35 @@ class Hold:
         self.count = 1
 
 
+class _Guard:
+    """A reentrant lock for this module's tables whose sections a ``with``
+    exit run by a garbage collection waits out (engine/finalizers.py). A
+    collection may finalize a generator suspended inside ``with L`` in the
+    thread that holds the guard: its exit took the guard its own thread held
+    (a plain lock: that thread, and every thread entering or leaving a
+    reentrant block after it, hung for good) or changed the table the section
+    was in the middle of. Such an exit is put off until the thread's
+    outermost section ends, a few operations later::
+
+        thread A   HoldTable.join: holds the guard, allocates
+        gc         frees a cycle holding rows() (suspended inside with L)
+        thread A   rows' exit -> HoldTable.leave: waited for the guard, forever
+        now        rows' exit is put off: it runs when join's section ends"""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+
+    def __enter__(self) -> None:
+        finalizers.enter()
+        self._lock.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+        finalizers.leave()
+
+
 class HoldTable:
     """The manager's table of reentrant holds (``owner -> key -> Hold``), all
     weak: the lock objects that entered a hold keep it (see the module's
@@ -169,7 +199,7 @@ class HoldTable:
     def __init__(self) -> None:
         self._holds: weakref.WeakKeyDictionary[object, weakref.WeakValueDictionary[str, Hold]] = (
             weakref.WeakKeyDictionary())
-        self._guard = threading.Lock()
+        self._guard = _Guard()
 
     def __len__(self) -> int:
         """How many holds are alive (for tests and debugging)."""
@@ -335,17 +365,12 @@ _watched_guard = threading.Lock()  # loops may run in several threads
 #: Guards the objects' tables of open ``with`` / ``async with`` blocks
 #: (:attr:`ReentrantBase._enterers`): one object may be shared by threads
 #: (and by loops in several threads). One for all, held for a few dict
-#: operations, so that a fork resets it. Reentrant, and what it guards
-#: bears being changed under it by its own thread: an allocation inside may
-#: run a garbage collection, which may finalize a generator suspended inside
-#: ``with L`` in this very thread, whose exit claims its entry here. With a
-#: plain lock that exit waited for the lock its thread held, and every thread
-#: entering or leaving a reentrant block after it hung for good::
-#:
-#:     thread A   _record_entry: holds the guard, allocates a list
-#:     gc         frees a cycle holding rows() (suspended inside with L)
-#:     thread A   rows' exit -> _claim_entry: waits for the guard: forever
-_enterers_guard = threading.RLock()
+#: operations, so that a fork resets it. A :class:`_Guard`: a collection
+#: inside it that finalizes a generator suspended in ``with L`` in this
+#: thread puts that block's exit off until the section ends (a plain lock
+#: hung the thread, and every reentrant block after it); and what it guards
+#: bears being changed under it by its own thread (an ``async with`` exit).
+_enterers_guard = _Guard()
 #: The instructions a ``with`` / ``async with`` statement enters its context
 #: manager with (3.10: ``SETUP_WITH``; 3.11-3.13: ``BEFORE_WITH``); an
 #: ``async with`` awaits ``__aenter__`` in the few that follow
@@ -402,7 +427,7 @@ def _reset_watched_after_fork() -> None:
     global _watched, _watched_guard, _enterers_guard
     _watched = weakref.WeakKeyDictionary()
     _watched_guard = threading.Lock()
-    _enterers_guard = threading.RLock()
+    _enterers_guard = _Guard()
 
 
 if hasattr(os, "register_at_fork"):
@@ -589,15 +614,23 @@ class ReentrantBase:
         caller = frame.f_back if frame is not None else None
         if caller is None:
             return
-        if caller.f_lasti not in _statement_entry_offsets(caller.f_code):
-            # Entered by hand (``ExitStack.enter_context``, ``__enter__()``):
-            # left through another frame, or by ``release()``, never through
-            # this frame's exit, so the entry could never be claimed; under one
-            # long outer block (its hold open, so never pruned) they piled up,
-            # one per job. Such an exit is its caller's own, as before.
-            return
-        entry = (weakref.ref(owner), caller.f_code, weakref.ref(self._mine(owner)[-1]))
+        # The whole recording is one section of the guard: a collection in it
+        # that finalizes a generator of this thread's, suspended in a block
+        # whose hold went, puts its exit off until this block is recorded
+        # (run at once, it saw the new hold with no block on it, took it for
+        # one taken by hand, and ended it: this block ran without the lock).
         with _enterers_guard:
+            if caller.f_lasti not in _statement_entry_offsets(caller.f_code):
+                # Entered by hand (``ExitStack.enter_context``, ``__enter__()``):
+                # left through another frame, or by ``release()``, never through
+                # this frame's exit, so the entry could never be claimed; under
+                # one long outer block (its hold open, so never pruned) they
+                # piled up, one per job. Such an exit is its caller's own.
+                return
+            mine = self._mine(owner)
+            if not mine:
+                return  # ended meanwhile (by an exit a collection ran): nothing to match
+            entry = (weakref.ref(owner), caller.f_code, weakref.ref(mine[-1]))
             if self._open_entries >= self._prune_above:
                 self._prune_enterers()
             self._enterers.setdefault(id(caller), []).append(entry)
@@ -613,13 +646,17 @@ class ReentrantBase:
         caller = frame.f_back if frame is not None else None
         if caller is None:
             return None
+        return self._claim_entry_at(id(caller), caller.f_code)
+
+    def _claim_entry_at(self, frame_id: int, code: Any) -> tuple[Any, Hold | None] | None:
+        """:meth:`_claim_entry` for the block frame of id ``frame_id`` running ``code``."""
         with _enterers_guard:
-            entries = self._enterers.get(id(caller))
+            entries = self._enterers.get(frame_id)
             entry = entries.pop() if entries else None
             self._open_entries -= entry is not None
             if entries is not None and not entries:
-                self._enterers.pop(id(caller), None)
-        if entry is None or entry[1] is not caller.f_code:
+                self._enterers.pop(frame_id, None)
+        if entry is None or entry[1] is not code:
             return None
         return entry[0](), entry[2]()
 
@@ -727,7 +764,21 @@ class ReentrantLock(ReentrantBase):
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        owner, hold = self._exiting(inspect.currentframe())
+        frame = inspect.currentframe()
+        caller = frame.f_back if frame is not None else None
+        if caller is None:
+            return self._exit_at(None, None, exc_type)
+        if finalizers.inside():  # run by a collection inside a section: later
+            finalizers.put_off(functools.partial(self._exit_at, id(caller), caller.f_code,
+                                                 exc_type))
+            return None
+        return self._exit_at(id(caller), caller.f_code, exc_type)
+
+    def _exit_at(self, frame_id: int | None, code: Any,
+                 exc_type: type[BaseException] | None) -> None:
+        """The exit of the ``with`` block in the frame of id ``frame_id``
+        running ``code`` (None: unknown)."""
+        owner, hold = self._exiting_at(frame_id, code)
         if owner is None:
             return  # released inside the block already (or its thread ended: its holds went)
         try:
@@ -738,8 +789,9 @@ class ReentrantLock(ReentrantBase):
             if exc_type is None:
                 raise
 
-    def _exiting(self, frame: Any) -> tuple[object | None, Hold | None]:
-        """Whose ``with`` this exit ends, and its hold: the thread's that
+    def _exiting_at(self, frame_id: int | None, code: Any) -> tuple[object | None, Hold | None]:
+        """Whose ``with`` this exit ends, and its hold (the block's frame: of
+        id ``frame_id``, running ``code``; None: unknown): the thread's that
         entered it in this very frame (recorded by ``__enter__``), whatever
         thread runs the exit; else the caller's own innermost hold (a
         ``__enter__`` called by hand). (None, None): nothing to end.
@@ -760,7 +812,7 @@ class ReentrantLock(ReentrantBase):
 
         The asyncio twin is matched the same way
         (:meth:`AsyncReentrantLock._exiting_owner`)."""
-        claimed = self._claim_entry(frame)
+        claimed = self._claim_entry_at(frame_id, code) if frame_id is not None else None
         owner = self._owner()
         if claimed is not None:
             enterer, hold = claimed
@@ -1024,7 +1076,7 @@ class AsyncReentrantLock(ReentrantBase):
             self._left(enterer)
             if hold is None or not any(held is hold for held in self._mine(enterer)):
                 # Released inside the block; re-acquired there by hand by its
-                # own task, the exit ends that (see ReentrantLock._exiting).
+                # own task, the exit ends that (see ReentrantLock._exiting_at).
                 if enterer is _task_owner() and self._unentered(enterer):
                     return enterer, None
                 return None, None
