@@ -27,6 +27,7 @@ its own.
 from __future__ import annotations
 
 import logging
+import os
 import threading
 from typing import Callable
 
@@ -52,6 +53,18 @@ def put_off(work: Callable[[], object]) -> None:
 def enter() -> None:
     """A section begins (pair with :func:`leave`, in a ``finally``)."""
     _state.depth = getattr(_state, "depth", 0) + 1
+
+
+def _reset_after_fork() -> None:
+    """In a forked child: the forking thread's sections are not the child's
+    (a fork inside one left the child's thread inside it for good: every
+    release of the child put off, never run)."""
+    _state.depth = 0
+    _state.later = []
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_reset_after_fork)
 
 
 def leave() -> None:

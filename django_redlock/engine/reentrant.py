@@ -184,7 +184,11 @@ class _Guard:
 
     def __enter__(self) -> None:
         finalizers.enter()
-        self._lock.acquire()
+        try:
+            self._lock.acquire()
+        except BaseException:  # interrupted (KeyboardInterrupt): no section after all
+            finalizers.leave()
+            raise
 
     def __exit__(self, *exc: object) -> None:
         self._lock.release()
