@@ -144,8 +144,10 @@ def test_renewals_and_lost(make_manager: Any, session_nodes: Any) -> None:
     with pytest.raises(LockLost):
         lk.extend()
     assert d.of("redlock_lost_total", lock="renew") == 1
-    # The watchdog's renewals count too.
-    auto = make_manager(session_nodes, auto_renew=True).lock("renew:2", ttl=0.3)
+    # The watchdog's renewals count too. The lease is long enough for a
+    # loaded CI machine (two suites on two cores): with 0.3 s, one stall of
+    # 0.2 s between a renewal and its reply lost the lock, as it should.
+    auto = make_manager(session_nodes, auto_renew=True).lock("renew:2", ttl=1.5)
     with auto:
         assert wait_until(lambda: d.of("redlock_renewals_total", lock="renew") >= 4, timeout=5)
 
