@@ -326,6 +326,45 @@ def test_signals_carry_name_fence_and_durations(nodes3: RedisNodes,
     assert seen[1][1]["name"] == "sig" and seen[1][1]["held"] >= 0
 
 
+def test_a_receiver_connected_after_sends_to_nobody_is_heard(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """The signals keep each sender's receivers (``use_caching``): a send
+    while nobody listened remembers "no receiver", and a receiver connected
+    later (for every sender, or for ``Lock`` only) must still be called; one
+    disconnected, or collected, no more."""
+    import gc
+
+    from django_redlock.engine.lock import Lock
+
+    mgr = make_manager(nodes3)
+    with mgr.lock("cache-sig", auto_renew=False):  # sent to nobody (or the metrics)
+        pass
+    seen: list[str] = []
+
+    def any_sender(sender: Any, **kw: Any) -> None:
+        seen.append("any:" + kw["name"])
+
+    def lock_only(sender: Any, **kw: Any) -> None:
+        seen.append("lock:" + kw["name"])
+
+    signals.lock_acquired.connect(any_sender)
+    signals.lock_acquired.connect(lock_only, sender=Lock)
+    try:
+        with mgr.lock("cache-sig", auto_renew=False):
+            pass
+        assert seen == ["any:cache-sig", "lock:cache-sig"]
+    finally:
+        signals.lock_acquired.disconnect(any_sender)
+    with mgr.lock("cache-sig", auto_renew=False):
+        pass
+    assert seen[2:] == ["lock:cache-sig"]
+    del lock_only  # a weak receiver: collected, it is heard no more
+    gc.collect()
+    with mgr.lock("cache-sig", auto_renew=False):
+        pass
+    assert seen[3:] == []
+
+
 def test_lock_extended_is_sent_for_extend_and_renewal_in_both_flavours(
         nodes3: RedisNodes, make_manager: MakeManager) -> None:
     """Built only when a receiver is connected (the renewal path skips it

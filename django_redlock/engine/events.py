@@ -18,12 +18,18 @@ from typing import Any
 
 from django.dispatch import Signal
 
-lock_acquired = Signal()
-lock_released = Signal()
-lock_lost = Signal()
-lock_not_acquired = Signal()
-lock_extended = Signal()
-lock_waiter_woken = Signal()
+# use_caching: Django keeps each sender's receiver list until a receiver is
+# connected or disconnected, instead of building it again on every send. The
+# sender is always the Lock class; with the metrics connected, 10,000 held
+# locks renew 10,000 times a second, and each renewal's signal built the list
+# twice (has_listeners, then send_robust): 6.3 µs of the watchdog thread's
+# CPU per renewal, as much as the renewal itself.
+lock_acquired = Signal(use_caching=True)
+lock_released = Signal(use_caching=True)
+lock_lost = Signal(use_caching=True)
+lock_not_acquired = Signal(use_caching=True)
+lock_extended = Signal(use_caching=True)
+lock_waiter_woken = Signal(use_caching=True)
 
 # Named after the public module, as before the signals moved here: log
 # configurations that name "django_redlock.signals" still catch receiver failures.
@@ -32,8 +38,8 @@ logger = logging.getLogger("django_redlock.signals")
 
 def send(signal: Signal, sender: Any, **kwargs: Any) -> None:
     """Send ``signal``; a failing receiver is logged, never propagated into lock code."""
-    if not signal.receivers or not signal.has_listeners(sender):
-        return  # the first test is free; has_listeners() walks the receivers
+    if not signal.receivers:
+        return  # free; send_robust() answers from its cache when none is for Lock
     for receiver, result in signal.send_robust(sender, **kwargs):
         if isinstance(result, Exception):
             logger.error("receiver %r of %s failed", receiver, kwargs.get("name"), exc_info=result)
