@@ -1915,6 +1915,51 @@ sys.exit(3 if thread.is_alive() else 0)
 """
 
 
+def test_a_generator_finalized_between_a_with_s_acquisition_and_its_record_ends_none(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """A generator is inside ``with L``, its hold released by hand; its
+    owner enters ``with L`` again, and a collection finalizes the generator
+    after the new hold is taken and before the block is recorded (a few
+    instructions in ``__enter__``, any allocation of which may run the
+    collector; run here at that very point). The generator's exit ends
+    nothing: the new hold is the entering block's. It took that hold for
+    one taken by hand, with no block on it, and ended it: the block ran
+    without the lock while a rival took it::
+
+        thread A   rows() inside with L; L.release(): its hold ends
+        thread A   with L: hold H2 taken
+        gc         rows' exit: H2 has no recorded block: ended, key deleted
+        thread A   H2's block recorded; its body runs, a rival gets in
+    """
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("re-gen-window", reentrant=True, ttl=5, timeout=1)
+    rival = make_manager(nodes3).lock("re-gen-window")
+
+    def rows() -> Any:
+        with lock:
+            yield 1
+            yield 2
+
+    gen = rows()
+    next(gen)
+    lock.release()  # the generator's hold ends
+    record = lock._record_entry
+    finalized: list[bool] = []
+
+    def collected_first(frame: Any, owner: object) -> None:
+        if not finalized:
+            finalized.append(True)
+            gen.close()  # what the collector runs at an allocation here
+        record(frame, owner)
+
+    lock._record_entry = collected_first  # type: ignore[method-assign]
+    with lock:
+        seen = (lock.owned(), _holders(nodes3, lock.key), rival.acquire(timeout=0))
+    assert finalized == [True]
+    assert seen == (True, 3, False)
+    assert _holders(nodes3, lock.key) == 0 and not lock.owned()
+
+
 def test_a_generator_finalized_by_a_collection_inside_the_entry_guard_hangs_nothing(
         nodes3: RedisNodes) -> None:
     """A garbage collection may run at any allocation, also one made while a

@@ -499,6 +499,11 @@ class ReentrantBase:
         self._enterers: dict[int, list[tuple[weakref.ref[Any], Any, weakref.ref[Hold]]]] = {}
         self._open_entries = 0  # in ``_enterers``, all ids together
         self._prune_above = 32  # open entries (see :meth:`_prune_enterers`)
+        #: owner -> for each ``with`` it is entering (between the acquisition
+        #: and the record of the block), how many holds it had before: a
+        #: hold pushed past that is the block's, not one taken by hand
+        #: (:meth:`_unentered`).
+        self._entering: dict[object, list[int]] = {}
 
     def __repr__(self) -> str:
         mine = self._mine()
@@ -714,6 +719,16 @@ class ReentrantBase:
         mine = self._mine(owner)
         if not mine:
             return False
+        entering = self._entering.get(owner)
+        if entering and len(mine) > entering[-1]:
+            # The hold of a ``with`` its owner is entering, whose block is
+            # not recorded yet: a collection ran this exit in between, and
+            # ended the block's hold before its body ran::
+            #
+            #     thread A   with L: hold H2 taken (the generator's went)
+            #     gc         the generator's exit: H2 had no block: ended
+            #     thread A   the block recorded, its body run without L
+            return False
         hold = mine[-1]
         with _enterers_guard:
             return not any(entry[0]() is owner and entry[2]() is hold
@@ -761,9 +776,17 @@ class ReentrantLock(ReentrantBase):
         self._innermost().lock.extend(ttl)
 
     def __enter__(self) -> "ReentrantLock":
-        if not self.acquire():
-            raise self._busy()
-        self._record_entry(inspect.currentframe(), self._owner())
+        owner = self._owner()
+        entering = self._entering.setdefault(owner, [])  # see _unentered
+        entering.append(len(self._mine(owner)))
+        try:
+            if not self.acquire():
+                raise self._busy()
+            self._record_entry(inspect.currentframe(), owner)
+        finally:
+            entering.pop()
+            if not entering:
+                self._entering.pop(owner, None)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
