@@ -1915,6 +1915,20 @@ sys.exit(3 if thread.is_alive() else 0)
 """
 
 
+def _holds_across_yields(lock: Any) -> Any:
+    """A generator inside ``with lock`` across its two yields."""
+    with lock:
+        yield 1
+        yield 2
+
+
+def _reentrant_and_rival(nodes: RedisNodes, make_manager: MakeManager, name: str,
+                         ) -> tuple[Any, Any]:
+    """A reentrant lock (ttl 5 s) and a plain lock of the same name from another manager."""
+    lock = make_manager(nodes).lock(name, reentrant=True, ttl=5, timeout=1)
+    return lock, make_manager(nodes).lock(name)
+
+
 def test_a_generator_finalized_between_a_with_s_acquisition_and_its_record_ends_none(
         nodes3: RedisNodes, make_manager: MakeManager) -> None:
     """A generator is inside ``with L``, its hold released by hand; its
@@ -1931,16 +1945,8 @@ def test_a_generator_finalized_between_a_with_s_acquisition_and_its_record_ends_
         gc         rows' exit: H2 has no recorded block: ended, key deleted
         thread A   H2's block recorded; its body runs, a rival gets in
     """
-    mgr = make_manager(nodes3)
-    lock = mgr.lock("re-gen-window", reentrant=True, ttl=5, timeout=1)
-    rival = make_manager(nodes3).lock("re-gen-window")
-
-    def rows() -> Any:
-        with lock:
-            yield 1
-            yield 2
-
-    gen = rows()
+    lock, rival = _reentrant_and_rival(nodes3, make_manager, "re-gen-window")
+    gen = _holds_across_yields(lock)
     next(gen)
     lock.release()  # the generator's hold ends
     record = lock._record_entry
@@ -1987,20 +1993,12 @@ def test_a_block_released_inside_keeps_its_match_while_many_blocks_join_the_new_
     refused). The outer block's entry (its hold gone) was pruned at the
     33rd entry, and its exit then ended one of the generators' acquisitions:
     the key went while the 33rd was inside."""
-    mgr = make_manager(nodes3)
-    lock = mgr.lock("re-prune-open", reentrant=True, ttl=5, timeout=1)
-    rival = make_manager(nodes3).lock("re-prune-open")
-
-    def rows() -> Any:
-        with lock:
-            yield 1
-            yield 2
-
+    lock, rival = _reentrant_and_rival(nodes3, make_manager, "re-prune-open")
     gens = []
     with lock:
         lock.release()
         for _ in range(33):
-            gen = rows()
+            gen = _holds_across_yields(lock)
             next(gen)
             gens.append(gen)
     for gen in gens[:-1]:
