@@ -22,8 +22,10 @@ from django.dispatch import Signal
 # connected or disconnected, instead of building it again on every send. The
 # sender is always the Lock class; with the metrics connected, 10,000 held
 # locks renew 10,000 times a second, and each renewal's signal built the list
-# twice (has_listeners, then send_robust): 6.3 µs of the watchdog thread's
-# CPU per renewal, as much as the renewal itself.
+# twice (has_listeners, then send_robust). The renewal thread's CPU with the
+# metrics connected went from 12.2 % to 11.5 % of one core (6 fresh processes
+# each, interleaved; without any receiver it is about 6 %: the signal and the
+# counter cost about as much as the renewal itself).
 lock_acquired = Signal(use_caching=True)
 lock_released = Signal(use_caching=True)
 lock_lost = Signal(use_caching=True)
