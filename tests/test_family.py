@@ -1966,6 +1966,116 @@ def test_a_generator_finalized_between_a_with_s_acquisition_and_its_record_ends_
     assert _holders(nodes3, lock.key) == 0 and not lock.owned()
 
 
+def test_blocks_open_in_generators_of_ended_threads_keep_their_match_among_many(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """33 threads each leave a generator inside ``with L`` and end (their
+    holds released by hand first); the generators are kept by
+    reference cycles. Thread B enters ``with L`` and, inside, a collection
+    frees them: their exits end nothing of B's, whose hold stays (a rival is
+    refused). Their entries were pruned once 32 were open (their owners
+    ended): the exits then fell back to the closing thread's own hold and
+    ended B's, and B's block ran without the lock::
+
+        33 threads   rows() inside with L, abandoned in a cycle; thread ends
+        thread B     with L: its record pruned the 33 ended owners' entries
+        gc (in B)    each rows' exit: no entry: B's hold ended, key deleted
+        rival        acquires while B is inside"""
+    import gc
+
+    lock, rival = _reentrant_and_rival(nodes3, make_manager, "re-gen-ended")
+
+    def worker() -> None:
+        gen = _holds_across_yields(lock)
+        next(gen)
+        lock.release()  # the hold ends; the block stays open in the generator
+        cycle: list[Any] = [gen]
+        cycle.append(cycle)  # only a collection frees it
+
+    seen: dict[str, Any] = {}
+
+    def thread_b() -> None:
+        with lock:
+            gc.collect()  # the generators' exits run here, in B
+            seen["owned"] = lock.owned()
+            seen["holders"] = _holders(nodes3, lock.key)
+            seen["rival"] = rival.acquire(timeout=0)
+
+    gc.disable()  # collections only where the test runs them
+    try:
+        for _ in range(33):
+            thread = threading.Thread(target=worker)
+            thread.start()
+            thread.join(10)
+            assert not thread.is_alive()
+        thread = threading.Thread(target=thread_b)
+        thread.start()
+        thread.join(20)
+        assert not thread.is_alive()
+    finally:
+        gc.enable()
+    if seen.get("rival"):
+        rival.release()
+    assert seen == {"owned": True, "holders": 3, "rival": False}
+    assert _holders(nodes3, lock.key) == 0
+
+
+def test_a_generator_closed_in_another_thread_as_its_owner_ends_the_hold_raises_nothing(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """Thread A's generator is inside ``with L`` on A's hold H2 (A released
+    its outer block's hold and took the lock again through the generator).
+    Thread B closes the generator: it claims the block's entry and sees H2 in
+    A's holds; before B leaves H2, A leaves its outer block and ends H2. B's
+    ``close()`` returns quietly (the hold it was to end is gone), and the key
+    is gone: it raised ``LockNotOwned``, about a hold that was not B's (the
+    window is a few bytecodes; a hook on the leave opens it here)::
+
+        A   with L: L.release(); g = rows(); next(g)   # g's block on H2
+        B   g.close(): claims g's entry, H2 is A's
+        A   leaves its outer block: no open block on H2: ends H2
+        B   leaves H2: LockNotOwned out of close()"""
+    lock, _ = _reentrant_and_rival(nodes3, make_manager, "re-claim-race")
+    claimed, a_done, go = threading.Event(), threading.Event(), threading.Event()
+    leave = lock._leave
+
+    def slow_in_b(*args: Any) -> Any:
+        if threading.current_thread().name == "B":
+            claimed.set()  # B decided to end A's H2; A's exit runs now
+            assert a_done.wait(5)
+        return leave(*args)
+
+    lock._leave = slow_in_b  # type: ignore[method-assign]
+    gens: list[Any] = []
+    seen: dict[str, Any] = {}
+
+    def thread_a() -> None:
+        with lock:
+            lock.release()
+            gen = _holds_across_yields(lock)
+            next(gen)
+            gens.append(gen)
+            go.set()
+            assert claimed.wait(5)
+        a_done.set()
+
+    def thread_b() -> None:
+        assert go.wait(5)
+        try:
+            gens[0].close()
+            seen["close"] = "ok"
+        except Exception as exc:  # noqa: BLE001 - what the test looks at
+            seen["close"] = repr(exc)
+
+    threads = [threading.Thread(target=thread_a, name="A"),
+               threading.Thread(target=thread_b, name="B")]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(10)
+        assert not thread.is_alive()
+    assert seen == {"close": "ok"}
+    assert _holders(nodes3, lock.key) == 0
+
+
 def test_a_generator_finalized_by_a_collection_inside_the_entry_guard_hangs_nothing(
         nodes3: RedisNodes) -> None:
     """A garbage collection may run at any allocation, also one made while a

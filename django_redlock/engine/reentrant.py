@@ -497,8 +497,6 @@ class ReentrantBase:
         #: plain lock, renewed after its owner ended). Whose exit an exit is,
         #: whatever thread or task runs it (:meth:`_claim_entry`).
         self._enterers: dict[int, list[tuple[weakref.ref[Any], Any, weakref.ref[Hold]]]] = {}
-        self._open_entries = 0  # in ``_enterers``, all ids together
-        self._prune_above = 32  # open entries (see :meth:`_prune_enterers`)
         #: owner -> for each ``with`` it is entering (between the acquisition
         #: and the record of the block), how many holds it had before: a
         #: hold pushed past that is the block's, not one taken by hand
@@ -578,13 +576,14 @@ class ReentrantBase:
         self._push(owner, hold)
 
     def _push(self, owner: object, hold: Hold) -> None:
-        mine = self._holds.get(owner)
-        if mine is None:
-            # Kept (empty) while the owner lives: watched once per owner, not
-            # once per acquisition (a task's done callbacks would pile up).
-            mine = self._holds[owner] = []
-            self._watch(owner)
-        mine.append(hold)
+        with _enterers_guard:  # see _leave
+            mine = self._holds.get(owner)
+            if mine is None:
+                # Kept (empty) while the owner lives: watched once per owner, not
+                # once per acquisition (a task's done callbacks would pile up).
+                mine = self._holds[owner] = []
+                self._watch(owner)
+            mine.append(hold)
 
     def _leave(self, owner: object | None | EllipsisType = ...,
                hold: Hold | None = None) -> Hold | None:
@@ -593,16 +592,23 @@ class ReentrantBase:
         on the nodes when it was the last."""
         if owner is ...:
             owner = self._owner()
-        innermost = self._innermost(owner)  # raises if it holds nothing through this object
-        mine = self._holds[owner]
-        if hold is None or mine[-1] is hold:
-            hold = innermost
-            mine.pop()
-        else:  # a block left out of order (its generator closed late): its own hold
-            places = [at for at, held in enumerate(mine) if held is hold]
-            if not places:
-                return None  # ended meanwhile by its owner's thread
-            del mine[places[-1]]
+        # Under the guard: a block's exit run by another thread (a generator
+        # closed there) takes from the enterer's list while the enterer may
+        # push or pop on it; between its look and its pop the enterer ended
+        # the hold, and the exit raised LockNotOwned out of ``close()``.
+        with _enterers_guard:
+            if hold is not None and not self._mine(owner):
+                return None  # the block's hold ended meanwhile, with the owner's last
+            innermost = self._innermost(owner)  # raises if it holds nothing through this object
+            mine = self._holds[owner]
+            if hold is None or mine[-1] is hold:
+                hold = innermost
+                mine.pop()
+            else:  # a block left out of order (its generator closed late): its own hold
+                places = [at for at, held in enumerate(mine) if held is hold]
+                if not places:
+                    return None  # ended meanwhile by its owner's thread
+                del mine[places[-1]]
         return hold if self.manager._reentrant.leave(self.key, owner, hold) else None
 
     def _record_entry(self, frame: Any, owner: object) -> None:
@@ -633,17 +639,28 @@ class ReentrantBase:
                 # Entered by hand (``ExitStack.enter_context``, ``__enter__()``):
                 # left through another frame, or by ``release()``, never through
                 # this frame's exit, so the entry could never be claimed; under
-                # one long outer block (its hold open, so never pruned) they
-                # piled up, one per job. Such an exit is its caller's own.
+                # one long outer block they piled up, one per job. Such an exit
+                # is its caller's own.
                 return
             mine = self._mine(owner)
             if not mine:
                 return  # ended meanwhile (by an exit a collection ran): nothing to match
+            # Kept until the block's exit claims it, whoever the owner was and
+            # whatever it holds now: a statement's block is left through its
+            # exit (a generator suspended inside, when it is closed or
+            # collected, a coroutine when it is closed), so the entries are
+            # as many as the blocks open. Pruning the entries of owners that
+            # ended or held nothing dropped those of blocks still open in
+            # generators, whose exits then took the closing thread's own
+            # hold for theirs::
+            #
+            #     33 threads   rows() inside with L (its hold released by
+            #                  hand, or gone with its thread); thread ends
+            #     thread B     with L: its record pruned the 33 entries
+            #     gc (in B)    each rows' exit: no entry: B's hold ended
+            #     rival        acquires while B is inside
             entry = (weakref.ref(owner), caller.f_code, weakref.ref(mine[-1]))
-            if self._open_entries >= self._prune_above:
-                self._prune_enterers()
             self._enterers.setdefault(id(caller), []).append(entry)
-            self._open_entries += 1
 
     def _claim_entry(self, frame: Any) -> tuple[Any, Hold | None] | None:
         """For an exit (``__exit__`` / ``__aexit__``, whose frame is
@@ -662,42 +679,11 @@ class ReentrantBase:
         with _enterers_guard:
             entries = self._enterers.get(frame_id)
             entry = entries.pop() if entries else None
-            self._open_entries -= entry is not None
             if entries is not None and not entries:
                 self._enterers.pop(frame_id, None)
         if entry is None or entry[1] is not code:
             return None
         return entry[0](), entry[2]()
-
-    def _prune_enterers(self) -> None:
-        """Drop the entries whose owner ended or holds nothing through this
-        object any more (its holds went with it, or a block was left without
-        its exit: a coroutine destroyed while suspended inside), so that they
-        do not pile up; then again once their number doubled (many owners
-        inside at once are not pruned at every entry). Called under
-        ``_enterers_guard``. (Blocks entered by hand record none:
-        :meth:`_record_entry`; a ``with`` statement's block is left through
-        its exit, which claims its entry.)
-
-        An entry whose own hold went is kept while its owner holds: its
-        block may still be open (released inside it), and its exit must find
-        it. Dropped, the exit fell back to the caller's innermost hold and
-        ended an acquisition of another open block::
-
-            with L:                      # H1, its block recorded
-                L.release()              # H1 ends
-                33 generators enter      # H2, joined 33 times: the 33rd
-                                         # entry pruned H1's block's
-            # exit: no entry found: the innermost H2 ended once
-            32 generators closed         # H2 ends on the nodes while the
-                                         # 33rd is inside: a rival gets in"""
-        for frame_id, entries in list(self._enterers.items()):
-            entries[:] = [entry for entry in entries
-                          if (owner := entry[0]()) is not None and self._mine(owner)]
-            if not entries:
-                self._enterers.pop(frame_id, None)
-        self._open_entries = sum(len(entries) for entries in list(self._enterers.values()))
-        self._prune_above = max(32, 2 * self._open_entries)
 
     def _unentered(self, owner: object) -> bool:
         """Whether ``owner`` holds through this object and no recorded open
