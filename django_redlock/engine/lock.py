@@ -19,7 +19,8 @@ from typing import TYPE_CHECKING, Any, cast
 from ..core.arguments import check_ttl
 from ..core.pid import getpid
 from ..exceptions import LockLost, LockNotOwned, QuorumUnavailable, RedlockError
-from . import events, finalizers
+from ..transport import finalizers
+from . import events
 from .held import release_held_locks
 from .protocol import (
     _UNLOCKED,

@@ -40,11 +40,12 @@ from ..core.arguments import check_max_hold, check_timeout, check_ttl
 from ..core.config import DEFAULTS, NodeSpec, check_options, parse_nodes, resolve_options
 from ..core.keys import fence_key, free_channels, lock_key, validate_name, waiters_key
 from ..core.retry import next_wait
+from ..transport import finalizers
 from ..transport.nodekinds import make_node
 from ..transport.notify import ReleaseNotifier
 from ..transport.resp import FORCE_RELEASE, Call
 from ..transport.sync import SyncTransport
-from . import finalizers, rounds
+from . import rounds
 from .held import holds_any
 from .leftovers import Leftovers, failed_requests
 from .lock import Lock

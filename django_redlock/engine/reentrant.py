@@ -109,7 +109,7 @@ from typing import TYPE_CHECKING, Any, Callable, cast
 
 from ..core.arguments import check_timeout
 from ..exceptions import LockLost, LockNotAcquired, LockNotOwned
-from . import finalizers
+from ..transport import finalizers
 
 if TYPE_CHECKING:
     from .protocol import LockHost
@@ -164,7 +164,7 @@ class Hold:
 
 class _Guard:
     """A reentrant lock for this module's tables whose sections a ``with``
-    exit run by a garbage collection waits out (engine/finalizers.py). A
+    exit run by a garbage collection waits out (transport/finalizers.py). A
     collection may finalize a generator suspended inside ``with L`` in the
     thread that holds the guard: its exit took the guard its own thread held
     (a plain lock: that thread, and every thread entering or leaving a
@@ -183,16 +183,16 @@ class _Guard:
         self._lock = threading.RLock()
 
     def __enter__(self) -> None:
-        finalizers.enter()
+        finalizers.enter(2)  # the section is the with statement's frame's
         try:
             self._lock.acquire()
         except BaseException:  # interrupted (KeyboardInterrupt): no section after all
-            finalizers.leave()
+            finalizers.leave(2)
             raise
 
     def __exit__(self, *exc: object) -> None:
         self._lock.release()
-        finalizers.leave()
+        finalizers.leave(2)
 
 
 class HoldTable:

@@ -58,6 +58,7 @@ from redis.exceptions import TimeoutError as RedisTimeoutError
 from ..core.config import NodeSpec, Secret
 from ..core.pid import getpid
 from ..core.retry import backoff
+from . import finalizers
 from .resp import PRELOAD, PRELOAD_SCRIPTS, Call, Chain, ChainReply, Command
 
 logger = logging.getLogger("django_redlock.transport")
@@ -1183,6 +1184,22 @@ class SyncTransport:
     def round(self, requests: Sequence[Request], *, skip_backoff: bool = True,
               settle: Settle | None = None, tag: Any = None, final: bool = False,
               last: int | None = None, until: float | None = None) -> list[Any]:
+        """:meth:`_round`, as a section (transport/finalizers.py): a release a
+        garbage collection runs meanwhile in this thread waits until it ends.
+        It takes the nodes' locks (a connection's checkout, the owed
+        replies) this round may hold, whoever called it: the manager, its
+        ``force_release``, the late sender's thread, an asyncio call run
+        through this transport."""
+        finalizers.enter()
+        try:
+            return self._round(requests, skip_backoff=skip_backoff, settle=settle, tag=tag,
+                               final=final, last=last, until=until)
+        finally:
+            finalizers.leave()
+
+    def _round(self, requests: Sequence[Request], *, skip_backoff: bool = True,
+               settle: Settle | None = None, tag: Any = None, final: bool = False,
+               last: int | None = None, until: float | None = None) -> list[Any]:
         """Ask node i ``requests[i]`` (None: do not ask it); return answers or errors.
 
         Each result is the node's reply, a :class:`NodeError` (no answer in time) or
@@ -1571,9 +1588,14 @@ class SyncTransport:
                     no += 1
 
     def forget(self, tag: Any) -> None:
-        """Lock token ``tag`` is done (its acquire gave up): see NodeClient.checkout."""
-        for node in self.nodes:
-            node.forget(tag)
+        """Lock token ``tag`` is done (its acquire gave up): see NodeClient.checkout.
+        A section, as :meth:`round` is: it holds the nodes' owed-reply locks."""
+        finalizers.enter()
+        try:
+            for node in self.nodes:
+                node.forget(tag)
+        finally:
+            finalizers.leave()
 
     def close(self) -> None:
         for node in self.nodes:
