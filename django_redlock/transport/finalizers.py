@@ -113,7 +113,7 @@ def leave(up: int = 1) -> None:
                 del frames[at]
                 break
         _drop_ended(frames)
-    if not frames:
+    if not frames and getattr(_state, "later", None):
         _run_later()
 
 
