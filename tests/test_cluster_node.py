@@ -212,6 +212,54 @@ def test_a_hold_survives_the_migration_of_its_slot(cluster: RedisClusterGroup,
     cluster.migrate_slot(slot, to=source)  # back, for the other tests
 
 
+@pytest.mark.parametrize("flavour", ["sync", "async"])
+def test_a_release_settled_on_plain_nodes_still_follows_the_clusters_moved(
+        cluster: RedisClusterGroup, make_manager: MakeManager, flavour: str) -> None:
+    """A Cluster node and two plain nodes; the lock's slot moves after the
+    grant (the manager's map now names the old master), and the old master
+    is slow (paused 0.2 s) when the release comes. The release deletes the
+    key on the new master too: it waits for the Cluster's MOVED and follows
+    it. Settled on the two plain nodes' replies, it returned at once, the
+    MOVED was read later and dropped, and the key stayed on the new master
+    for its whole lease (that node busy for every other holder)."""
+    with RedisServer() as a, RedisServer() as b:
+        mgr = make_manager([cluster.node_setting(), a.url, b.url])
+        slot = cluster.key_slot(mgr.key("moving-release"))
+        source = cluster.master_for_slot(slot)
+        target = next(m for m in cluster if m is not source)
+
+        def migrate_and_slow_the_source(key: str) -> threading.Timer:
+            cluster.migrate_slot(slot, to=target)  # finished: MOVED from the source
+            assert target.execute("EXISTS", key) == 1
+            source.pause()  # its MOVED comes after the plain nodes' replies
+            timer = threading.Timer(0.2, source.resume)
+            timer.start()
+            return timer
+
+        try:
+            if flavour == "sync":
+                lock = mgr.lock("moving-release", ttl=30, auto_renew=False)
+                assert lock.acquire(timeout=2)
+                timer = migrate_and_slow_the_source(lock.key)
+                lock.release()
+            else:
+                async def scenario() -> threading.Timer:
+                    alock = mgr.alock("moving-release", ttl=30, auto_renew=False)
+                    assert await alock.acquire(timeout=2)
+                    started = migrate_and_slow_the_source(alock.key)
+                    await alock.release()
+                    return started
+
+                timer = asyncio.run(asyncio.wait_for(scenario(), 30))
+            timer.join(5)
+            key = mgr.key("moving-release")
+            assert (a.execute("EXISTS", key), b.execute("EXISTS", key)) == (0, 0)
+            assert target.execute("EXISTS", key) == 0, target.execute("PTTL", key)
+        finally:
+            source.resume()
+            cluster.migrate_slot(slot, to=source)  # back, for the other tests
+
+
 def test_a_hold_survives_a_slot_half_migrated(cluster: RedisClusterGroup,
                                               make_manager: MakeManager) -> None:
     """The keys moved, the slot not yet handed over: the source answers ASK,

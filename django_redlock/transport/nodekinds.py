@@ -1,6 +1,6 @@
 """Nodes that are more than one server: a Sentinel-managed master, a Redis Cluster.
 
-(Why one module of 1,010 lines: both kinds hook into the transports at the same
+(Why one module of 1,052 lines: both kinds hook into the transports at the same
 few points, routed rounds, redirections and the master moving, which read best
 side by side; issue 21.) Each counts as one Redlock node, and each is a
 :class:`~django_redlock.transport.sync.NodeClient` to the engine, so the
@@ -962,12 +962,48 @@ def _view(transport: Any, targets: list[NodeClient]) -> Any:
     return view
 
 
+def _releases(request: Any) -> bool:
+    """Whether ``request`` releases a lock (a release, a clean-up), also
+    behind ``WAIT`` (a :class:`Chain`)."""
+    call = request.first if type(request) is Chain else request
+    script = getattr(call, "script", None)
+    return bool(getattr(script, "releases", False))
+
+
+def _redirects_awaited(nodes: Sequence[NodeClient], requests: Sequence[Any],
+                       kwargs: dict[str, Any]) -> dict[str, Any]:
+    """The round's arguments, with no settling when it releases on a Cluster
+    or Sentinel node: a redirection (``MOVED``, ``ASK``, ``TRYAGAIN``, a
+    demoted master's refusal) is followed only when its reply is read in
+    the call, and a round settled on the other nodes' replies left it unread
+    (read and dropped by a later round): the key stayed on the slot's new
+    master for its lease, that node busy for every other holder::
+
+        t0   release: plain nodes A and B delete the key at once (a quorum)
+        t0   the Cluster's old master, slow, answers MOVED later: unread
+        ...  the key stays on the new master until its lease ends
+
+    So such a round waits for every node's reply (within each node's
+    timeout), as a round without a settle does. An acquire still settles:
+    a grant a redirection would have given is not needed once a quorum
+    decided, and its clean-up is a release."""
+    if kwargs.get("settle") is None:
+        return kwargs
+    for node, request in zip(nodes, requests):
+        if (request is not None and isinstance(node, (ClusterNode, SentinelNode))
+                and _releases(request)):
+            return dict(kwargs, settle=None)
+    return kwargs
+
+
 def routed_round(transport: Any, requests: Sequence[Any], **kwargs: Any) -> list[Any]:
     """A sync round through Sentinel and Cluster nodes: each request to its
     node's master; a Cluster's redirections followed (at most
     :data:`MAX_REDIRECTS` more rounds, for the redirected requests only); the
-    replies then tell the Sentinel nodes whether their master moved."""
+    replies then tell the Sentinel nodes whether their master moved. A
+    release waits for those nodes' replies (:func:`_redirects_awaited`)."""
     nodes = transport.nodes
+    kwargs = _redirects_awaited(nodes, requests, kwargs)
     targets = route(nodes, requests)
     results = _view(transport, targets).round(requests, **kwargs)
     sent: list[Any] = list(requests)
@@ -994,6 +1030,7 @@ async def async_routed_round(transport: Any, requests: Sequence[Any], **kwargs: 
     """:func:`routed_round` for the asyncio transport: the same redirections,
     and a ``TRYAGAIN``'s pause awaited, never slept (the loop goes on)."""
     nodes = transport.nodes
+    kwargs = _redirects_awaited(nodes, requests, kwargs)
     targets = route(nodes, requests)
     results = await _view(transport, targets).round(requests, **kwargs)
     sent: list[Any] = list(requests)
