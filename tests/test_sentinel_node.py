@@ -569,6 +569,53 @@ def test_a_cold_node_whose_sentinels_all_do_not_answer_fails_in_bounded_time(
         str(raised.value)
 
 
+def test_cold_set_ups_of_several_event_loops_with_every_sentinel_down_end_in_bound(
+        group: SentinelGroup, make_manager: MakeManager) -> None:
+    """Every sentinel paused, a cold node, three event loops (threads, as an
+    ASGI server's or per-call loops would be) each making one alock: each
+    loop's set-up resolves in a worker thread, and the workers queue on the
+    node's resolve. Each ``asyncio.run`` (which waits for its worker) ends
+    within ``resolve_bound`` of the start, sentinels + 1 connect timeouts,
+    with room for a slow CI: a resolve that waited for another's takes its
+    failure. Asking every sentinel again after the failure before it, the
+    workers ended one round of timeouts after the other (1.5, 3 and 4.5 s
+    here, against a bound of 2 s)."""
+    connect_timeout = 0.5
+    sentinels = group.sentinels
+    mgr = make_manager([group.node_setting()], connect_timeout=connect_timeout)
+    ended: dict[int, Any] = {}
+
+    def one_loop(k: int) -> None:
+        async def cold_call() -> str:
+            try:
+                await mgr.alock(f"every-sentinel-down-{k}", timeout=0, auto_renew=False).acquire()
+            except QuorumUnavailable:
+                return "QuorumUnavailable"
+            return "granted"
+
+        outcome = asyncio.run(cold_call())
+        ended[k] = (outcome, time.monotonic() - started)
+
+    paused: list[Any] = []
+    try:
+        for sentinel in sentinels:
+            sentinel.pause()
+            paused.append(sentinel)
+        started = time.monotonic()
+        threads = [threading.Thread(target=one_loop, args=(k,)) for k in range(3)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(30)
+            assert not thread.is_alive()
+    finally:
+        for sentinel in paused:
+            sentinel.resume()
+    bound = (len(sentinels) + 1) * connect_timeout
+    assert sorted(outcome for outcome, _ in ended.values()) == ["QuorumUnavailable"] * 3
+    assert max(took for _, took in ended.values()) < bound + 0.7, ended
+
+
 def test_a_child_forked_while_the_master_is_resolved_resolves_its_own(
         group: SentinelGroup, make_manager: MakeManager) -> None:
     """A fork while a parent thread asks the sentinels where the master is

@@ -1,6 +1,6 @@
 """Nodes that are more than one server: a Sentinel-managed master, a Redis Cluster.
 
-(Why one module of 1,052 lines: both kinds hook into the transports at the same
+(Why one module of 1,072 lines: both kinds hook into the transports at the same
 few points, routed rounds, redirections and the master moving, which read best
 side by side; issue 21.) Each counts as one Redlock node, and each is a
 :class:`~django_redlock.transport.sync.NodeClient` to the engine, so the
@@ -225,6 +225,10 @@ class SentinelNode(NodeClient):
         self.switches = 0
         self._stale = True
         self._resolving = threading.Lock()
+        #: Resolves ended, and why the last one failed ("" when it did not):
+        #: a thread that waited for another's resolve takes its failure.
+        self._resolves = 0
+        self._resolve_failure = ""
         self._sentinel: Any = None
         #: The sentinel client that named ``address`` (see :meth:`_named_unreachable`).
         self._named_by: Any = None
@@ -270,15 +274,30 @@ class SentinelNode(NodeClient):
     def resolve(self) -> tuple[str, int]:
         """The master's address, asked of the sentinels when not trusted
         (blocking: at most ``CONNECT_TIMEOUT`` per sentinel). Raises
-        :class:`MasterUnknown`."""
+        :class:`MasterUnknown`.
+
+        A resolve that waited for another thread's takes its outcome: the
+        address, or its failure. Asking every sentinel again after a failure
+        made each waiting thread's resolve a whole round of timeouts after
+        the one before (three event loops' set-ups with every sentinel down:
+        their workers ended at 1.5, 3 and 4.5 s, past the 2 s bound of
+        :meth:`resolve_bound`)."""
+        seen = self._resolves
         with self._resolving:
             if not self._stale and self.address is not None:
                 return self.address
+            if self._resolves != seen and self._resolve_failure:
+                # One ended since this call came, having asked every sentinel.
+                raise MasterUnknown(self.name, self._resolve_failure, sent=False)
             try:
                 host, port, named_by = discover_master(self.sentinel(), self.service)
             except (RedisError, OSError) as e:
-                raise MasterUnknown(self.name, f"no master for {self.service!r} from "
-                                               f"the sentinels: {e}", sent=False) from e
+                self._resolve_failure = (f"no master for {self.service!r} from the "
+                                         f"sentinels: {e}")
+                self._resolves += 1
+                raise MasterUnknown(self.name, self._resolve_failure, sent=False) from e
+            self._resolve_failure = ""
+            self._resolves += 1
             self._checked = time.monotonic()
             self._stale = False
             self._named_by = named_by
@@ -333,6 +352,7 @@ class SentinelNode(NodeClient):
         idle ones are the parent's, dropped by the base class)."""
         super()._after_fork()
         self._resolving = threading.Lock()
+        self._resolve_failure = ""
         self._checking = False
         self._checked = 0.0
         self._stale = True
