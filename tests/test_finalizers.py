@@ -170,3 +170,240 @@ def test_a_collection_inside_a_refused_acquires_forget_hangs_nothing(
     assert proc.stdout.split() == ["refused", "done"], (proc.stdout, proc.stderr[-2000:])
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert _holders(nodes3, "redlock:fin-gen") == 0
+
+
+#: Places a collection where a line of ``function`` containing ``marker``
+#: runs (what an allocation there does when the collector's count is full),
+#: in the threads started after ``arm()`` and in the caller's.
+_TRACE_HELPER = r"""
+import gc, inspect, sys, threading
+
+def arm(function, marker, fired):
+    lines, first = inspect.getsourcelines(function)
+    (at,) = [first + k for k, text in enumerate(lines) if marker in text][:1]
+    code = function.__code__
+
+    def tracer(frame, event, arg):
+        if frame.f_code is not code or fired:
+            return None
+
+        def line(frame, event, arg):
+            if event == "line" and frame.f_lineno == at and not fired:
+                fired.append(threading.current_thread().name)
+                gc.collect()
+            return line
+        return line
+    threading.settrace(tracer)
+    sys.settrace(tracer)
+
+def rows(lock):
+    with lock:
+        yield 1
+        yield 2
+
+def abandon(lock):
+    gen = rows(lock)
+    next(gen)
+    cycle = [gen]
+    cycle.append(cycle)  # only a collection frees it: its exit runs then
+"""
+
+_GC_IN_SET_UP_SCRIPT = _TRACE_HELPER + r"""
+import time
+from django_redlock import LockManager
+from django_redlock.transport import sync
+
+gc.disable()
+mgr = LockManager([sys.argv[1]], node_timeout=0.5)
+abandon(mgr.lock("fin-setup-gen", ttl=30))
+for node in mgr.transport.nodes:  # no idle connection: the next round sets one up, in a thread
+    idle, node._idle = node._idle, []
+    for conn in idle:
+        conn.disconnect()
+fired = []
+arm(sync.NodeClient._send_later, "later, self._later = self._later, []", fired)
+out = {}
+worker = threading.Thread(target=lambda: out.update(
+    first=mgr.lock("fin-setup-other", ttl=5).acquire(timeout=2)), daemon=True)
+worker.start()
+worker.join(10)
+threading.settrace(None)
+sys.settrace(None)
+later = threading.Thread(target=lambda: out.update(
+    later=mgr.lock("fin-setup-later", ttl=5).acquire(timeout=1)), daemon=True)
+later.start()
+later.join(10)
+print(fired[0].split()[0] if fired else "no collection", out.get("first"), out.get("later"),
+      flush=True)
+sys.exit(0 if out.get("later") else 3)
+"""
+
+
+def test_a_collection_in_a_connection_set_up_thread_hangs_nothing(
+        nodes3: RedisNodes) -> None:
+    """A node's connection set-up thread holds the node's lock while it
+    hands the set-up the releases to send; a collection there finalizes a
+    generator inside ``with lock``, whose release (a round on the same node)
+    waited for that lock its own thread held: every round on the node, and
+    every renewal, hung from then on. The set-up thread is a section: the
+    release runs once the set-up is done, and the node goes on."""
+    proc = subprocess.run([sys.executable, "-c", _GC_IN_SET_UP_SCRIPT, nodes3[0].url],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split() == ["redlock-connect", "True", "True"], \
+        (proc.stdout, proc.stderr[-2000:])
+    assert _holders(nodes3, "redlock:fin-setup-gen") == 0
+
+
+_GC_UNDER_THE_HANDOFF_SWEEP_SCRIPT = _TRACE_HELPER + r"""
+from django_redlock import LockManager
+from django_redlock.engine import manager as manager_mod
+
+gc.disable()
+urls = sys.argv[1:]
+mgr = LockManager(urls, node_timeout=0.5)
+waiters = LockManager(urls, node_timeout=0.5)
+first, other = mgr.lock("fin-sweep-a", ttl=30), mgr.lock("fin-sweep-b", ttl=30)
+assert first.acquire()
+abandon(other)
+now = mgr.clock()
+for k in range(manager_mod._HANDOFF_KEYS_MAX + 10):  # earlier releases' pauses, long over
+    mgr._handoff[b"old:%d" % k] = now - 60
+out = {}
+blocked = [threading.Thread(target=lambda n=n: out.update(
+    {n: waiters.lock(n, ttl=30).acquire(timeout=8)}), daemon=True)
+    for n in ("fin-sweep-a", "fin-sweep-b")]
+for thread in blocked:
+    thread.start()
+import time
+time.sleep(1.0)  # both stand in line
+fired = []
+arm(manager_mod.LockManager._note_release, "for stale in", fired)
+worker = threading.Thread(target=first.release, daemon=True)  # wakes a waiter: the sweep
+worker.start()
+worker.join(10)
+threading.settrace(None)
+sys.settrace(None)
+for thread in blocked:
+    thread.join(10)
+print("swept" if fired else "no collection", "done" if not worker.is_alive() else "hung",
+      out.get("fin-sweep-a"), out.get("fin-sweep-b"), flush=True)
+sys.exit(3 if worker.is_alive() else 0)
+"""
+
+
+def test_a_collection_under_the_hand_over_sweep_hangs_nothing(nodes3: RedisNodes) -> None:
+    """A release that woke a waiter sweeps the manager's old hand-over
+    pauses under a lock (1,024 kept); a collection there finalizes a
+    generator inside ``with other`` whose release wakes a waiter too, and
+    waited for that lock its own thread held: that release, and every later
+    one that woke a waiter, hung. The sweep is a section: the other release
+    runs after it, and both waiters get their locks."""
+    proc = subprocess.run([sys.executable, "-c", _GC_UNDER_THE_HANDOFF_SWEEP_SCRIPT,
+                           *nodes3.urls], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split() == ["swept", "done", "True", "True"], \
+        (proc.stdout, proc.stderr[-2000:])
+
+
+def test_a_reentrant_with_never_joins_a_hold_a_collection_ended_meanwhile(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """A thread's generator took a reentrant lock by hand and releases it in
+    its ``finally``; the thread enters ``with L`` and, while its hold is
+    looked up (on 3.12+ a collection may run at any call: here at
+    ``owned()``), a collection ends the generator: its release ends the hold
+    (count 1 -> 0) and puts the key's release off to the lookup's end. The
+    block takes the lock anew: it joined that ended hold, whose key went at
+    the end of the lookup while the block ran (a rival got in)."""
+    import gc
+    import inspect
+
+    from django_redlock.engine import reentrant
+
+    lock, rival = (make_manager(nodes3).lock("fin-join", ttl=30, reentrant=True),
+                   make_manager(nodes3).lock("fin-join"))
+    join = reentrant.HoldTable.join
+    lines, first = inspect.getsourcelines(join)
+    at = first + next(k for k, text in enumerate(lines) if "hold.lock.owned()" in text)
+    seen: dict[str, Any] = {}
+
+    def rows() -> Any:
+        lock.acquire()
+        try:
+            yield 1
+            yield 2
+        finally:
+            lock.release()
+
+    def tracer(frame: Any, event: str, arg: Any) -> Any:
+        if frame.f_code is not join.__code__ or "fired" in seen:
+            return None
+
+        def line(frame: Any, event: str, arg: Any) -> Any:
+            if event == "line" and frame.f_lineno == at and "fired" not in seen:
+                seen["fired"] = True
+                gc.collect()
+            return line
+        return line
+
+    def thread() -> None:
+        gen = rows()
+        next(gen)
+        cycle: list[Any] = [gen]
+        cycle.append(cycle)
+        del gen, cycle
+        sys.settrace(tracer)
+        try:
+            with lock:
+                sys.settrace(None)
+                seen["owned"] = lock.owned()
+                seen["holders"] = _holders(nodes3, lock.key)
+                seen["rival"] = rival.acquire(timeout=0)
+        finally:
+            sys.settrace(None)
+
+    gc.disable()
+    try:
+        worker = threading.Thread(target=thread)
+        worker.start()
+        worker.join(20)
+        assert not worker.is_alive()
+    finally:
+        gc.enable()
+    if seen.get("rival"):
+        rival.release()
+    assert seen == {"fired": True, "owned": True, "holders": 3, "rival": False}
+    assert _holders(nodes3, lock.key) == 0
+
+
+def test_hundreds_of_releases_put_off_in_one_section_all_run(
+        make_manager: MakeManager) -> None:
+    """One collection inside a round may free hundreds of generators, each
+    inside ``with`` its own lock: their releases are put off to the
+    section's end, and every one runs there, one after the other. Each ran
+    the next from its own round's end, one level deeper: past the recursion
+    limit the deepest failed with ``RecursionError`` and their keys stayed
+    for a lease (300 put off: about 100 left)."""
+    from django_redlock.testing import RedisServer
+
+    with RedisServer() as server:
+        mgr = make_manager([server.url])
+        locks = [mgr.lock(f"fin-many:{k}", ttl=30, auto_renew=False) for k in range(300)]
+        seen: dict[str, Any] = {}
+
+        def thread() -> None:
+            for lock in locks:
+                assert lock.acquire()
+            finalizers.enter()
+            try:
+                for lock in locks:  # what the collection's finalizers run here
+                    lock.release()
+                seen["held inside"] = int(server.execute("DBSIZE"))
+            finally:
+                finalizers.leave()
+            seen["keys after"] = sum(bool(server.execute("EXISTS", lock.key)) for lock in locks)
+
+        worker = threading.Thread(target=thread)
+        worker.start()
+        worker.join(60)
+        assert not worker.is_alive()
+        assert seen["held inside"] >= 300
+        assert seen["keys after"] == 0

@@ -640,10 +640,18 @@ class LockManager:
                 # Keys this process never came back to: their pause is long over.
                 # Other threads insert and pop meanwhile: sweep a copy, under a
                 # lock so two sweeps do not race (iterating the dict itself raised
-                # "dictionary changed size during iteration").
-                with self._handoff_lock:
-                    for stale in [k for k, until in handoff.copy().items() if until <= now]:
-                        handoff.pop(stale, None)
+                # "dictionary changed size during iteration"). A section
+                # (transport/finalizers.py): the sweep allocates, and a release
+                # a collection ran there that woke a waiter too waited for this
+                # lock its own thread held, and every such release after it.
+                finalizers.enter()
+                try:
+                    with self._handoff_lock:
+                        for stale in [k for k, until in handoff.copy().items()
+                                      if until <= now]:
+                            handoff.pop(stale, None)
+                finally:
+                    finalizers.leave()
             handoff[key] = now + HANDOFF_YIELD
 
     def _handoff_pause(self, key: bytes) -> float:

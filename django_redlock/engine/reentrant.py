@@ -217,6 +217,13 @@ class HoldTable:
             hold = holds.get(key) if holds is not None else None
             if hold is None or not hold.lock.owned():
                 return None
+            if hold.count <= 0 or holds is None or holds.get(key) is not hold:
+                # A collection in owned() (3.12+: at any call) ran a
+                # generator's release of this very hold, whose last count
+                # ended it (its release on the nodes put off to this
+                # section's end): joined, the key went at the end of the
+                # section while the joining block ran.
+                return None
             hold.count += 1
             return hold
 

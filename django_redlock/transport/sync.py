@@ -774,6 +774,18 @@ class NodeClient:
             return False
 
     def _setup(self) -> None:
+        """The set-up thread (:meth:`_set_up`), as a section
+        (transport/finalizers.py): it takes the node's ``_cond``, which a
+        release's round takes too, and a collection there finalized a
+        generator inside ``with lock`` whose release waited for it: that
+        node hung for good (every round, every renewal)."""
+        finalizers.enter()
+        try:
+            self._set_up()
+        finally:
+            finalizers.leave()
+
+    def _set_up(self) -> None:
         conn: Any = None
         error = ""
         while True:
