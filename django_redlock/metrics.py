@@ -42,7 +42,6 @@ make one time series per row): see :func:`metrics_label`.
 
 from __future__ import annotations
 
-import threading
 from typing import Any
 
 try:
@@ -55,6 +54,7 @@ from django.http import HttpRequest, HttpResponse
 
 from . import signals
 from .engine import manager as _manager
+from .transport import finalizers
 from .transport.sync import ROUND_TRIP_BUCKETS
 
 __all__ = ["MAX_LABELS", "OTHER", "metrics_label", "metrics_view"]
@@ -127,7 +127,7 @@ NODES = NodeCollector()
 prometheus_client.REGISTRY.register(NODES)
 
 _seen: set[str] = set()
-_seen_guard = threading.Lock()
+_seen_guard = finalizers.Guard()  # a section: see transport/finalizers.py
 
 
 def metrics_label(lock: Any = None, *, name: str | None = None) -> str:

@@ -19,7 +19,6 @@ belongs to the request whose thread or task acquired it.
 
 from __future__ import annotations
 
-import threading
 import time
 import weakref
 from typing import Any
@@ -28,6 +27,7 @@ from asgiref.local import Local
 from debug_toolbar.panels import Panel
 
 from . import signals
+from .transport import finalizers
 
 __all__ = ["LocksPanel"]
 
@@ -36,7 +36,10 @@ _current = Local()
 #: Locks recorded by a panel whose request is still being processed, and
 #: their records: renewals and losses are reported from the renewal thread.
 _live: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
-_live_guard = threading.Lock()
+# A Guard (transport/finalizers.py): a collection in a lookup under it (a weak
+# reference made) ran a generator's release, whose signal came back here and
+# waited for the guard its own thread held; every release after it too.
+_live_guard = finalizers.Guard()
 
 
 def _ms(seconds: float | None) -> float | None:

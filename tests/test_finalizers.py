@@ -407,3 +407,92 @@ def test_hundreds_of_releases_put_off_in_one_section_all_run(
         assert not worker.is_alive()
         assert seen["held inside"] >= 300
         assert seen["keys after"] == 0
+
+
+_GC_UNDER_THE_LAZY_BUILD_SCRIPT = _TRACE_HELPER + r"""
+from django_redlock import LockManager
+from django_redlock.engine.manager import LockManager as Manager
+from django_redlock.testing import RedisNodes
+
+gc.disable()
+with RedisNodes(3) as nodes:
+    mgr = LockManager(nodes.urls, node_timeout=0.5)
+    abandon(mgr.lock("fin-lazy-gen", ttl=30, auto_renew=False))
+    nodes[2].stop()  # its release misses node 3: handed to the late sender, built lazily
+    out = {}
+    fired = []
+
+    def worker():
+        arm(Manager.watchdog.fget, "self._watchdog = Watchdog(", fired)
+        try:  # the first renewed hold builds the watchdog under the manager's lazy lock
+            out["acquired"] = mgr.lock("fin-lazy-renewed", ttl=30).acquire(timeout=2)
+        finally:
+            threading.settrace(None)
+            sys.settrace(None)
+
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    thread.join(10)
+    print("collected" if fired else "no collection", "hung" if thread.is_alive() else "done",
+          out.get("acquired"), flush=True)
+    import os
+    os._exit(3 if thread.is_alive() else 0)
+"""
+
+
+def test_a_collection_while_the_manager_builds_a_lazy_part_hangs_nothing() -> None:
+    """The manager builds its renewal thread (and its late sender, its
+    listener) on first use, under one lock; a collection there finalizes a
+    generator inside ``with lock`` whose release a node missed: handed to
+    the late sender, made under that same lock, it waited for the lock its
+    own thread held, and so did every release a node missed after it."""
+    proc = subprocess.run([sys.executable, "-c", _GC_UNDER_THE_LAZY_BUILD_SCRIPT],
+                          capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split() == ["collected", "done", "True"], \
+        (proc.stdout, proc.stderr[-2000:])
+
+
+_GC_IN_THE_PANELS_RECEIVER_SCRIPT = r"""
+import django
+from django.conf import settings
+settings.configure(DEBUG=True, INSTALLED_APPS=["django.contrib.staticfiles", "debug_toolbar"],
+                   STATIC_URL="/static/")
+django.setup()
+""" + _TRACE_HELPER + r"""
+from django_redlock import LockManager
+import django_redlock.panels as panels  # what DEBUG_TOOLBAR_PANELS loads: receivers connected
+
+gc.disable()
+mgr = LockManager(sys.argv[1:], node_timeout=0.5)
+first = mgr.lock("fin-panel-a", ttl=30)
+fired = []
+
+def worker():
+    assert first.acquire()
+    abandon(mgr.lock("fin-panel-gen", ttl=30))
+    arm(panels._record_of, "return _live.get(lock)", fired)
+    try:
+        first.release()  # lock_released: the panel's receiver looks the lock up
+    finally:
+        threading.settrace(None)
+        sys.settrace(None)
+
+thread = threading.Thread(target=worker, daemon=True)
+thread.start()
+thread.join(10)
+print("collected" if fired else "no collection", "hung" if thread.is_alive() else "done",
+      flush=True)
+import os
+os._exit(3 if thread.is_alive() else 0)
+"""
+
+
+def test_a_collection_in_the_debug_panels_receiver_hangs_nothing(nodes3: RedisNodes) -> None:
+    """The debug-toolbar panel's receivers look each lock up under a lock; a
+    collection there finalizes a generator inside ``with lock``, whose
+    release's signal came back to the panel and waited for that lock its own
+    thread held: that thread, and every release of the process after it."""
+    proc = subprocess.run([sys.executable, "-c", _GC_IN_THE_PANELS_RECEIVER_SCRIPT,
+                           *nodes3.urls], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split() == ["collected", "done"], (proc.stdout, proc.stderr[-2000:])
+    assert _holders(nodes3, "redlock:fin-panel-gen") == 0

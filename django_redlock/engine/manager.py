@@ -180,7 +180,7 @@ class LockManager:
         self._leftovers: Leftovers | None = None
         self._notifier: ReleaseNotifier | None = None
         self._async_transport: Any = None  # transport.aio.AsyncTransport, made by alock()
-        self._lazy_lock = threading.Lock()
+        self._lazy_lock = finalizers.Guard()  # the lazy parts' builds allocate under it
         self._closed = False
         #: retire(): close once no lock of ours is held or being released.
         self._retired = False
@@ -192,7 +192,7 @@ class LockManager:
         self._reentrant = HoldTable()
         #: lock key -> until when this process lets woken waiters go first
         self._handoff: dict[bytes, float] = {}
-        self._handoff_lock = threading.Lock()
+        self._handoff_lock = finalizers.Guard()
         _managers.add(self)
 
     def __repr__(self) -> str:
@@ -609,13 +609,13 @@ class LockManager:
         self._watchdog = None
         self._leftovers = None  # the parent's to send, not the child's
         self._notifier = None
-        self._lazy_lock = threading.Lock()
+        self._lazy_lock = finalizers.Guard()  # the lazy parts' builds allocate under it
         # Locks a parent thread may have held at the fork, with no thread in
         # the child to let go of them: a reentrant acquire (the table's guard)
         # or a release stepping back (the hand-off table's) would wait for
         # ever. The parent's reentrant holds are not the child's either.
         self._reentrant = HoldTable()
-        self._handoff_lock = threading.Lock()
+        self._handoff_lock = finalizers.Guard()
         self._retire_lock = threading.Lock()
         self._close_lock = threading.Lock()
         self._closing = False
@@ -640,18 +640,13 @@ class LockManager:
                 # Keys this process never came back to: their pause is long over.
                 # Other threads insert and pop meanwhile: sweep a copy, under a
                 # lock so two sweeps do not race (iterating the dict itself raised
-                # "dictionary changed size during iteration"). A section
-                # (transport/finalizers.py): the sweep allocates, and a release
-                # a collection ran there that woke a waiter too waited for this
-                # lock its own thread held, and every such release after it.
-                finalizers.enter()
-                try:
-                    with self._handoff_lock:
-                        for stale in [k for k, until in handoff.copy().items()
-                                      if until <= now]:
-                            handoff.pop(stale, None)
-                finally:
-                    finalizers.leave()
+                # "dictionary changed size during iteration"). A Guard (a
+                # section, transport/finalizers.py): the sweep allocates, and a
+                # release a collection ran there that woke a waiter too waited
+                # for this lock its own thread held, and every such release after.
+                with self._handoff_lock:
+                    for stale in [k for k, until in handoff.copy().items() if until <= now]:
+                        handoff.pop(stale, None)
             handoff[key] = now + HANDOFF_YIELD
 
     def _handoff_pause(self, key: bytes) -> float:

@@ -162,37 +162,10 @@ class Hold:
         self.count = 1
 
 
-class _Guard:
-    """A reentrant lock for this module's tables whose sections a ``with``
-    exit run by a garbage collection waits out (transport/finalizers.py). A
-    collection may finalize a generator suspended inside ``with L`` in the
-    thread that holds the guard: its exit took the guard its own thread held
-    (a plain lock: that thread, and every thread entering or leaving a
-    reentrant block after it, hung for good) or changed the table the section
-    was in the middle of. Such an exit is put off until the thread's
-    outermost section ends, a few operations later::
-
-        thread A   HoldTable.join: holds the guard, allocates
-        gc         frees a cycle holding rows() (suspended inside with L)
-        thread A   rows' exit -> HoldTable.leave: waited for the guard, forever
-        now        rows' exit is put off: it runs when join's section ends"""
-
-    __slots__ = ("_lock",)
-
-    def __init__(self) -> None:
-        self._lock = threading.RLock()
-
-    def __enter__(self) -> None:
-        finalizers.enter(2)  # the section is the with statement's frame's
-        try:
-            self._lock.acquire()
-        except BaseException:  # interrupted (KeyboardInterrupt): no section after all
-            finalizers.leave(2)
-            raise
-
-    def __exit__(self, *exc: object) -> None:
-        self._lock.release()
-        finalizers.leave(2)
+#: The tables' guard: a reentrant lock whose blocks are sections
+#: (transport/finalizers.py), so that an exit a collection runs inside one
+#: is put off until it ends.
+_Guard = finalizers.Guard
 
 
 class HoldTable:

@@ -20,11 +20,15 @@ first was in the middle of. Seen on 3.13 (the stack, top first)::
 Such work is put off until the thread's outermost section ends (a round
 takes at most its node timeout), and runs there, in the same thread, before
 the section's caller goes on. Only what a finalizer runs is put off. The
-sections are where the thread holds a lock a release would take: the sync
-transport's rounds (any caller's: a lock's, ``force_release``, the late
-sender's, an asyncio call run through the sync transport) and its
-``forget``, a manager's run of a round's steps (around the transport's
-own), the reentrant locks' tables.
+sections are where the thread holds a lock a release (or its signals)
+would take: the sync transport's rounds (any caller's: a lock's,
+``force_release``, the late sender's, an asyncio call run through the sync
+transport) and its ``forget``, a node's set-up thread's blocks under the
+node's lock, a manager's run of a round's steps (around the transport's
+own), and every :class:`Guard`: the reentrant locks' tables, the manager's
+lazy builds and hand-over sweep, the debug panel's and the metrics' tables.
+A lock of someone else's that a release's signal reaches (a receiver's, a
+metrics library's) is not covered.
 """
 
 from __future__ import annotations
@@ -155,3 +159,61 @@ def _run_later() -> None:
                 logger.exception("lock work put off by a garbage collection failed")
     finally:
         _state.running = False
+
+
+class Section:
+    """``with SECTION:`` (or ``with SECTION, lock:``): a section for the
+    ``with`` statement's frame. For a lock that is also taken elsewhere
+    without one (a node's condition, whose ``wait`` releases it), the
+    section is around the block only."""
+
+    __slots__ = ()
+
+    def __enter__(self) -> None:
+        enter(2)  # the with statement's frame
+
+    def __exit__(self, *exc: object) -> None:
+        leave(2)
+
+
+SECTION = Section()
+
+
+class Guard:
+    """A reentrant lock whose every ``with`` block is a section: a
+    collection inside it that finalizes a generator suspended inside
+    ``with L`` puts that block's release off until the outermost section
+    ends. The library's own locks that a release (or its signals) may take
+    are these: with a plain lock, the release waited for the lock its own
+    thread held, and that thread, and every thread after it, hung::
+
+        thread A   holds the lock, allocates
+        gc         frees a cycle holding rows() (suspended inside with L)
+        thread A   rows' exit -> L.release() -> waits for that lock: forever
+        now        rows' exit is put off: it runs when A's section ends
+
+    Only for ``with`` blocks (the frame is the statement's)."""
+
+    __slots__ = ("_lock",)
+
+    def __init__(self) -> None:
+        self._lock = threading.RLock()
+
+    def __enter__(self) -> None:
+        enter(2)  # the with statement's frame
+        try:
+            self._lock.acquire()
+        except BaseException:  # interrupted (KeyboardInterrupt): no section after all
+            leave(2)
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self._lock.release()
+        leave(2)
+
+    def locked(self) -> bool:
+        """Whether some thread holds it (for tests and debugging)."""
+        if self._lock.acquire(blocking=False):
+            self._lock.release()
+            return False
+        return True

@@ -774,18 +774,13 @@ class NodeClient:
             return False
 
     def _setup(self) -> None:
-        """The set-up thread (:meth:`_set_up`), as a section
-        (transport/finalizers.py): it takes the node's ``_cond``, which a
-        release's round takes too, and a collection there finalized a
-        generator inside ``with lock`` whose release waited for it: that
-        node hung for good (every round, every renewal)."""
-        finalizers.enter()
-        try:
-            self._set_up()
-        finally:
-            finalizers.leave()
-
-    def _set_up(self) -> None:
+        """The set-up thread. Its blocks under the node's ``_cond`` are
+        sections (transport/finalizers.py): a release a collection runs
+        there is put off until the block ends. Run at once, it waited for
+        the ``_cond`` its own thread held, and the node hung for good (every
+        round, every renewal); put off to the end of the whole set-up, it
+        waited for the network steps (several connect timeouts), its lock
+        held and no longer renewed."""
         conn: Any = None
         error = ""
         while True:
@@ -801,7 +796,7 @@ class NodeClient:
                 # whose cache lends none): this node's failure, not a thread dying with a
                 # traceback and leaving its waiters counted as set up
                 error = _short(e)
-            with self._cond:
+            with finalizers.SECTION, self._cond:  # see _setup
                 if not error and self._later and not self._closed:
                     continue  # a release handed over meanwhile goes first, too
                 self._setting_up -= 1
@@ -857,7 +852,7 @@ class NodeClient:
         """The releases handed to this set-up (:meth:`deliver_later`), each
         reply read (their outcome changes nothing for anyone)."""
         while True:
-            with self._cond:
+            with finalizers.SECTION, self._cond:  # see _setup
                 later, self._later = self._later, []
             if not later:
                 return
@@ -880,7 +875,7 @@ class NodeClient:
             finally:
                 # Run (or the connection is gone, and with it anything unsent;
                 # what was sent ran before anything a newer connection carries).
-                with self._cond:
+                with finalizers.SECTION, self._cond:  # see _setup
                     for _, tag in later:
                         if tag is not None and tag in self._later_tags:
                             self._later_tags.remove(tag)
