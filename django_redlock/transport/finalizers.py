@@ -210,10 +210,3 @@ class Guard:
     def __exit__(self, *exc: object) -> None:
         self._lock.release()
         leave(2)
-
-    def locked(self) -> bool:
-        """Whether some thread holds it (for tests and debugging)."""
-        if self._lock.acquire(blocking=False):
-            self._lock.release()
-            return False
-        return True
