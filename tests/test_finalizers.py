@@ -196,6 +196,16 @@ def arm(function, marker, fired):
     threading.settrace(tracer)
     sys.settrace(tracer)
 
+def disarm():
+    threading.settrace(None)
+    sys.settrace(None)
+
+def hangs(worker):
+    thread = threading.Thread(target=worker, daemon=True)
+    thread.start()
+    thread.join(10)
+    return thread.is_alive()
+
 def rows(lock):
     with lock:
         yield 1
@@ -223,16 +233,9 @@ for node in mgr.transport.nodes:  # no idle connection: the next round sets one 
 fired = []
 arm(sync.NodeClient._send_later, "later, self._later = self._later, []", fired)
 out = {}
-worker = threading.Thread(target=lambda: out.update(
-    first=mgr.lock("fin-setup-other", ttl=5).acquire(timeout=2)), daemon=True)
-worker.start()
-worker.join(10)
-threading.settrace(None)
-sys.settrace(None)
-later = threading.Thread(target=lambda: out.update(
-    later=mgr.lock("fin-setup-later", ttl=5).acquire(timeout=1)), daemon=True)
-later.start()
-later.join(10)
+hangs(lambda: out.update(first=mgr.lock("fin-setup-other", ttl=5).acquire(timeout=2)))
+disarm()
+hangs(lambda: out.update(later=mgr.lock("fin-setup-later", ttl=5).acquire(timeout=1)))
 print(fired[0].split()[0] if fired else "no collection", out.get("first"), out.get("later"),
       flush=True)
 sys.exit(0 if out.get("later") else 3)
@@ -278,16 +281,13 @@ import time
 time.sleep(1.0)  # both stand in line
 fired = []
 arm(manager_mod.LockManager._note_release, "for stale in", fired)
-worker = threading.Thread(target=first.release, daemon=True)  # wakes a waiter: the sweep
-worker.start()
-worker.join(10)
-threading.settrace(None)
-sys.settrace(None)
+hung = hangs(first.release)  # wakes a waiter: the sweep
+disarm()
 for thread in blocked:
     thread.join(10)
-print("swept" if fired else "no collection", "done" if not worker.is_alive() else "hung",
+print("swept" if fired else "no collection", "hung" if hung else "done",
       out.get("fin-sweep-a"), out.get("fin-sweep-b"), flush=True)
-sys.exit(3 if worker.is_alive() else 0)
+sys.exit(3 if hung else 0)
 """
 
 
@@ -427,16 +427,13 @@ with RedisNodes(3) as nodes:
         try:  # the first renewed hold builds the watchdog under the manager's lazy lock
             out["acquired"] = mgr.lock("fin-lazy-renewed", ttl=30).acquire(timeout=2)
         finally:
-            threading.settrace(None)
-            sys.settrace(None)
+            disarm()
 
-    thread = threading.Thread(target=worker, daemon=True)
-    thread.start()
-    thread.join(10)
-    print("collected" if fired else "no collection", "hung" if thread.is_alive() else "done",
+    hung = hangs(worker)
+    print("collected" if fired else "no collection", "hung" if hung else "done",
           out.get("acquired"), flush=True)
     import os
-    os._exit(3 if thread.is_alive() else 0)
+    os._exit(3 if hung else 0)
 """
 
 
@@ -474,16 +471,12 @@ def worker():
     try:
         first.release()  # lock_released: the panel's receiver looks the lock up
     finally:
-        threading.settrace(None)
-        sys.settrace(None)
+        disarm()
 
-thread = threading.Thread(target=worker, daemon=True)
-thread.start()
-thread.join(10)
-print("collected" if fired else "no collection", "hung" if thread.is_alive() else "done",
-      flush=True)
+hung = hangs(worker)
+print("collected" if fired else "no collection", "hung" if hung else "done", flush=True)
 import os
-os._exit(3 if thread.is_alive() else 0)
+os._exit(3 if hung else 0)
 """
 
 

@@ -6,6 +6,7 @@ with and without ``REPLICA_ACKS``. Every wait is bounded."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import threading
 import time
 from typing import Any, Callable, Iterator
@@ -490,6 +491,20 @@ def test_a_dead_master_that_every_sentinel_names_fails_the_call_in_bounded_time(
         assert node_of(mgr).name in str(raised.value)
 
 
+@contextlib.contextmanager
+def all_paused(servers: Any) -> Iterator[None]:
+    """``servers`` paused (SIGSTOP) inside the block, resumed after it."""
+    paused: list[Any] = []
+    try:
+        for server in servers:
+            server.pause()
+            paused.append(server)
+        yield
+    finally:
+        for server in paused:
+            server.resume()
+
+
 def take_once(mgr: Any, name: str, flavour: str, timeout: float) -> None:
     """Acquire and release ``name`` in ``flavour`` on ``mgr`` (raises
     ``QuorumUnavailable`` when its node fails)."""
@@ -552,18 +567,11 @@ def test_a_cold_node_whose_sentinels_all_do_not_answer_fails_in_bounded_time(
     connect_timeout = 0.3
     sentinels = group.sentinels
     mgr = make_manager([group.node_setting()], connect_timeout=connect_timeout)
-    paused: list[Any] = []
-    try:
-        for sentinel in sentinels:
-            sentinel.pause()
-            paused.append(sentinel)
+    with all_paused(sentinels):
         started = time.monotonic()
         with pytest.raises(QuorumUnavailable) as raised:
             take_once(mgr, f"all-sentinels-paused-{flavour}", flavour, timeout=20.0)
         took = time.monotonic() - started
-    finally:
-        for sentinel in paused:
-            sentinel.resume()
     assert took < (len(sentinels) + 1) * connect_timeout + 1.5, took
     assert f"no master for {group.service!r} from the sentinels" in str(raised.value), \
         str(raised.value)
@@ -596,11 +604,7 @@ def test_cold_set_ups_of_several_event_loops_with_every_sentinel_down_end_in_bou
         outcome = asyncio.run(cold_call())
         ended[k] = (outcome, time.monotonic() - started)
 
-    paused: list[Any] = []
-    try:
-        for sentinel in sentinels:
-            sentinel.pause()
-            paused.append(sentinel)
+    with all_paused(sentinels):
         started = time.monotonic()
         threads = [threading.Thread(target=one_loop, args=(k,)) for k in range(3)]
         for thread in threads:
@@ -608,9 +612,6 @@ def test_cold_set_ups_of_several_event_loops_with_every_sentinel_down_end_in_bou
         for thread in threads:
             thread.join(30)
             assert not thread.is_alive()
-    finally:
-        for sentinel in paused:
-            sentinel.resume()
     bound = (len(sentinels) + 1) * connect_timeout
     assert sorted(outcome for outcome, _ in ended.values()) == ["QuorumUnavailable"] * 3
     assert max(took for _, took in ended.values()) < bound + 0.7, ended
