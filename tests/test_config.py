@@ -502,7 +502,7 @@ def test_a_retired_manager_does_not_close_under_a_release_in_flight(
 
     nodes = redis_nodes_factory(3)
     proxies = [fault_proxy_factory(server) for server in nodes]
-    mgr = make_manager([p.url for p in proxies], node_timeout=3.0)
+    mgr = make_manager([p.url for p in proxies], node_timeout=7.0)  # node 3's reply: 6 s
     make = mgr.lock if flavour == "sync" else mgr.alock
     lock = make(f"retired:releasing:{flavour}", ttl=30, auto_renew=False)
     acquired, go = threading.Event(), threading.Event()
@@ -527,8 +527,12 @@ def test_a_retired_manager_does_not_close_under_a_release_in_flight(
     mgr.retire()
     assert not mgr._closed  # a lock held
     conf._retired.add(mgr)
-    for proxy, latency in zip(proxies, (0.3, 0.3, 1.2)):
-        proxy.set_latency(latency)  # each way
+    # Each way. The windows the checks run in are wide enough for a loaded
+    # CI (two suites on two cores): the release's round ends after 1.2 s,
+    # and reaches node 3 after 3 s (with 0.3 and 1.2 s, the later look had
+    # not closed the manager yet when node 3 ran the release).
+    for proxy, latency in zip(proxies, (0.6, 0.6, 3.0)):
+        proxy.set_latency(latency)
     go.set()
     # The release is under way: no longer held, its round on the wire.
     assert wait_until(lambda: not lock.owned(), timeout=5.0, interval=0.002)
