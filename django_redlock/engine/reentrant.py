@@ -162,12 +162,6 @@ class Hold:
         self.count = 1
 
 
-#: The tables' guard: a reentrant lock whose blocks are sections
-#: (transport/finalizers.py), so that an exit a collection runs inside one
-#: is put off until it ends.
-_Guard = finalizers.Guard
-
-
 class HoldTable:
     """The manager's table of reentrant holds (``owner -> key -> Hold``), all
     weak: the lock objects that entered a hold keep it (see the module's
@@ -176,7 +170,7 @@ class HoldTable:
     def __init__(self) -> None:
         self._holds: weakref.WeakKeyDictionary[object, weakref.WeakValueDictionary[str, Hold]] = (
             weakref.WeakKeyDictionary())
-        self._guard = _Guard()
+        self._guard = finalizers.Guard()
 
     def __len__(self) -> int:
         """How many holds are alive (for tests and debugging)."""
@@ -349,12 +343,12 @@ _watched_guard = threading.Lock()  # loops may run in several threads
 #: Guards the objects' tables of open ``with`` / ``async with`` blocks
 #: (:attr:`ReentrantBase._enterers`): one object may be shared by threads
 #: (and by loops in several threads). One for all, held for a few dict
-#: operations, so that a fork resets it. A :class:`_Guard`: a collection
+#: operations, so that a fork resets it. A ``finalizers.Guard``: a collection
 #: inside it that finalizes a generator suspended in ``with L`` in this
 #: thread puts that block's exit off until the section ends (a plain lock
 #: hung the thread, and every reentrant block after it); and what it guards
 #: bears being changed under it by its own thread (an ``async with`` exit).
-_enterers_guard = _Guard()
+_enterers_guard = finalizers.Guard()
 #: The instructions a ``with`` / ``async with`` statement enters its context
 #: manager with (3.10: ``SETUP_WITH``; 3.11-3.13: ``BEFORE_WITH``); an
 #: ``async with`` awaits ``__aenter__`` in the few that follow
@@ -411,7 +405,7 @@ def _reset_watched_after_fork() -> None:
     global _watched, _watched_guard, _enterers_guard
     _watched = weakref.WeakKeyDictionary()
     _watched_guard = threading.Lock()
-    _enterers_guard = _Guard()
+    _enterers_guard = finalizers.Guard()
 
 
 if hasattr(os, "register_at_fork"):
