@@ -351,10 +351,10 @@ def test_a_reentrant_with_left_in_another_thread_releases_its_enterers_hold(
 def test_a_reentrant_lock_entered_by_hand_keeps_no_pile_of_open_blocks(
         nodes3: RedisNodes, make_manager: MakeManager) -> None:
     """``ExitStack.enter_context(lock)`` enters in one frame and leaves in
-    another: the exit is the caller's own, and the entry recorded for the
-    block (to match an exit in another thread) is never claimed. Such
-    entries are pruned once their hold is gone, not kept for the object's
-    life."""
+    another: the exit is the caller's own. Such a block records no entry
+    (one recorded, to match an exit in another thread, was never claimed:
+    one per block, kept for the object's life); the ``with`` inside it
+    claims its own."""
     import contextlib
 
     mgr = make_manager(nodes3)
@@ -366,7 +366,7 @@ def test_a_reentrant_lock_entered_by_hand_keeps_no_pile_of_open_blocks(
                 assert lock.owned()
             assert lock.owned()
         assert not lock.owned()
-    assert sum(len(entries) for entries in lock._enterers.values()) <= 33
+    assert sum(len(entries) for entries in lock._enterers.values()) == 0
     assert _holders(nodes3, lock.key) == 0
     assert len(mgr._reentrant) == 0
 
@@ -948,11 +948,10 @@ def test_an_async_reentrant_with_twice_in_one_frame_left_in_another_task_ends_bo
 def test_an_async_reentrant_lock_entered_by_hand_keeps_no_pile_of_open_blocks(
         how: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
     """``AsyncExitStack.enter_async_context(lock)``, or ``__aenter__()``
-    called by hand and left through ``release()``, records an entry for the
-    block (to match an exit in another task) that no ``__aexit__`` in its
-    frame ever claims. Such entries are pruned once their hold is gone (its
-    task done, or its acquisition released), not kept for the object's life:
-    with tasks still alive, their frames too, they piled up, one per task."""
+    called by hand and left through ``release()``, records no entry for the
+    block: one recorded (to match an exit in another task) was never claimed
+    by an ``__aexit__`` in its frame, and with tasks still alive, their
+    frames too, they piled up, one per task."""
     import contextlib
 
     mgr = make_manager(nodes3)
@@ -991,7 +990,7 @@ def test_an_async_reentrant_lock_entered_by_hand_keeps_no_pile_of_open_blocks(
         return sum(len(entries) for entries in lock._enterers.values()), len(lock._enterers)
 
     open_entries, frames = asyncio.run(asyncio.wait_for(scenario(), 60))
-    assert open_entries <= 33, f"{open_entries} entries in {frames} frames"
+    assert open_entries == 0, f"{open_entries} entries in {frames} frames"
     assert _holders(nodes3, mgr.key("are-exit-stack")) == 0
     assert len(mgr._reentrant) == 0
 
@@ -1640,42 +1639,6 @@ def test_a_reentrant_with_whose_hold_went_left_in_another_thread_ends_no_later_h
 
 
 @pytest.mark.parametrize("flavour", ["sync", "asyncio"])
-def test_a_reentrant_lock_entered_by_hand_under_an_outer_block_keeps_no_pile(
-        flavour: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
-    """A worker's loop inside one long ``with L`` enters L by hand on every job
-    (``ExitStack.enter_context``: left through another frame). Each job's
-    entry is never claimed, and its hold (the outer one, joined) stays open:
-    kept while their hold was open, the entries grew one per job (20,000
-    jobs, 20,000 entries). At most as many are kept as the hold is open."""
-    import contextlib
-
-    mgr = make_manager(nodes3)
-    name = f"re-pile-{flavour}"
-    jobs = 2_000
-    if flavour == "sync":
-        lock = mgr.lock(name, reentrant=True, ttl=5, timeout=1)
-        with lock:
-            for _ in range(jobs):
-                with contextlib.ExitStack() as stack:
-                    stack.enter_context(lock)
-            entries = sum(len(entries) for entries in lock._enterers.values())
-        owned = lock.owned()
-    else:
-        async def scenario() -> tuple[int, bool]:
-            alock = mgr.alock(name, reentrant=True, ttl=5, timeout=1)
-            async with alock:
-                for _ in range(jobs):
-                    async with contextlib.AsyncExitStack() as stack:
-                        await stack.enter_async_context(alock)
-                count = sum(len(entries) for entries in alock._enterers.values())
-            return count, alock.owned()
-        entries, owned = asyncio.run(asyncio.wait_for(scenario(), 60))
-    assert entries <= 64, f"{entries} entries after {jobs} jobs"
-    assert not owned
-    assert _holders(nodes3, mgr.key(name)) == 0
-
-
-@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
 def test_a_reentrant_with_whose_hold_went_closed_inside_another_block_of_its_owner_ends_none(
         flavour: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
     """A generator is inside ``with L``; its owner releases that hold by hand,
@@ -1688,13 +1651,7 @@ def test_a_reentrant_with_whose_hold_went_closed_inside_another_block_of_its_own
     rival = make_manager(nodes3).lock(name)
     if flavour == "sync":
         lock = mgr.lock(name, reentrant=True, ttl=5, timeout=1)
-
-        def rows() -> Any:
-            with lock:
-                yield 1
-                yield 2
-
-        gen = rows()
+        gen = _holds_across_yields(lock)
         next(gen)
         lock.release()  # the generator's hold ends
         with lock:      # other work
@@ -1761,24 +1718,33 @@ def test_a_generators_block_under_a_long_outer_block_with_exit_stack_jobs_is_mat
     assert _holders(nodes3, lock.key) == 0
 
 
+@pytest.mark.parametrize("how", ["ExitStack", "dunder"])
 @pytest.mark.parametrize("flavour", ["sync", "asyncio"])
-def test_a_reentrant_lock_entered_by_its_dunder_under_an_outer_block_keeps_no_pile(
-        flavour: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
-    """``L.__enter__()`` (``await L.__aenter__()``) called by hand and ended by
-    ``release()``, once per job inside one long ``with L``: the entry an
-    entered block records (to match its exit, whatever thread runs it) is
+def test_a_reentrant_lock_entered_by_hand_under_an_outer_block_keeps_no_pile(
+        flavour: str, how: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """A worker's loop inside one long ``with L`` enters L by hand on every
+    job: ``ExitStack.enter_context`` (left through another frame), or
+    ``L.__enter__()`` (``await L.__aenter__()``) ended by ``release()``. The
+    entry a block records (to match its exit, whatever thread runs it) is
     recorded only for a ``with`` statement's own entry, so these leave none;
-    recorded, they were never claimed nor pruned (the outer hold is open),
-    one per job. The outer block still releases at its exit."""
+    recorded, they were never claimed while the outer hold was open, one per
+    job (20,000 jobs, 20,000 entries). The outer block still releases at its
+    exit."""
+    import contextlib
+
     mgr = make_manager(nodes3)
-    name = f"re-dunder-{flavour}"
+    name = f"re-by-hand-{how}-{flavour}"
     jobs = 2_000
     if flavour == "sync":
         lock = mgr.lock(name, reentrant=True, ttl=5, timeout=1)
         with lock:
             for _ in range(jobs):
-                lock.__enter__()
-                lock.release()
+                if how == "ExitStack":
+                    with contextlib.ExitStack() as stack:
+                        stack.enter_context(lock)
+                else:
+                    lock.__enter__()
+                    lock.release()
             entries = sum(len(entries) for entries in lock._enterers.values())
         owned = lock.owned()
     else:
@@ -1786,8 +1752,12 @@ def test_a_reentrant_lock_entered_by_its_dunder_under_an_outer_block_keeps_no_pi
             alock = mgr.alock(name, reentrant=True, ttl=5, timeout=1)
             async with alock:
                 for _ in range(jobs):
-                    await alock.__aenter__()
-                    await alock.release()
+                    if how == "ExitStack":
+                        async with contextlib.AsyncExitStack() as stack:
+                            await stack.enter_async_context(alock)
+                    else:
+                        await alock.__aenter__()
+                        await alock.release()
                 count = sum(len(entries) for entries in alock._enterers.values())
             return count, alock.owned()
         entries, owned = asyncio.run(asyncio.wait_for(scenario(), 60))
@@ -1850,16 +1820,10 @@ def test_a_reentrant_with_taken_again_by_hand_and_joined_by_a_generator_ends_at_
     name = f"re-by-hand-gen-{flavour}"
     if flavour == "sync":
         lock = mgr.lock(name, reentrant=True, ttl=5, timeout=1)
-
-        def rows() -> Any:
-            with lock:
-                yield 1
-                yield 2
-
         with lock:
             lock.release()
             assert lock.acquire()
-            gen = rows()
+            gen = _holds_across_yields(lock)
             next(gen)
         gen.close()
         owned = lock.owned()
