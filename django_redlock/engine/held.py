@@ -18,6 +18,8 @@ import weakref
 from collections.abc import Iterator
 from typing import Any
 
+from ..transport import finalizers
+
 logger = logging.getLogger("django_redlock.lock")
 
 #: Every lock this process acquired, held weakly (a lock dropped without
@@ -80,13 +82,21 @@ def release_held_locks() -> int:
     the child). The whole takes at most :data:`EXIT_BUDGET` (5 s) plus one
     release round and :data:`EXIT_FLUSH`: with nodes that do not answer, the
     locks left are not released, and expire with their leases.
+
+    Releases a garbage collection handed to the library's thread
+    (``transport/finalizers.py``: their objects no longer count as held)
+    are waited for first, within the same budget: that thread is a daemon,
+    and dies with the process.
     """
+    budget = time.monotonic() + EXIT_BUDGET
+    if not finalizers.drain(EXIT_BUDGET):
+        logger.warning("releases run by a garbage collection were still under way at exit "
+                       "after %g s; those keys expire with their leases", EXIT_BUDGET)
     with _acquired_guard:
         candidates = list(_acquired)
     released = skipped = 0
     pid = os.getpid()
     managers: dict[int, Any] = {}
-    budget = time.monotonic() + EXIT_BUDGET
     for lock in candidates:
         if lock._pid != pid:
             # A parent's lock (this is a forked child): not ours, and its

@@ -10,6 +10,7 @@ a loss is silent.
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -242,17 +243,64 @@ class Lock(LockBase):
         this call: the key is still deleted wherever it is ours, but the caller
         learns that its critical section was not protected to the end.
         """
-        if finalizers.inside():
-            # Run by a garbage collection inside one of this thread's rounds
-            # (a generator finalized inside ``with lock``): a round inside a
-            # round waited for the node's lock its own thread held. After it.
-            finalizers.put_off(self.release)
+        if finalizers.held_up() and self._release_later():
             return
         if self._pid != getpid():
             self._check_process()
         plan = self._release_plan()
         with self._io:  # the state changes before the first step (the renewal reads it)
             step = next(plan)
+        self._release_steps(plan, step)
+
+    def _release_later(self) -> bool:
+        """``release()`` run by a garbage collection (a generator finalized
+        inside ``with lock``), or inside one of the library's sections; see
+        transport/finalizers.py. True when taken care of.
+
+        Inside a section and no collection: put off until the section ends.
+        A collection's (or work put off until a section's end): the object
+        stops holding now, and the round and its signals run in the
+        library's thread, since this thread may hold a lock they take (a
+        node's, a receiver's, a metrics library's). The state changes here,
+        so that this thread's next ``acquire()`` of the object does not find
+        it still held by the release on its way; with ``_io`` busy (a
+        renewal or an ``extend()`` under way in another thread, whose
+        signals' receivers may wait for this one), all of it goes there."""
+        if not finalizers.finalizing():
+            finalizers.put_off(self.release)
+            return True
+        if self._pid != getpid():
+            self._check_process()
+        if not self._io.acquire(blocking=False):
+            return finalizers.hand_off(functools.partial(self._collected, self.release))
+        try:
+            plan = self._release_plan()  # LockNotOwned: raised here, as release() raises it
+            step = next(plan)
+        finally:
+            self._io.release()
+        rest = functools.partial(self._collected, functools.partial(self._release_steps, plan,
+                                                                     step))
+        if not finalizers.hand_off(rest):  # no thread for it (interpreter shutdown)
+            if finalizers.inside():
+                finalizers.put_off(rest)
+            else:
+                rest()
+        return True
+
+    def _collected(self, release: Any) -> None:
+        """Run ``release`` for a block a garbage collection closed: a loss is
+        logged, as ``__exit__`` logs one when the body failed (the block's
+        body was cut short, by ``GeneratorExit``), and nobody is there to
+        catch it."""
+        try:
+            release()
+        except LockLost as lost:
+            logger.warning("lock %r, released after a garbage collection closed its block: "
+                           "%s", self.name, lost)
+
+    def _release_steps(self, plan: HoldPlan, step: Any) -> None:
+        """The rest of ``release()`` once the state changed: its round, then its
+        reports (``LockLost``, the signal)."""
         assert type(step) is ReleaseRound
         try:
             result = self.manager._release_round(self._key_b, self._fence_key_b,

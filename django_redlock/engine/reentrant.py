@@ -756,10 +756,19 @@ class ReentrantLock(ReentrantBase):
         if caller is None:
             return self._exit_at(None, None, exc_type)
         if finalizers.inside():  # run by a collection inside a section: later
-            finalizers.put_off(functools.partial(self._exit_at, id(caller), caller.f_code,
-                                                 exc_type))
+            finalizers.put_off(functools.partial(self._exit_of, caller, exc_type))
             return None
         return self._exit_at(id(caller), caller.f_code, exc_type)
+
+    def _exit_of(self, frame: Any, exc_type: type[BaseException] | None) -> None:
+        """The exit of the ``with`` block in ``frame``, put off until the
+        section ends: the frame is held until then, so its id is not another
+        block's meanwhile (by id alone, a block entered since in a new frame
+        at the same address could be ended in its place). A collection
+        outside any section runs the exit at once: the tables' counts stay in
+        the thread's order, and only the release of the key
+        (:meth:`Lock.release`) goes to the library's thread."""
+        self._exit_at(id(frame), frame.f_code, exc_type)
 
     def _exit_at(self, frame_id: int | None, code: Any,
                  exc_type: type[BaseException] | None) -> None:

@@ -1,15 +1,16 @@
-"""Lock work a garbage collection runs inside the library's own critical
-sections, put off until they end.
+"""Lock work that a finalizer runs: the exit of a generator suspended inside
+``with lock`` when a garbage collection frees it, at whatever point of
+whichever thread the collection runs.
 
 A collection may run at any allocation (and, from Python 3.12, at any call)
-of a thread, also inside the library's sections: a round under way on the
-nodes (a connection taken under its node's lock), a reentrant lock's tables
-under their guard. It may finalize a generator suspended inside
-``with lock`` in that very thread, and the block's exit releases the lock
-there: a second round of the same thread inside the first, which waited for
-a lock its own thread held (every later call of the process on that node,
-or on the manager's reentrant locks, hung with it) or changed state the
-first was in the middle of. Seen on 3.13 (the stack, top first)::
+of a thread: inside the library's own critical sections (a round under way
+on the nodes, a connection taken under its node's lock; a reentrant lock's
+tables under their guard) and inside the application's (a lock of its own;
+prometheus_client's metric lock, in an update). The block's exit releases
+the lock there, and a release takes locks: the node's for its round, the
+receivers' of its signals. Taken by the thread that already held it, it
+waited forever, and so did every later user of that lock. Seen on 3.13
+(the stack, top first)::
 
     worker     with other: ... release -> round -> checkout: holds the
                node's lock, calls _take_owed
@@ -17,26 +18,49 @@ first was in the middle of. Seen on 3.13 (the stack, top first)::
     rows' exit lock.release -> round -> checkout: waits for the node's
                lock its own thread holds: forever
 
-Such work is put off until the thread's outermost section ends (a round
-takes at most its node timeout), and runs there, in the same thread, before
-the section's caller goes on. Only what a finalizer runs is put off. The
-sections are where the thread holds a lock a release (or its signals)
+and with a lock no section of the library's can cover::
+
+    thread     with app_lock: ... allocates (or prometheus_client's
+               observe(): its metric's lock held)
+    gc         frees a cycle holding rows()
+    rows' exit lock.release -> lock_released -> a receiver: with app_lock:
+               waits for the lock its own thread holds: forever
+
+So a release that a collection runs is split (``Lock.release``): the lock
+object stops holding at once, in the collecting thread (its next
+``acquire()`` of the object does not find it held); the round and the
+signals are handed to a thread of the library's own (``redlock-finalizer``,
+:func:`hand_off`), which runs them one after the other and waits for what
+the collecting thread holds, never the other way round. The exit hook
+(``release_held_locks``) waits for what it has not run yet.
+
+Sections are for what must keep the thread's own order: a reentrant block's
+exit counts its hold down in the tables, and an outer block's exit later in
+the same thread must find the right count (handed to the other thread, it
+came too late: the hold outlived its last block and its thread, and its key
+stayed for a lease). Inside a section such an exit is put off until the
+thread's outermost section ends, and runs there, before the section's
+caller goes on; its release of the key is then handed off as above
+(:func:`finalizing`). A ``release()`` a finalizer other than a collection
+runs inside a section (an object freed by the library's own code) is put
+off the same way. The sections are where the thread holds a lock that work
 would take: the sync transport's rounds (any caller's: a lock's,
 ``force_release``, the late sender's, an asyncio call run through the sync
 transport) and its ``forget``, a node's set-up thread's blocks under the
 node's lock, a manager's run of a round's steps (around the transport's
 own), and every :class:`Guard`: the reentrant locks' tables, the manager's
 lazy builds and hand-over sweep, the debug panel's and the metrics' tables.
-A lock of someone else's that a release's signal reaches (a receiver's, a
-metrics library's) is not covered.
 """
 
 from __future__ import annotations
 
+import gc
 import logging
 import os
+import queue
 import sys
 import threading
+import time
 from typing import Any, Callable
 
 logger = logging.getLogger("django_redlock")
@@ -44,6 +68,43 @@ logger = logging.getLogger("django_redlock")
 #: Per thread: the frames its open sections were entered from (``frames``,
 #: outermost first), and the work put off meanwhile (``later``).
 _state = threading.local()
+
+
+#: The thread running a garbage collection now (its ident), else None: one
+#: collection runs at a time in a process, in the thread that started it.
+_collector: int | None = None
+
+
+def _on_collection(phase: str, info: dict[str, int]) -> None:
+    global _collector
+    _collector = threading.get_ident() if phase == "start" else None
+
+
+gc.callbacks.append(_on_collection)
+
+
+def held_up() -> bool:
+    """Whether lock work about to run in this thread must not run as usual:
+    the thread is running a garbage collection, or work put off until a
+    section's end, or is inside a section (:func:`finalizing`,
+    :func:`inside`). The common case reads a global and two thread-local
+    attributes."""
+    collector = _collector
+    if collector is not None and collector == threading.get_ident():
+        return True
+    return getattr(_state, "running", False) or inside()
+
+
+def finalizing() -> bool:
+    """Whether this thread runs what a finalizer started: a garbage
+    collection, or work put off until a section's end. Such work may run
+    under any lock this thread holds, the application's too: what would
+    take one (a round, a signal) goes to the library's thread
+    (:func:`hand_off`)."""
+    collector = _collector
+    if collector is not None and collector == threading.get_ident():
+        return True
+    return bool(getattr(_state, "running", False))
 
 
 def inside() -> bool:
@@ -93,10 +154,15 @@ def enter(up: int = 1) -> None:
 def _reset_after_fork() -> None:
     """In a forked child: the forking thread's sections are not the child's
     (a fork inside one left the child's thread inside it for good: every
-    release of the child put off, never run)."""
+    release of the child put off, never run); nor is the parent's work
+    handed off, for the parent's locks, nor its thread."""
+    global _queue, _worker, _starting
     _state.frames = []
     _state.later = []
     _state.running = False
+    _queue = queue.SimpleQueue()
+    _worker = None
+    _starting = threading.Lock()  # (held at the fork by a parent thread: for good)
 
 
 if hasattr(os, "register_at_fork"):
@@ -210,3 +276,92 @@ class Guard:
     def __exit__(self, *exc: object) -> None:
         self._lock.release()
         leave(2)
+
+
+# ------------------------------------------------- the collections' own thread
+#: Work a collection handed off, in the order handed. ``SimpleQueue.put``
+#: takes no lock a collection could have interrupted (it is reentrant: made
+#: for finalizers and signal handlers).
+_queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
+_worker: threading.Thread | None = None
+_starting = threading.Lock()
+
+
+def prepare() -> None:
+    """Start the thread that runs what collections hand off, if it is not
+    running in this process. Called when a node's connection is made, so
+    that it is there before a collection needs it: started from inside a
+    collection, ``Thread.start`` takes locks of the threading module that
+    the collecting thread may hold (a collection inside its own
+    ``Thread.start``), and waited for itself."""
+    worker = _worker
+    if worker is not None and worker.is_alive():
+        return
+    if not _starting.acquire(blocking=False):
+        return  # being started (by this thread, under a collection, or another)
+    try:
+        worker = _worker
+        if worker is None or not worker.is_alive():
+            _start()
+    finally:
+        _starting.release()
+
+
+def _start() -> None:
+    global _worker
+    worker = threading.Thread(target=_serve, args=(_queue,), name="redlock-finalizer",
+                              daemon=True)
+    worker.start()  # RuntimeError at interpreter shutdown: the caller's to handle
+    _worker = worker
+
+
+def hand_off(work: Callable[[], object]) -> bool:
+    """Queue ``work`` for the library's thread; False when there is none and
+    none can be started (interpreter shutdown)."""
+    worker = _worker
+    if worker is None or not worker.is_alive():
+        try:
+            prepare()  # not there yet (the first connection is being made): rare
+        except RuntimeError:
+            return False
+        if _worker is None and not _starting.locked():
+            return False  # (locked: being started, by another thread or under this collection)
+    _queue.put(work)
+    return True
+
+
+def _serve(work_queue: "queue.SimpleQueue[Any]") -> None:
+    """The thread's loop: run each piece of work handed off, in order.
+    Failures are logged, as a finalizer's are printed."""
+    while True:
+        work = work_queue.get()
+        try:
+            work()
+        except Exception:  # noqa: BLE001 - see the docstring
+            logger.exception("lock work handed off by a garbage collection failed")
+        del work
+
+
+def drain(timeout: float) -> bool:
+    """Wait until the work handed off so far has run, at most ``timeout`` s
+    (the exit hook: the thread is a daemon, and dies with the process).
+    Without a running thread the work runs here. True when none is left."""
+    worker = _worker
+    if worker is threading.current_thread():
+        return _queue.empty()  # (the thread's own work: it cannot wait for itself)
+    if worker is None or not worker.is_alive():
+        deadline = time.monotonic() + timeout
+        while True:
+            if time.monotonic() >= deadline:
+                return _queue.empty()
+            try:
+                work = _queue.get_nowait()
+            except queue.Empty:
+                return True
+            try:
+                work()
+            except Exception:  # noqa: BLE001
+                logger.exception("lock work handed off by a garbage collection failed")
+    reached = threading.Event()
+    _queue.put(reached.set)
+    return reached.wait(timeout)

@@ -1018,7 +1018,10 @@ class NodeClient:
         """A connection outside the pool's accounting (also for the pub/sub
         listener), with the lock's bounds: a longer socket timeout from the URL
         or a cache's pool never applies (issue 17: a ``cache:`` node took 5 s
-        with a node timeout of 0.2 s)."""
+        with a node timeout of 0.2 s). The first one of a process also starts
+        the thread that runs the releases a garbage collection hands off
+        (``finalizers.prepare``): before a collection needs it."""
+        finalizers.prepare()
         pool = self.pool
         kwargs = dict(pool.connection_kwargs)
         kwargs["socket_timeout"] = self.timeout
