@@ -14,6 +14,8 @@ import threading
 import time
 from typing import Any, Callable
 
+import pytest
+
 from django_redlock.testing import RedisNodes
 from django_redlock.transport import finalizers
 
@@ -435,6 +437,8 @@ def test_hundreds_of_releases_put_off_in_one_section_all_run(
 _GC_UNDER_THE_LAZY_BUILD_SCRIPT = _TRACE_HELPER + r"""
 from django_redlock import LockManager
 from django_redlock.engine.manager import LockManager as Manager
+import pytest
+
 from django_redlock.testing import RedisNodes
 
 gc.disable()
@@ -835,3 +839,68 @@ def test_a_collection_while_the_locks_renewal_waits_for_the_collecting_thread_ha
                            *nodes3.urls], capture_output=True, text=True, timeout=60)
     assert proc.stdout.split() == ["done", "True", "True"], (proc.stdout, proc.stderr[-2000:])
     assert _holders(nodes3, "redlock:fin-renewing") == 0
+
+
+_TASK_DESTROYED_PENDING_SCRIPT = r"""
+import asyncio, gc, sys, time
+from django_redlock import LockManager
+from django_redlock.transport import finalizers
+
+gc.disable()
+how = sys.argv[1]
+mgr = LockManager(sys.argv[2:], node_timeout=0.5)
+alock = mgr.alock("fin-task-" + how, ttl=30)
+
+async def holder(started):
+    async with alock:
+        started.set()
+        await asyncio.get_running_loop().create_future()  # forever: only it refers to it
+
+async def loop_ends():
+    started = asyncio.Event()
+    task = asyncio.ensure_future(holder(started))
+    await started.wait()
+    return task
+
+async def collected_meanwhile():
+    started = asyncio.Event()
+    task = asyncio.ensure_future(holder(started))
+    await started.wait()
+    del task       # unreferenced: the task and its future are a cycle
+    gc.collect()   # here, inside the running loop: its coroutine is closed
+    await asyncio.sleep(0)
+
+loop = asyncio.new_event_loop()
+if how == "loop-closed":
+    task = loop.run_until_complete(loop_ends())  # returns with the holder still pending
+    loop.close()
+    del task
+    gc.collect()
+else:
+    loop.run_until_complete(collected_meanwhile())
+    loop.close()
+owned = alock.owned()
+print("owned" if owned else "not owned", "drained" if finalizers.drain(5) else "still going",
+      flush=True)
+import os
+os._exit(0)   # (not the exit hook's release)
+"""
+
+
+@pytest.mark.parametrize("how", ["loop-closed", "collected-meanwhile"])
+def test_a_task_destroyed_pending_inside_async_with_releases_its_lock(
+        how: str, nodes3: RedisNodes) -> None:
+    """A task destroyed while pending inside ``async with lock`` (its loop
+    closed with it pending, or the task collected while its loop runs,
+    unreferenced): its coroutine is closed, and the block's exit releases
+    the lock where nothing can be awaited. The release's first await
+    failed (no running loop; "coroutine ignored GeneratorExit"), the lock
+    no longer counted as held, and its key stayed on every node for its
+    whole lease. The round goes through the manager's sync transport, in
+    the library's thread: the key goes."""
+    proc = subprocess.run([sys.executable, "-c", _TASK_DESTROYED_PENDING_SCRIPT, how,
+                           *nodes3.urls], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split() == ["not", "owned", "drained"], (proc.stdout, proc.stderr[-2000:])
+    assert "Task was destroyed but it is pending" in proc.stderr  # (the case, as Python says)
+    assert "Exception ignored" not in proc.stderr, proc.stderr[-2000:]
+    assert _holders(nodes3, f"redlock:fin-task-{how}") == 0

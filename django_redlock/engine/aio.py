@@ -64,6 +64,7 @@ may be shared by any number of loops and threads.
 from __future__ import annotations
 
 import asyncio
+import functools
 import logging
 import math
 import os
@@ -81,6 +82,7 @@ from ..exceptions import (
     QuorumUnavailable,
     RedlockError,
 )
+from ..transport import finalizers
 from . import events, rounds
 from .lock import Lock  # the sender of every lock signal
 from .protocol import (
@@ -730,6 +732,9 @@ class AsyncLock(LockBase):
         assert type(step) is ReleaseRound
         self._cancel_renewal_timer()
         renewal, self._renewal = self._renewal, None
+        if finalizers.finalizing() or asyncio._get_running_loop() is None:
+            self._release_elsewhere(plan, step, renewal)
+            return
         try:
             result, cancelled = await _complete(self._release_nodes(renewal, step))
         except BaseException:
@@ -742,6 +747,54 @@ class AsyncLock(LockBase):
                 # The caller's, held back until the nodes were told (and before
                 # a LockLost, which the cancelled caller would not look at).
                 raise asyncio.CancelledError
+
+    def _release_elsewhere(self, plan: HoldPlan, step: ReleaseRound,
+                           renewal: asyncio.Task[None] | None) -> None:
+        """The rest of a ``release()`` that cannot await: run by a garbage
+        collection (a task destroyed while pending inside ``async with lock``,
+        its coroutine closed, ``Task was destroyed but it is pending!``) or
+        outside any event loop (its loop closed before). The coroutine was
+        closed: its first real await raised ``RuntimeError`` (no running loop;
+        or "coroutine ignored GeneratorExit"), the round was never sent, and
+        the key, no longer counted as held, stayed for its whole lease::
+
+            t=0   task T: async with lock: await event.wait()
+            t=1   the loop ends with T pending (or T, unreferenced, is collected)
+            t=1   gc closes T's coroutine: __aexit__ -> release(): the state
+                  changes, the round's first await fails; the key stays 30 s
+
+        The round goes through the manager's sync transport (as the exit hook
+        sends an asyncio lock's), in the library's thread
+        (transport/finalizers.py), with the plan's reports after it."""
+        if renewal is not None and not renewal.done():
+            try:
+                renewal.cancel()
+            except RuntimeError:
+                pass  # its loop is closed: it runs no more
+        rest = functools.partial(self._release_synchronously, plan, step)
+        if not finalizers.hand_off(rest):  # no thread for it (interpreter shutdown)
+            rest()
+
+    def _release_synchronously(self, plan: HoldPlan, step: ReleaseRound) -> None:
+        mgr = self.manager
+        try:
+            answer: Any = mgr._release_round(self._key_b, self._fence_key_b,
+                                             self._waiters_key_b, step.token, step.fence,
+                                             notify=self._notify, redo=step.lease)
+        except BaseException:
+            plan.close()
+            raise
+        try:
+            while True:
+                report = plan.send(answer)
+                assert isinstance(report, Report)
+                events.send(report.signal, Lock, **report.kwargs)
+                answer = None
+        except StopIteration:
+            pass
+        except LockLost as lost:
+            logger.warning("lock %r, released after its task's coroutine was closed: %s",
+                           self.name, lost)
 
     async def _release_unawaited(self) -> None:
         """``release()`` without waiting for the nodes' replies (see

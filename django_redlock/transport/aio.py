@@ -75,6 +75,7 @@ import redis.asyncio.connection as aconn
 from redis.exceptions import ConnectionError as RedisConnectionError
 from redis.exceptions import NoScriptError, RedisError, ResponseError
 
+from . import finalizers
 from .resp import PRELOAD, PRELOAD_SCRIPTS, Call, Chain, ChainReply
 from .sync import (
     ALSO_GRACE,
@@ -143,7 +144,12 @@ def _async_class_for(sync_class: type) -> type:
 
 
 def connection_params(node: NodeClient) -> tuple[type, dict[str, Any], int]:
-    """``(asyncio connection class, its kwargs, max idle)`` for one node."""
+    """``(asyncio connection class, its kwargs, max idle)`` for one node.
+
+    Also starts the thread that runs the releases a garbage collection hands
+    off (``finalizers.prepare``), as a sync node's first connection does: a
+    task destroyed while pending inside ``async with lock`` is released there."""
+    finalizers.prepare()
     if node.spec.kind == "cluster":  # never connected to: its masters are (nodekinds)
         return aconn.Connection, {}, 0
     if node.spec.kind == "sentinel":  # its master's address comes at set-up (_setup)
