@@ -1,6 +1,7 @@
-"""Releases a garbage collection runs inside the library's own sections
-(``transport/finalizers.py``): put off until the section ends, never lost,
-and no section left open for good.
+"""Releases a garbage collection runs (``transport/finalizers.py``): put
+off until the library's own section ends, never lost, no section left open
+for good; sent by the collecting thread, their signals by the library's
+thread, so that nothing waits for a lock its own thread holds.
 
 (The collections inside a reentrant lock's tables are in test_family.py:
 ``_GC_IN_GUARD_SCRIPT``, ``_GC_IN_HOLD_TABLE_SCRIPT``.)
@@ -27,8 +28,8 @@ def _holders(nodes: RedisNodes, key: str) -> int:
 
 
 def _released_within(nodes: RedisNodes, key: str, seconds: float) -> bool:
-    """Whether ``key`` is gone from every node within ``seconds``: a release
-    handed to the library's thread, or on its way through a slow proxy."""
+    """Whether ``key`` is gone from every node within ``seconds`` (a release
+    on its way through a slow proxy)."""
     deadline = time.monotonic() + seconds
     while _holders(nodes, key):
         if time.monotonic() >= deadline:
@@ -43,8 +44,7 @@ def test_a_section_its_leave_never_ran_for_puts_no_release_off_for_good(
     signal handler's: Celery's soft time limit, ``KeyboardInterrupt``, at the
     first instruction of ``leave()``) ends the section with its frame: the
     thread's next ``release()`` releases on the nodes, and a release put off
-    in that section runs then (its round in the library's thread). With a
-    bare counter the thread stayed
+    in that section runs then. With a bare counter the thread stayed
     "inside" for good: every release of the thread was put off and never
     run, the keys held and renewed while the lock objects lived."""
     mgr = make_manager(nodes3)
@@ -69,7 +69,6 @@ def test_a_section_its_leave_never_ran_for_puts_no_release_off_for_good(
         seen["inside after"] = finalizers.inside()  # the put-off release runs here
         held.release()
         seen["held on"] = _holders(nodes3, held.key)
-        seen["drained"] = finalizers.drain(5.0)
         seen["put off held on after"] = _holders(nodes3, put_off.key)
 
     worker = threading.Thread(target=thread)
@@ -77,7 +76,7 @@ def test_a_section_its_leave_never_ran_for_puts_no_release_off_for_good(
     worker.join(20)
     assert not worker.is_alive()
     assert seen == {"put off held on": 3, "inside after": False, "held on": 0,
-                    "drained": True, "put off held on after": 0}
+                    "put off held on after": 0}
 
 
 def test_an_interrupt_in_one_piece_of_put_off_work_keeps_the_rest(
@@ -106,7 +105,6 @@ def test_an_interrupt_in_one_piece_of_put_off_work_keeps_the_rest(
         seen["inside"] = finalizers.inside()
         finalizers.enter()
         finalizers.leave()  # the next section's end runs what is left
-        seen["drained"] = finalizers.drain(5.0)  # (its round: in the library's thread)
         seen["held on after the next section"] = _holders(nodes3, second.key)
 
     worker = threading.Thread(target=thread)
@@ -114,7 +112,7 @@ def test_an_interrupt_in_one_piece_of_put_off_work_keeps_the_rest(
     worker.join(20)
     assert not worker.is_alive()
     assert seen == {"interrupted": True, "held on after the interrupt": 3, "inside": False,
-                    "drained": True, "held on after the next section": 0}
+                    "held on after the next section": 0}
 
 
 _GC_IN_FORGET_SCRIPT = r"""
@@ -184,10 +182,9 @@ def test_a_collection_inside_a_refused_acquires_forget_hangs_nothing(
         proc = subprocess.run(
             [sys.executable, "-c", _GC_IN_FORGET_SCRIPT, *nodes3.urls, slow.url],
             capture_output=True, text=True, timeout=60)
-        assert proc.stdout.split() == ["refused", "done"], (proc.stdout, proc.stderr[-2000:])
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        # (the proxy open: the release of the slow node may still be in it)
-        assert _released_within(nodes3, "redlock:fin-gen", 5.0)
+    assert proc.stdout.split() == ["refused", "done"], (proc.stdout, proc.stderr[-2000:])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert _holders(nodes3, "redlock:fin-gen") == 0
 
 
 #: Places a collection where a line of ``function`` containing ``marker``
@@ -330,11 +327,7 @@ def test_a_reentrant_with_never_joins_a_hold_a_collection_ended_meanwhile(
     ``owned()``), a collection ends the generator: its release ends the hold
     (count 1 -> 0) and puts the key's release off to the lookup's end. The
     block takes the lock anew: it joined that ended hold, whose key went at
-    the end of the lookup while the block ran (a rival got in).
-
-    The key's release runs in the library's thread, maybe after the block's
-    acquisition found the old key still on a node: the block holds a quorum
-    (2 or 3 of the 3 nodes), never fewer, and the rival is refused."""
+    the end of the lookup while the block ran (a rival got in)."""
     import gc
     import inspect
 
@@ -392,9 +385,8 @@ def test_a_reentrant_with_never_joins_a_hold_a_collection_ended_meanwhile(
         gc.enable()
     if seen.get("rival"):
         rival.release()
-    assert seen.pop("holders") in (2, 3), seen
-    assert seen == {"fired": True, "owned": True, "rival": False}
-    assert _released_within(nodes3, lock.key, 5.0)
+    assert seen == {"fired": True, "owned": True, "holders": 3, "rival": False}
+    assert _holders(nodes3, lock.key) == 0
 
 
 def test_hundreds_of_releases_put_off_in_one_section_all_run(
@@ -422,7 +414,6 @@ def test_hundreds_of_releases_put_off_in_one_section_all_run(
                 seen["held inside"] = int(server.execute("DBSIZE"))
             finally:
                 finalizers.leave()
-            seen["drained"] = finalizers.drain(30.0)  # (their rounds: in the library's thread)
             seen["keys after"] = sum(bool(server.execute("EXISTS", lock.key)) for lock in locks)
 
         worker = threading.Thread(target=thread)
@@ -430,15 +421,12 @@ def test_hundreds_of_releases_put_off_in_one_section_all_run(
         worker.join(60)
         assert not worker.is_alive()
         assert seen["held inside"] >= 300
-        assert seen["drained"] is True
         assert seen["keys after"] == 0
 
 
 _GC_UNDER_THE_LAZY_BUILD_SCRIPT = _TRACE_HELPER + r"""
 from django_redlock import LockManager
 from django_redlock.engine.manager import LockManager as Manager
-import pytest
-
 from django_redlock.testing import RedisNodes
 
 gc.disable()
@@ -501,8 +489,6 @@ def worker():
         disarm()
 
 hung = hangs(worker)
-from django_redlock.transport import finalizers
-finalizers.drain(5)  # the collected release, in the library's thread (not the exit hook's)
 print("collected" if fired else "no collection", "hung" if hung else "done", flush=True)
 import os
 os._exit(3 if hung else 0)
@@ -563,9 +549,10 @@ def test_a_collection_under_a_lock_of_a_signal_receivers_hangs_nothing(
     collection while the application holds that lock finalizes a generator
     inside ``with lock``, whose release's signal reached the receiver: it
     waited for the lock its own thread held, and that thread hung for good
-    (no section of the library's covers a lock it cannot see). A release a
-    collection runs is handed to the library's own thread: the collecting
-    thread goes on, the key is released, the receiver hears of it there."""
+    (no section of the library's covers a lock it cannot see). The release
+    is sent at once, and its signals go to the library's own thread: the
+    collecting thread goes on, the key is released, the receiver hears of
+    it there once the application lets its lock go."""
     proc = subprocess.run([sys.executable, "-c", _GC_UNDER_A_RECEIVERS_LOCK_SCRIPT,
                            *nodes3.urls], capture_output=True, text=True, timeout=60)
     assert proc.stdout.split() == ["collected", "done", "2", "elsewhere"], \
@@ -615,7 +602,8 @@ def test_a_collection_inside_a_metric_update_hangs_nothing(nodes3: RedisNodes) -
     inside an update of the hold-time histogram finalizes a generator inside
     ``with lock``, whose release is observed by that same histogram: it
     waited for the lock its own thread held, and every later observation of
-    that label hung with it. The release runs in the library's own thread."""
+    that label hung with it. The release is sent at once; the histogram
+    observes it in the library's own thread, once the update is over."""
     proc = subprocess.run([sys.executable, "-c", _GC_IN_A_METRIC_UPDATE_SCRIPT,
                            *nodes3.urls], capture_output=True, text=True, timeout=60)
     assert proc.stdout.split() == ["collected", "done", "observed"], \
@@ -626,13 +614,14 @@ def test_a_collection_inside_a_metric_update_hangs_nothing(nodes3: RedisNodes) -
 def test_an_object_a_collection_released_is_free_at_once_and_its_new_hold_kept(
         nodes3: RedisNodes, make_manager: MakeManager) -> None:
     """One lock object, as a module-level one is: a generator left inside
-    ``with LOCK`` in a cycle, freed by a collection, and the same thread at
-    ``with LOCK`` right after, while the collection's release is still on
-    its way in the library's thread (two nodes 0.3 s away). The object stops
-    holding at the collection, not when that round is done: the block is not
-    told "already held by this object"; and the round ends only the old
-    hold (its token), never the block's: the block keeps a quorum, a rival
-    is refused while it is inside."""
+    ``with LOCK`` in a cycle, freed by a collection (its release's round
+    slow: two nodes 0.3 s away), and the same thread at ``with LOCK`` right
+    after. The object holds nothing after the collection: the block is not
+    told "already held by this object"; the release ended only the old hold
+    (its token), never the block's: the block keeps a quorum, a rival is
+    refused while it is inside, also after the release's signals are sent.
+    (Handed whole to another thread, the release came after the block's
+    acquire: "already held".)"""
     import gc
 
     from django_redlock.testing import FaultProxy
@@ -657,12 +646,12 @@ def test_an_object_a_collection_released_is_free_at_once_and_its_new_hold_kept(
             del gen, cycle
             p1.set_latency(0.3)
             p2.set_latency(0.3)
-            gc.collect()  # the generator's exit: the release, handed off
+            gc.collect()  # the generator's exit: the release
             seen["owned after the collection"] = lock.owned()
             with lock:
                 seen["holders inside"] = _holders(nodes3, lock.key)
                 seen["rival inside"] = rival.acquire(timeout=0)
-                seen["drained"] = finalizers.drain(10.0)  # the old release: done
+                seen["drained"] = finalizers.drain(10.0)  # the old release's signals: sent
                 seen["holders after the old release"] = _holders(nodes3, lock.key)
                 seen["rival after the old release"] = rival.acquire(timeout=0)
                 seen["owned"] = lock.owned()
@@ -687,11 +676,17 @@ def test_an_object_a_collection_released_is_free_at_once_and_its_new_hold_kept(
 
 
 _EXIT_AFTER_A_COLLECTION_SCRIPT = r"""
-import gc, sys
-from django_redlock import LockManager
+import gc, sys, time
+from django_redlock import LockManager, signals
 
 gc.disable()
 mgr = LockManager(sys.argv[1:], node_timeout=2.0)
+
+def receiver(sender, *, name, **kwargs):  # slow: 20 of them take 0.4 s
+    time.sleep(0.02)
+    print("heard", name, flush=True)
+
+signals.lock_released.connect(receiver, weak=False)
 
 def rows(lock):
     with lock:
@@ -703,37 +698,190 @@ for k in range(20):
     cycle = [gen]
     cycle.append(cycle)
     del gen, cycle
-gc.collect()  # 20 releases, handed to the library's thread: 0.05 s each
+gc.collect()  # 20 releases: sent here; their signals handed to the library's thread
 print("collected", flush=True)
-sys.exit(0)   # the exit hook waits for them
+sys.exit(0)   # the exit hook waits for the signals
 """
 
 
-def test_the_exit_hook_waits_for_the_releases_a_collection_handed_off(
+def test_the_exit_hook_waits_for_the_signals_of_a_collections_releases(
         nodes3: RedisNodes) -> None:
-    """A collection hands 20 releases to the library's thread (a daemon,
-    gone with the process) just before the program exits, each a round of
-    0.05 s (two nodes behind a slow link). The exit hook waits for them:
-    every key is released. Their lock objects no longer count as held, so
-    the hook's own release pass would not see them."""
+    """A collection releases 20 locks just before the program exits: the
+    releases are sent at once, their ``lock_released`` signals go to the
+    library's thread (a daemon, gone with the process), behind a slow
+    receiver. The exit hook waits for them: every one is heard."""
+    proc = subprocess.run([sys.executable, "-c", _EXIT_AFTER_A_COLLECTION_SCRIPT,
+                           *nodes3.urls], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "collected", (proc.stdout, proc.stderr[-2000:])
+    assert sorted(lines[1:]) == sorted(f"heard fin-exit:{k}" for k in range(20)), proc.stdout
+    assert all(_holders(nodes3, f"redlock:fin-exit:{k}") == 0 for k in range(20))
+
+
+def _forked_job(urls: list[str]) -> None:
+    """A multiprocessing job (fork): a collection near its end frees a
+    generator inside ``with lock``; the job returns, and multiprocessing
+    ends the child with ``os._exit`` (no exit hook)."""
+    import gc
+
+    from django_redlock import LockManager
+
+    mgr = LockManager(urls, node_timeout=2.0)
+    gen = _inside(mgr.lock("fin-mp-job", ttl=30, auto_renew=False))
+    next(gen)
+    cycle: list[Any] = [gen]
+    cycle.append(cycle)
+    del gen, cycle
+    gc.collect()
+
+
+def _inside(lock: Any) -> Any:
+    with lock:
+        yield 1
+
+
+def test_a_collections_release_in_a_worker_that_leaves_with_os_exit_is_sent(
+        nodes3: RedisNodes) -> None:
+    """A release a collection runs is sent by the collecting thread: a
+    multiprocessing worker that leaves with ``os._exit`` right after does
+    not take it with it (handed to a daemon thread, it was lost: the key
+    stayed on every node for its lease)."""
+    import multiprocessing
+
     from django_redlock.testing import FaultProxy
 
     with FaultProxy(nodes3[1].host, nodes3[1].port) as p1, \
             FaultProxy(nodes3[2].host, nodes3[2].port) as p2:
-        p1.set_latency(0.05)
-        p2.set_latency(0.05)
-        proc = subprocess.run(
-            [sys.executable, "-c", _EXIT_AFTER_A_COLLECTION_SCRIPT, nodes3[0].url, p1.url,
-             p2.url], capture_output=True, text=True, timeout=60)
-        assert proc.stdout.split() == ["collected"], (proc.stdout, proc.stderr[-2000:])
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        # (the proxies open: the last release may still be on its way)
-        assert all(_released_within(nodes3, f"redlock:fin-exit:{k}", 5.0) for k in range(20))
+        p1.set_latency(0.1)
+        p2.set_latency(0.1)
+        child = multiprocessing.get_context("fork").Process(
+            target=_forked_job, args=([nodes3[0].url, p1.url, p2.url],))
+        child.start()
+        child.join(30)
+        assert child.exitcode == 0
+        assert _released_within(nodes3, "redlock:fin-mp-job", 5.0)
+
+
+def test_a_receiver_that_waits_holds_up_no_release_of_a_collection(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """Two generators inside ``with x`` and ``with y``, collected; a
+    ``lock_released`` receiver takes a lock of the application's, which the
+    thread then holds while it takes x and y again. The releases were sent
+    at the collection: the thread gets both at once, and the receivers run
+    once it lets its lock go. (Queued behind the first receiver, y's
+    release waited for the application's lock, held by a thread waiting for
+    y: for good.)"""
+    import gc
+
+    from django_redlock import signals
+
+    mgr = make_manager(nodes3, node_timeout=0.5)
+    mine = threading.RLock()
+    heard: list[str] = []
+
+    def receiver(sender: Any, *, name: str, **kwargs: Any) -> None:
+        if name.startswith("fin-hol-"):
+            with mine:
+                heard.append(name)
+
+    signals.lock_released.connect(receiver, weak=False)
+    seen: dict[str, Any] = {}
+
+    def thread() -> None:
+        for name in ("fin-hol-x", "fin-hol-y"):
+            gen = _inside(mgr.lock(name, ttl=30))
+            next(gen)
+            cycle: list[Any] = [gen]
+            cycle.append(cycle)
+            del gen, cycle
+        gc.collect()
+        with mine:
+            with mgr.lock("fin-hol-x", ttl=30, timeout=6), \
+                    mgr.lock("fin-hol-y", ttl=30, timeout=6):
+                seen["both"] = True
+
+    gc.disable()
+    try:
+        worker = threading.Thread(target=thread)
+        worker.start()
+        worker.join(20)
+    finally:
+        gc.enable()
+        signals.lock_released.disconnect(receiver)
+    assert not worker.is_alive()
+    assert finalizers.drain(5.0)
+    assert seen == {"both": True}
+    assert sorted(heard) == ["fin-hol-x", "fin-hol-x", "fin-hol-y", "fin-hol-y"]
+
+
+def test_a_collection_during_the_locks_renewal_frees_the_object_at_once(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """One lock object (a module-level one), renewed: while its renewal
+    round is on the wire (two nodes 0.4 s away: the renewal holds the
+    object's ``_io``), a collection frees a generator inside ``with LOCK``,
+    and the same thread enters ``with LOCK`` at once. The release does not
+    wait for ``_io``, and the object stops holding at the collection: the
+    block is not told "already held by this object", and keeps its hold to
+    the end (a rival is refused inside)."""
+    import gc
+
+    from django_redlock.testing import FaultProxy
+
+    with FaultProxy(nodes3[1].host, nodes3[1].port) as p1, \
+            FaultProxy(nodes3[2].host, nodes3[2].port) as p2:
+        lock = make_manager([nodes3[0].url, p1.url, p2.url], node_timeout=2.0).lock(
+            "fin-renewed-object", ttl=1.5)  # renewed every 0.5 s
+        rival = make_manager(nodes3.urls).lock("fin-renewed-object")
+        seen: dict[str, Any] = {}
+
+        def thread() -> None:
+            gen = _holds(lock)
+            next(gen)
+            cycle: list[Any] = [gen]
+            cycle.append(cycle)
+            del gen, cycle
+            p1.set_latency(0.4)
+            p2.set_latency(0.4)
+            deadline = time.monotonic() + 5
+            while time.monotonic() < deadline:  # until the renewal holds _io
+                if not lock._io.acquire(blocking=False):
+                    break
+                lock._io.release()
+                time.sleep(0.005)
+            seen["renewal under way"] = time.monotonic() < deadline
+            gc.collect()
+            seen["owned after the collection"] = lock.owned()
+            p1.set_latency(0)
+            p2.set_latency(0)
+            with lock:
+                seen["rival inside"] = rival.acquire(timeout=0)
+                seen["owned inside"] = lock.owned()
+
+        gc.disable()
+        try:
+            worker = threading.Thread(target=thread)
+            worker.start()
+            worker.join(30)
+        finally:
+            gc.enable()
+        assert not worker.is_alive()
+        if seen.get("rival inside"):
+            rival.release()
+        assert seen == {"renewal under way": True, "owned after the collection": False,
+                        "rival inside": False, "owned inside": True}
+        assert _released_within(nodes3, lock.key, 5.0)
+
+
+def _holds(lock: Any) -> Any:
+    with lock:
+        yield 1
+        yield 2
 
 
 _FORKED_CHILD_SCRIPT = r"""
-import gc, os, sys
-from django_redlock import LockManager
+import gc, os, sys, threading, time
+from django_redlock import LockManager, signals
 from django_redlock.transport import finalizers
 
 gc.disable()
@@ -744,6 +892,8 @@ with parent.lock("fin-fork-parent", ttl=30):  # the parent's thread for collecti
 finalizers._starting.acquire()  # as a parent thread starting that thread at the fork
 pid = os.fork()
 if pid == 0:
+    heard = threading.Event()
+    signals.lock_released.connect(lambda sender, **kwargs: heard.set(), weak=False)
     mgr = LockManager(urls, node_timeout=1.0)
 
     def rows(lock):
@@ -756,27 +906,22 @@ if pid == 0:
     cycle.append(cycle)
     del gen, cycle
     gc.collect()
-    import time, redis
-    deadline = time.monotonic() + 5  # (no drain(): without a thread, it runs the work itself)
-    while True:
-        left = sum(redis.Redis.from_url(url).exists("redlock:fin-fork-child") for url in urls)
-        if left == 0 or time.monotonic() >= deadline:
-            break
-        time.sleep(0.02)
-    os._exit(0 if left == 0 else 3)
+    # (not drain(): without a thread, it sends the signals itself)
+    os._exit(0 if heard.wait(5) else 3)
 finalizers._starting.release()
 _, status = os.waitpid(pid, 0)
 print("child", os.waitstatus_to_exitcode(status), flush=True)
 """
 
 
-def test_a_forked_child_runs_its_collections_releases_in_a_thread_of_its_own(
+def test_a_forked_child_sends_its_collections_signals_in_a_thread_of_its_own(
         nodes3: RedisNodes) -> None:
-    """After ``fork()`` the parent's thread for the releases collections
-    run is not in the child: the child starts its own, and a release its
-    collection runs is done there, also when a parent thread was starting
-    that thread at the fork (its start lock, held for good in the child,
-    kept the child from starting one: the release waited in the queue)."""
+    """After ``fork()`` the parent's thread for the signals of the releases
+    collections run is not in the child: the child starts its own, and the
+    ``lock_released`` of its collection's release is sent there, also when
+    a parent thread was starting that thread at the fork (its start lock,
+    held for good in the child, kept the child from starting one: the
+    signal waited in the queue)."""
     proc = subprocess.run([sys.executable, "-c", _FORKED_CHILD_SCRIPT, *nodes3.urls],
                           capture_output=True, text=True, timeout=60)
     assert proc.stdout.split() == ["child", "0"], (proc.stdout, proc.stderr[-2000:])
@@ -833,8 +978,8 @@ def test_a_collection_while_the_locks_renewal_waits_for_the_collecting_thread_ha
     the lock's ``_io`` and its ``lock_extended`` receiver waits for a lock
     of the application's, which the collecting thread holds. The release
     does not wait for ``_io`` (each would have waited for the other, for
-    good): it goes to the library's thread whole, and runs once the renewal
-    is done."""
+    good): the state changes without it (the renewal, back with its round,
+    finds the hold released and stops), and the key goes."""
     proc = subprocess.run([sys.executable, "-c", _GC_WHILE_A_RENEWAL_WAITS_SCRIPT,
                            *nodes3.urls], capture_output=True, text=True, timeout=60)
     assert proc.stdout.split() == ["done", "True", "True"], (proc.stdout, proc.stderr[-2000:])
@@ -896,8 +1041,8 @@ def test_a_task_destroyed_pending_inside_async_with_releases_its_lock(
     the lock where nothing can be awaited. The release's first await
     failed (no running loop; "coroutine ignored GeneratorExit"), the lock
     no longer counted as held, and its key stayed on every node for its
-    whole lease. The round goes through the manager's sync transport, in
-    the library's thread: the key goes."""
+    whole lease. The round goes through the manager's sync transport, at
+    once: the key goes."""
     proc = subprocess.run([sys.executable, "-c", _TASK_DESTROYED_PENDING_SCRIPT, how,
                            *nodes3.urls], capture_output=True, text=True, timeout=60)
     assert proc.stdout.split() == ["not", "owned", "drained"], (proc.stdout, proc.stderr[-2000:])

@@ -764,15 +764,19 @@ class AsyncLock(LockBase):
                   changes, the round's first await fails; the key stays 30 s
 
         The round goes through the manager's sync transport (as the exit hook
-        sends an asyncio lock's), in the library's thread
-        (transport/finalizers.py), with the plan's reports after it."""
+        sends an asyncio lock's), here, as a sync lock's release run by a
+        collection does (put off to the end of a section of the library's
+        this thread is in), its signals through the library's thread
+        (transport/finalizers.py)."""
         if renewal is not None and not renewal.done():
             try:
                 renewal.cancel()
             except RuntimeError:
                 pass  # its loop is closed: it runs no more
         rest = functools.partial(self._release_synchronously, plan, step)
-        if not finalizers.hand_off(rest):  # no thread for it (interpreter shutdown)
+        if finalizers.inside():
+            finalizers.put_off(rest)
+        else:
             rest()
 
     def _release_synchronously(self, plan: HoldPlan, step: ReleaseRound) -> None:
@@ -788,7 +792,7 @@ class AsyncLock(LockBase):
             while True:
                 report = plan.send(answer)
                 assert isinstance(report, Report)
-                events.send(report.signal, Lock, **report.kwargs)
+                finalizers.call_later(events.send, report.signal, Lock, **report.kwargs)
                 answer = None
         except StopIteration:
             pass

@@ -83,15 +83,15 @@ def release_held_locks() -> int:
     release round and :data:`EXIT_FLUSH`: with nodes that do not answer, the
     locks left are not released, and expire with their leases.
 
-    Releases a garbage collection handed to the library's thread
-    (``transport/finalizers.py``: their objects no longer count as held)
-    are waited for first, within the same budget: that thread is a daemon,
-    and dies with the process.
+    The signals of releases a garbage collection ran, handed to the
+    library's thread (``transport/finalizers.py``), are waited for first,
+    within the same budget: that thread is a daemon, and dies with the
+    process.
     """
     budget = time.monotonic() + EXIT_BUDGET
     if not finalizers.drain(EXIT_BUDGET):
-        logger.warning("releases run by a garbage collection were still under way at exit "
-                       "after %g s; those keys expire with their leases", EXIT_BUDGET)
+        logger.warning("signals of releases run by a garbage collection were still waiting "
+                       "to be sent at exit after %g s; they are dropped", EXIT_BUDGET)
     with _acquired_guard:
         candidates = list(_acquired)
     released = skipped = 0

@@ -15,7 +15,7 @@ import logging
 import threading
 import time
 from types import EllipsisType, TracebackType
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Callable, cast
 
 from ..core.arguments import check_ttl
 from ..core.pid import getpid
@@ -211,9 +211,11 @@ class Lock(LockBase):
                          wait=self._acquired_at - started)
 
     # -- the hold's plans, run with the sync transport ------------------------
-    def _run_plan(self, plan: HoldPlan, answer: Any = None) -> Any:
+    def _run_plan(self, plan: HoldPlan, answer: Any = None,
+                  send: Callable[..., Any] = events.send) -> Any:
         """Run a hold plan (``LockBase``) from here on; ``answer``: the reply to
-        the step the caller already took from it (None for a new plan)."""
+        the step the caller already took from it (None for a new plan);
+        ``send``: how its signals are sent."""
         mgr = self.manager
         try:
             step = plan.send(answer)
@@ -227,7 +229,7 @@ class Lock(LockBase):
                                                step.fence, step.ttl)
                 else:
                     assert isinstance(step, Report)
-                    events.send(step.signal, Lock, **step.kwargs)
+                    send(step.signal, Lock, **step.kwargs)
                     answer = None
                 step = plan.send(answer)
         except StopIteration as done:
@@ -254,53 +256,41 @@ class Lock(LockBase):
 
     def _release_later(self) -> bool:
         """``release()`` run by a garbage collection (a generator finalized
-        inside ``with lock``), or inside one of the library's sections; see
-        transport/finalizers.py. True when taken care of.
+        inside ``with lock``), inside one of the library's sections, or as
+        work put off until a section's end; see transport/finalizers.py.
+        True when taken care of here.
 
-        Inside a section and no collection: put off until the section ends.
-        A collection's (or work put off until a section's end): the object
-        stops holding now, and the round and its signals run in the
-        library's thread, since this thread may hold a lock they take (a
-        node's, a receiver's, a metrics library's). The state changes here,
-        so that this thread's next ``acquire()`` of the object does not find
-        it still held by the release on its way; with ``_io`` busy (a
-        renewal or an ``extend()`` under way in another thread, whose
-        signals' receivers may wait for this one), all of it goes there."""
-        if not finalizers.finalizing():
+        Inside a section: put off until the section ends (a round here
+        waited for a node's lock its own thread held). Otherwise it runs
+        now, with its signals handed to the library's thread
+        (:func:`finalizers.call_later`): their receivers may take a lock
+        this thread holds (the application's, a metrics library's).
+
+        ``_io`` is not waited for: it is busy only with a renewal or an
+        ``extend()`` of this same object under way in another thread, whose
+        own signals' receivers may be waiting for this thread (each would
+        wait for the other, for good). The state changes without it: the
+        extension's plan finds the hold released when its round is back
+        ("released while the extension ran") and stops."""
+        if finalizers.inside():
             finalizers.put_off(self.release)
             return True
         if self._pid != getpid():
             self._check_process()
-        if not self._io.acquire(blocking=False):
-            return finalizers.hand_off(functools.partial(self._collected, self.release))
+        plan = self._release_plan()
+        got = self._io.acquire(blocking=False)
         try:
-            plan = self._release_plan()  # LockNotOwned: raised here, as release() raises it
-            step = next(plan)
+            step = next(plan)  # LockNotOwned: raised here, as release() raises it
         finally:
-            self._io.release()
-        rest = functools.partial(self._collected, functools.partial(self._release_steps, plan,
-                                                                     step))
-        if not finalizers.hand_off(rest):  # no thread for it (interpreter shutdown)
-            if finalizers.inside():
-                finalizers.put_off(rest)
-            else:
-                rest()
+            if got:
+                self._io.release()
+        self._release_steps(plan, step, functools.partial(finalizers.call_later, events.send))
         return True
 
-    def _collected(self, release: Any) -> None:
-        """Run ``release`` for a block a garbage collection closed: a loss is
-        logged, as ``__exit__`` logs one when the body failed (the block's
-        body was cut short, by ``GeneratorExit``), and nobody is there to
-        catch it."""
-        try:
-            release()
-        except LockLost as lost:
-            logger.warning("lock %r, released after a garbage collection closed its block: "
-                           "%s", self.name, lost)
-
-    def _release_steps(self, plan: HoldPlan, step: Any) -> None:
+    def _release_steps(self, plan: HoldPlan, step: Any,
+                       send: Callable[..., Any] = events.send) -> None:
         """The rest of ``release()`` once the state changed: its round, then its
-        reports (``LockLost``, the signal)."""
+        reports (``LockLost``; the signal, through ``send``)."""
         assert type(step) is ReleaseRound
         try:
             result = self.manager._release_round(self._key_b, self._fence_key_b,
@@ -312,7 +302,7 @@ class Lock(LockBase):
             # alive (a stored traceback) put off to any thread, any time.
             plan.close()
             raise
-        self._run_plan(plan, result)
+        self._run_plan(plan, result, send)
 
     def _release_unawaited(self) -> None:
         """``release()`` without waiting for the nodes' replies, and so without

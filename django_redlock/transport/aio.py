@@ -146,9 +146,10 @@ def _async_class_for(sync_class: type) -> type:
 def connection_params(node: NodeClient) -> tuple[type, dict[str, Any], int]:
     """``(asyncio connection class, its kwargs, max idle)`` for one node.
 
-    Also starts the thread that runs the releases a garbage collection hands
-    off (``finalizers.prepare``), as a sync node's first connection does: a
-    task destroyed while pending inside ``async with lock`` is released there."""
+    Also starts the thread that sends the signals of the releases a garbage
+    collection runs (``finalizers.prepare``), as a sync node's first
+    connection does: a task destroyed while pending inside ``async with
+    lock`` is one."""
     finalizers.prepare()
     if node.spec.kind == "cluster":  # never connected to: its masters are (nodekinds)
         return aconn.Connection, {}, 0

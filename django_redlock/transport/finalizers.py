@@ -26,34 +26,42 @@ and with a lock no section of the library's can cover::
     rows' exit lock.release -> lock_released -> a receiver: with app_lock:
                waits for the lock its own thread holds: forever
 
-So a release that a collection runs is split (``Lock.release``): the lock
-object stops holding at once, in the collecting thread (its next
-``acquire()`` of the object does not find it held); the round and the
-signals are handed to a thread of the library's own (``redlock-finalizer``,
-:func:`hand_off`), which runs them one after the other and waits for what
-the collecting thread holds, never the other way round. The exit hook
-(``release_held_locks``) waits for what it has not run yet.
+So a release that a finalizer runs is sent by the thread it runs in, never
+where it would wait for a lock that thread holds:
 
-Sections are for what must keep the thread's own order: a reentrant block's
-exit counts its hold down in the tables, and an outer block's exit later in
-the same thread must find the right count (handed to the other thread, it
-came too late: the hold outlived its last block and its thread, and its key
-stayed for a lease). Inside a section such an exit is put off until the
-thread's outermost section ends, and runs there, before the section's
-caller goes on; its release of the key is then handed off as above
-(:func:`finalizing`). A ``release()`` a finalizer other than a collection
-runs inside a section (an object freed by the library's own code) is put
-off the same way. The sections are where the thread holds a lock that work
-would take: the sync transport's rounds (any caller's: a lock's,
-``force_release``, the late sender's, an asyncio call run through the sync
-transport) and its ``forget``, a node's set-up thread's blocks under the
-node's lock, a manager's run of a round's steps (around the transport's
-own), and every :class:`Guard`: the reentrant locks' tables, the manager's
-lazy builds and hand-over sweep, the debug panel's and the metrics' tables.
+* inside one of the library's sections, where the thread holds a lock the
+  round would take, it is put off until the thread's outermost section
+  ends (a round takes at most its node timeout), and runs there, before
+  the section's caller goes on;
+* its signals, whose receivers are the application's and the metrics
+  library's code, are handed to a thread of the library's own
+  (``redlock-finalizer``, :func:`call_later`), which waits for whatever
+  the collecting thread holds, never the other way round. The exit hook
+  (``release_held_locks``) waits for what it has not sent yet.
+
+Only signals go there: a round handed to another thread came after the
+thread's next ``acquire()`` of the same object (found still held), after a
+process that ended before that thread ran it (a forked worker leaves with
+``os._exit``: the key stayed for a lease), and behind a receiver that
+waited for a lock the application held while waiting for that very key.
+What a finalizer runs in the collecting thread still takes the locks of
+logging handlers (a warning); a handler of the application's that takes a
+lock of its own held around a collection is not covered.
+
+The sections are where the thread holds a lock that work would take: the
+sync transport's rounds (any caller's: a lock's, ``force_release``, the
+late sender's, an asyncio call run through the sync transport) and its
+``forget``, a node's set-up thread's blocks under the node's lock, a
+manager's run of a round's steps (around the transport's own), and every
+:class:`Guard`: the reentrant locks' tables, the manager's lazy builds and
+hand-over sweep, the debug panel's and the metrics' tables. A reentrant
+block's exit inside one is put off whole (its count and its release), and
+holds the block's frame until it runs.
 """
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import os
@@ -154,9 +162,10 @@ def enter(up: int = 1) -> None:
 def _reset_after_fork() -> None:
     """In a forked child: the forking thread's sections are not the child's
     (a fork inside one left the child's thread inside it for good: every
-    release of the child put off, never run); nor is the parent's work
-    handed off, for the parent's locks, nor its thread."""
-    global _queue, _worker, _starting
+    release of the child put off, never run); nor are the parent's signals
+    waiting to be sent, nor its thread for them."""
+    global _queue, _worker, _starting, _collector
+    _collector = None  # (another thread's collection, at the fork)
     _state.frames = []
     _state.later = []
     _state.running = False
@@ -279,7 +288,7 @@ class Guard:
 
 
 # ------------------------------------------------- the collections' own thread
-#: Work a collection handed off, in the order handed. ``SimpleQueue.put``
+#: Work handed off (signals to send), in the order handed. ``SimpleQueue.put``
 #: takes no lock a collection could have interrupted (it is reentrant: made
 #: for finalizers and signal handlers).
 _queue: "queue.SimpleQueue[Any]" = queue.SimpleQueue()
@@ -288,8 +297,8 @@ _starting = threading.Lock()
 
 
 def prepare() -> None:
-    """Start the thread that runs what collections hand off, if it is not
-    running in this process. Called when a node's connection is made, so
+    """Start the thread that runs what is handed off (:func:`call_later`), if
+    it is not running in this process. Called when a node's connection is made, so
     that it is there before a collection needs it: started from inside a
     collection, ``Thread.start`` takes locks of the threading module that
     the collecting thread may hold (a collection inside its own
@@ -315,6 +324,15 @@ def _start() -> None:
     _worker = worker
 
 
+def call_later(function: Callable[..., object], *args: Any, **kwargs: Any) -> None:
+    """Call ``function`` in the library's thread, after what was handed to it
+    before; here and now when there is none and none can be started
+    (interpreter shutdown)."""
+    work = functools.partial(function, *args, **kwargs)
+    if not hand_off(work):
+        work()
+
+
 def hand_off(work: Callable[[], object]) -> bool:
     """Queue ``work`` for the library's thread; False when there is none and
     none can be started (interpreter shutdown)."""
@@ -332,13 +350,14 @@ def hand_off(work: Callable[[], object]) -> bool:
 
 def _serve(work_queue: "queue.SimpleQueue[Any]") -> None:
     """The thread's loop: run each piece of work handed off, in order.
-    Failures are logged, as a finalizer's are printed."""
+    Failures are logged, as a finalizer's are printed; a receiver's
+    ``SystemExit`` does not end the thread (the signals after it wait)."""
     while True:
         work = work_queue.get()
         try:
             work()
-        except Exception:  # noqa: BLE001 - see the docstring
-            logger.exception("lock work handed off by a garbage collection failed")
+        except BaseException:  # noqa: BLE001 - see the docstring; the thread goes on
+            logger.exception("lock work run after a garbage collection failed")
         del work
 
 
@@ -361,7 +380,7 @@ def drain(timeout: float) -> bool:
             try:
                 work()
             except Exception:  # noqa: BLE001
-                logger.exception("lock work handed off by a garbage collection failed")
+                logger.exception("lock work run after a garbage collection failed")
     reached = threading.Event()
     _queue.put(reached.set)
     return reached.wait(timeout)

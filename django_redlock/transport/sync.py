@@ -1019,8 +1019,8 @@ class NodeClient:
         listener), with the lock's bounds: a longer socket timeout from the URL
         or a cache's pool never applies (issue 17: a ``cache:`` node took 5 s
         with a node timeout of 0.2 s). The first one of a process also starts
-        the thread that runs the releases a garbage collection hands off
-        (``finalizers.prepare``): before a collection needs it."""
+        the thread that sends the signals of the releases a garbage
+        collection runs (``finalizers.prepare``): before a collection needs it."""
         finalizers.prepare()
         pool = self.pool
         kwargs = dict(pool.connection_kwargs)
