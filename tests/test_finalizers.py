@@ -1049,3 +1049,66 @@ def test_a_task_destroyed_pending_inside_async_with_releases_its_lock(
     assert "Task was destroyed but it is pending" in proc.stderr  # (the case, as Python says)
     assert "Exception ignored" not in proc.stderr, proc.stderr[-2000:]
     assert _holders(nodes3, f"redlock:fin-task-{how}") == 0
+
+
+def test_a_collections_release_reports_the_loss_of_its_own_hold(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """A lock object whose lease ran out (no renewal) while a generator was
+    inside ``with LOCK``; a collection frees the generator, and the same
+    object is taken again at once, while the library's thread is still busy
+    with an earlier collection's slow receiver. ``lock_lost`` reports the
+    old hold, with its fence: not the new hold's (read when the rest of the
+    release ran in that thread, after the new acquisition)."""
+    import gc
+
+    from django_redlock import signals
+
+    mgr = make_manager(nodes3, node_timeout=2.0)
+    lock = mgr.lock("fin-lost-fence", ttl=1, auto_renew=False)
+    other = mgr.lock("fin-lost-other", ttl=30)
+    heard: list[int] = []
+
+    def slow(sender: Any, *, name: str, **kwargs: Any) -> None:
+        if name == "fin-lost-other":
+            time.sleep(1.0)  # the library's thread, busy a while
+
+    def lost(sender: Any, *, name: str, fence: int, **kwargs: Any) -> None:
+        if name == "fin-lost-fence":
+            heard.append(fence)
+
+    signals.lock_released.connect(slow, weak=False)
+    signals.lock_lost.connect(lost, weak=False)
+    seen: dict[str, Any] = {}
+
+    def thread() -> None:
+        first = _inside(other)
+        next(first)
+        gen = _inside(lock)
+        next(gen)
+        seen["old fence"] = lock.fence
+        time.sleep(1.1)  # the lock's lease runs out
+        cycle: list[Any] = [first]
+        cycle.append(cycle)
+        del first, cycle
+        gc.collect()  # other's release: its signal keeps the thread busy 1 s
+        cycle = [gen]
+        cycle.append(cycle)
+        del gen, cycle
+        gc.collect()  # the lock's release: lost
+        with lock:  # (its lease is 1 s: the block ends before the signals are sent)
+            seen["new fence"] = lock.fence
+        seen["drained"] = finalizers.drain(10.0)
+
+    gc.disable()
+    try:
+        worker = threading.Thread(target=thread)
+        worker.start()
+        worker.join(30)
+    finally:
+        gc.enable()
+        signals.lock_released.disconnect(slow)
+        signals.lock_lost.disconnect(lost)
+    assert not worker.is_alive()
+    assert seen["new fence"] > seen["old fence"]
+    assert heard == [seen["old fence"]], (heard, seen)
+    assert seen["drained"]
