@@ -34,8 +34,13 @@ __all__ = ["LocksPanel"]
 #: The panel of the request running in this thread / asyncio task.
 _current = Local()
 #: Locks recorded by a panel whose request is still being processed, and
-#: their records: renewals and losses are reported from the renewal thread.
-_live: weakref.WeakKeyDictionary[Any, dict[str, Any]] = weakref.WeakKeyDictionary()
+#: their records by fence (a hold's): renewals and losses are reported from
+#: the renewal thread, and a release a garbage collection ran is reported
+#: from the library's thread (transport/finalizers.py), maybe after the same
+#: object was acquired again: by the object alone, the old hold's release
+#: or loss was written into the new hold's record (a live hold shown lost).
+_live: weakref.WeakKeyDictionary[Any, dict[int, dict[str, Any]]] = \
+    weakref.WeakKeyDictionary()
 # A Guard (transport/finalizers.py): a collection in a lookup under it (a weak
 # reference made) ran a generator's release, whose signal came back here and
 # waited for the guard its own thread held; every release after it too.
@@ -60,7 +65,7 @@ def _on_acquired(sender: Any, *, lock: Any, name: str, fence: int, wait: float,
     record["granted"] = getattr(lock, "granted_nodes", 0) or None
     record["acquired_at"] = time.monotonic()
     with _live_guard:
-        _live[lock] = record
+        _live.setdefault(lock, {})[fence] = record
 
 
 def _on_not_acquired(sender: Any, *, lock: Any, name: str, wait: float, outcome: str,
@@ -70,26 +75,28 @@ def _on_not_acquired(sender: Any, *, lock: Any, name: str, wait: float, outcome:
         panel._new_record(lock, name, outcome, wait)
 
 
-def _record_of(lock: Any) -> dict[str, Any] | None:
+def _record_of(lock: Any, fence: int) -> dict[str, Any] | None:
     with _live_guard:
-        return _live.get(lock)
+        return _live.get(lock, {}).get(fence)
 
 
-def _on_released(sender: Any, *, lock: Any, held: float, nodes: int, **kwargs: Any) -> None:
-    record = _record_of(lock)
+def _on_released(sender: Any, *, lock: Any, fence: int, held: float, nodes: int,
+                 **kwargs: Any) -> None:
+    record = _record_of(lock, fence)
     if record is not None:
         record["hold_ms"] = _ms(held)
         record["released_nodes"] = nodes
 
 
-def _on_extended(sender: Any, *, lock: Any, **kwargs: Any) -> None:
-    record = _record_of(lock)
+def _on_extended(sender: Any, *, lock: Any, fence: int, **kwargs: Any) -> None:
+    record = _record_of(lock, fence)
     if record is not None:
         record["renewals"] += 1
 
 
-def _on_lost(sender: Any, *, lock: Any, held: float, reason: str, **kwargs: Any) -> None:
-    record = _record_of(lock)
+def _on_lost(sender: Any, *, lock: Any, fence: int, held: float, reason: str,
+             **kwargs: Any) -> None:
+    record = _record_of(lock, fence)
     if record is not None:
         record["lost"] = reason
         record["hold_ms"] = _ms(held)
@@ -160,7 +167,11 @@ class LocksPanel(Panel):
         locks = []
         with _live_guard:
             for lock, record in zip(self._locks, self.records):
-                _live.pop(lock, None)
+                holds = _live.get(lock)
+                if holds is not None:
+                    holds.pop(record["fence"], None)
+                    if not holds:
+                        del _live[lock]
                 item = {k: v for k, v in record.items() if k != "acquired_at"}
                 if record["outcome"] == "acquired" and record["hold_ms"] is None:
                     if getattr(lock, "_state", None) == "unlocked":

@@ -12,7 +12,8 @@ All are sent with ``sender=Lock`` (the class) and these keyword arguments:
     semaphore's line handed on without waiting for the replies.
 ``lock_lost``
     ``lock``, ``name``, ``fence``, ``held``, ``reason`` (str). Sent from the thread
-    that noticed: the renewal thread, or the caller at release time. A database
+    that noticed: the renewal thread, or the caller at release time (see below
+    for a release a garbage collection ran). A database
     connection a receiver opens in the renewal thread is closed after that tick
     when it is past ``CONN_MAX_AGE`` (as at the end of a request), and when the
     thread ends in any case.
@@ -35,6 +36,14 @@ These are what :mod:`django_redlock.metrics` counts; an OpenTelemetry (or any
 other) integration can connect to them the same way.
 
 A receiver that raises does not break the lock: exceptions are logged.
+
+The signals of a release that a garbage collection ran (a generator left
+inside ``with lock`` and freed from a reference cycle, an asyncio task
+destroyed while pending) are sent from a thread of the library's own
+(``redlock-finalizer``), in order, shortly after the release: the
+collection may have run while the collecting thread held a lock that a
+receiver takes. Match such a signal to its hold by ``fence``, not by the
+``lock`` object alone: the object may already hold again.
 
 From an :class:`~django_redlock.AsyncLock` the signals go through Django's
 ``asend_robust``: an ``async def`` receiver is awaited, a plain one runs in a

@@ -106,3 +106,59 @@ def test_busy_and_nothing(make_manager: Any, session_nodes: Any) -> None:
     # A request that takes no lock, and locks taken outside any request, show nothing.
     _, html = panel(Client(), "/plain/")
     assert "This request took no lock." in html
+
+
+def test_a_collections_late_signals_land_in_their_own_holds_record(
+        make_manager: Any, session_nodes: Any) -> None:
+    """In a request, a generator inside ``with L`` whose lease ran out (no
+    renewal) is freed by a garbage collection, and the request takes the
+    same lock object again. The old hold's ``lock_lost`` and release come
+    from the library's thread, late (behind a slow receiver of another
+    collected release): they are written into the old hold's record, found
+    by its fence, never into the new hold's (shown lost while it was held)."""
+    import gc
+    import time
+
+    from django_redlock import panels, signals
+    from django_redlock.transport import finalizers
+
+    mgr = make_manager(session_nodes, node_timeout=0.5)
+    lock = mgr.lock("panel-late", ttl=0.3, auto_renew=False)
+    other = mgr.lock("panel-late-other", ttl=30)
+
+    def slow(sender: Any, *, name: str, **kwargs: Any) -> None:
+        if name == "panel-late-other":
+            time.sleep(0.5)  # the library's thread, busy a while
+
+    def rows(held: Any) -> Any:
+        with held:
+            yield 1
+
+    signals.lock_released.connect(slow, weak=False)
+    request = panels.LocksPanel(None, None)  # type: ignore[no-untyped-call]
+    request.enable_instrumentation()
+    gc.disable()
+    try:
+        first, gen = rows(other), rows(lock)
+        next(first)
+        next(gen)
+        time.sleep(0.4)  # the lock's lease runs out
+        for abandoned in (first, gen):
+            cycle: list[Any] = [abandoned]
+            cycle.append(cycle)
+            del cycle
+        del first, gen, abandoned
+        gc.collect()  # both exits: other's release (a slow signal), the lock's loss
+        assert lock.acquire()  # the same object, a new hold (released before the
+        lock.release()         # old hold's signals are sent: they wait behind slow())
+        assert finalizers.drain(10.0)
+        records = {(r["name"], r["fence"]): r for r in request.records}
+        new = records[("panel-late", lock.fence)]
+        assert new["lost"] is None and new["released_nodes"] == 3, new
+        (old,) = [r for (name, fence), r in records.items()
+                  if name == "panel-late" and fence != lock.fence]
+        assert old["lost"] == "the lease ran out before release", old
+    finally:
+        gc.enable()
+        request.disable_instrumentation()
+        signals.lock_released.disconnect(slow)

@@ -84,14 +84,23 @@ def release_held_locks() -> int:
     locks left are not released, and expire with their leases.
 
     The signals of releases a garbage collection ran, handed to the
-    library's thread (``transport/finalizers.py``), are waited for first,
-    within the same budget: that thread is a daemon, and dies with the
-    process.
+    library's thread (``transport/finalizers.py``: a daemon, that dies with
+    the process), are waited for last, for what is left of the budget and
+    at most :data:`EXIT_FLUSH`: a receiver that is slow (or waits for a lock
+    the exiting thread holds) does not cost the held locks their release.
     """
     budget = time.monotonic() + EXIT_BUDGET
-    if not finalizers.drain(EXIT_BUDGET):
-        logger.warning("signals of releases run by a garbage collection were still waiting "
-                       "to be sent at exit after %g s; they are dropped", EXIT_BUDGET)
+    try:
+        return _release_held(budget)
+    finally:
+        wait = min(EXIT_FLUSH, max(0.0, budget - time.monotonic()))
+        if not finalizers.drain(wait):
+            logger.warning("signals of releases run by a garbage collection were still "
+                           "waiting to be sent at exit after %g s; they are dropped", wait)
+
+
+def _release_held(budget: float) -> int:
+    """:func:`release_held_locks` but its last wait, until ``budget`` (monotonic)."""
     with _acquired_guard:
         candidates = list(_acquired)
     released = skipped = 0
