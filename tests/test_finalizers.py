@@ -809,12 +809,12 @@ def test_a_receiver_that_waits_holds_up_no_release_of_a_collection(
         worker = threading.Thread(target=thread)
         worker.start()
         worker.join(20)
+        seen["drained"] = finalizers.drain(5.0)  # (before the receiver is disconnected)
     finally:
         gc.enable()
         signals.lock_released.disconnect(receiver)
     assert not worker.is_alive()
-    assert finalizers.drain(5.0)
-    assert seen == {"both": True}
+    assert seen == {"both": True, "drained": True}
     assert sorted(heard) == ["fin-hol-x", "fin-hol-x", "fin-hol-y", "fin-hol-y"]
 
 
