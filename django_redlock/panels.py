@@ -34,11 +34,13 @@ __all__ = ["LocksPanel"]
 #: The panel of the request running in this thread / asyncio task.
 _current = Local()
 #: Locks recorded by a panel whose request is still being processed, and
-#: their records by fence (a hold's): renewals and losses are reported from
-#: the renewal thread, and a release a garbage collection ran is reported
-#: from the library's thread (transport/finalizers.py), maybe after the same
-#: object was acquired again: by the object alone, the old hold's release
-#: or loss was written into the new hold's record (a live hold shown lost).
+#: their records by hold (the signals' ``hold``: the object's acquisition
+#: number, also without fencing, where every fence is 0): renewals and
+#: losses are reported from the renewal thread, and a release a garbage
+#: collection ran from the library's thread (transport/finalizers.py), maybe
+#: after the same object was acquired again: by the object alone, the old
+#: hold's release or loss was written into the new hold's record (a live
+#: hold shown lost).
 _live: weakref.WeakKeyDictionary[Any, dict[int, dict[str, Any]]] = \
     weakref.WeakKeyDictionary()
 # A Guard (transport/finalizers.py): a collection in a lookup under it (a weak
@@ -55,17 +57,20 @@ def _panel() -> LocksPanel | None:
     return getattr(_current, "panel", None)
 
 
-def _on_acquired(sender: Any, *, lock: Any, name: str, fence: int, wait: float,
+def _on_acquired(sender: Any, *, lock: Any, name: str, fence: int, hold: int, wait: float,
                  **kwargs: Any) -> None:
     panel = _panel()
     if panel is None:
         return
     record = panel._new_record(lock, name, "acquired", wait)
+    if record is None:
+        return
     record["fence"] = fence
+    record["hold"] = hold
     record["granted"] = getattr(lock, "granted_nodes", 0) or None
     record["acquired_at"] = time.monotonic()
     with _live_guard:
-        _live.setdefault(lock, {})[fence] = record
+        _live.setdefault(lock, {})[hold] = record
 
 
 def _on_not_acquired(sender: Any, *, lock: Any, name: str, wait: float, outcome: str,
@@ -75,28 +80,28 @@ def _on_not_acquired(sender: Any, *, lock: Any, name: str, wait: float, outcome:
         panel._new_record(lock, name, outcome, wait)
 
 
-def _record_of(lock: Any, fence: int) -> dict[str, Any] | None:
+def _record_of(lock: Any, hold: int) -> dict[str, Any] | None:
     with _live_guard:
-        return _live.get(lock, {}).get(fence)
+        return _live.get(lock, {}).get(hold)
 
 
-def _on_released(sender: Any, *, lock: Any, fence: int, held: float, nodes: int,
+def _on_released(sender: Any, *, lock: Any, hold: int, held: float, nodes: int,
                  **kwargs: Any) -> None:
-    record = _record_of(lock, fence)
+    record = _record_of(lock, hold)
     if record is not None:
         record["hold_ms"] = _ms(held)
         record["released_nodes"] = nodes
 
 
-def _on_extended(sender: Any, *, lock: Any, fence: int, **kwargs: Any) -> None:
-    record = _record_of(lock, fence)
+def _on_extended(sender: Any, *, lock: Any, hold: int, **kwargs: Any) -> None:
+    record = _record_of(lock, hold)
     if record is not None:
         record["renewals"] += 1
 
 
-def _on_lost(sender: Any, *, lock: Any, fence: int, held: float, reason: str,
+def _on_lost(sender: Any, *, lock: Any, hold: int, held: float, reason: str,
              **kwargs: Any) -> None:
-    record = _record_of(lock, fence)
+    record = _record_of(lock, hold)
     if record is not None:
         record["lost"] = reason
         record["hold_ms"] = _ms(held)
@@ -133,6 +138,7 @@ class LocksPanel(Panel):
         super().__init__(*args, **kwargs)
         self.records: list[dict[str, Any]] = []
         self._locks: list[Any] = []
+        self._finished = False
 
     @property
     def nav_subtitle(self) -> str:
@@ -142,7 +148,13 @@ class LocksPanel(Panel):
             return "none"
         return f"{count} in {stats.get('total_wait_ms', 0):.1f} ms waiting"
 
-    def _new_record(self, lock: Any, name: str, outcome: str, wait: float) -> dict[str, Any]:
+    def _new_record(self, lock: Any, name: str, outcome: str,
+                    wait: float) -> dict[str, Any] | None:
+        """A record of this request's, None once the request is over: a task
+        it started (which keeps its context, this panel with it) records
+        nothing more; each of its later holds was kept here for good."""
+        if self._finished:
+            return None
         manager = getattr(lock, "manager", None)
         record: dict[str, Any] = {
             "name": name, "outcome": outcome, "wait_ms": _ms(wait), "hold_ms": None,
@@ -159,6 +171,7 @@ class LocksPanel(Panel):
         _current.panel = self
 
     def disable_instrumentation(self) -> None:
+        self._finished = True
         if getattr(_current, "panel", None) is self:
             del _current.panel
 
@@ -168,11 +181,11 @@ class LocksPanel(Panel):
         with _live_guard:
             for lock, record in zip(self._locks, self.records):
                 holds = _live.get(lock)
-                if holds is not None:
-                    holds.pop(record["fence"], None)
+                if holds is not None and "hold" in record:
+                    holds.pop(record["hold"], None)
                     if not holds:
                         del _live[lock]
-                item = {k: v for k, v in record.items() if k != "acquired_at"}
+                item = {k: v for k, v in record.items() if k not in ("acquired_at", "hold")}
                 if record["outcome"] == "acquired" and record["hold_ms"] is None:
                     if getattr(lock, "_state", None) == "unlocked":
                         # Released with no confirmation to report: a semaphore's

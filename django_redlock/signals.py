@@ -3,15 +3,15 @@
 All are sent with ``sender=Lock`` (the class) and these keyword arguments:
 
 ``lock_acquired``
-    ``lock``, ``name``, ``fence``, ``wait`` (seconds spent acquiring)
+    ``lock``, ``name``, ``fence``, ``hold``, ``wait`` (seconds spent acquiring)
 ``lock_released``
-    ``lock``, ``name``, ``fence``, ``held`` (seconds held), ``nodes`` (how many
+    ``lock``, ``name``, ``fence``, ``hold``, ``held`` (seconds held), ``nodes`` (how many
     nodes confirmed the deletion). Sent only for a release that at least one node
     confirmed: a release that reached no node (all unreachable) is logged
     instead, since the lock then stays until its lease ends; none for a
     semaphore's line handed on without waiting for the replies.
 ``lock_lost``
-    ``lock``, ``name``, ``fence``, ``held``, ``reason`` (str). Sent from the thread
+    ``lock``, ``name``, ``fence``, ``hold``, ``held``, ``reason`` (str). Sent from the thread
     that noticed: the renewal thread, or the caller at release time (see below
     for a release a garbage collection ran). A database
     connection a receiver opens in the renewal thread is closed after that tick
@@ -22,7 +22,7 @@ All are sent with ``sender=Lock`` (the class) and these keyword arguments:
     ran out; ``acquire()`` returns False or ``LockNotAcquired`` follows) or
     ``"quorum_unavailable"`` (``QuorumUnavailable`` follows).
 ``lock_extended``
-    ``lock``, ``name``, ``fence``, ``ttl`` (the new lease, seconds): a renewal by
+    ``lock``, ``name``, ``fence``, ``hold``, ``ttl`` (the new lease, seconds): a renewal by
     the watchdog or an ``extend()`` that a quorum applied.
 ``lock_waiter_woken``
     ``lock``, ``name``: a waiting acquirer was woken by a release notice (then it
@@ -31,6 +31,10 @@ All are sent with ``sender=Lock`` (the class) and these keyword arguments:
     sent with ``sender=`` the model class: ``model``, ``lock_name``, ``fence``,
     ``stored_fence``; right before :class:`~django_redlock.FencedWriteRejected`
     is raised by a claim or a fenced write.
+
+``hold`` is the lock object's acquisition number (1 for its first hold, 2
+for the next...): with ``lock``, it tells which hold a signal is about, with
+fencing off too (where every ``fence`` is 0).
 
 These are what :mod:`django_redlock.metrics` counts; an OpenTelemetry (or any
 other) integration can connect to them the same way.
@@ -42,8 +46,8 @@ inside ``with lock`` and freed from a reference cycle, an asyncio task
 destroyed while pending) are sent from a thread of the library's own
 (``redlock-finalizer``), in order, shortly after the release: the
 collection may have run while the collecting thread held a lock that a
-receiver takes. Match such a signal to its hold by ``fence``, not by the
-``lock`` object alone: the object may already hold again.
+receiver takes. Match such a signal to its hold by ``lock`` and ``hold``,
+not by the ``lock`` object alone: the object may already hold again.
 
 From an :class:`~django_redlock.AsyncLock` the signals go through Django's
 ``asend_robust``: an ``async def`` receiver is awaited, a plain one runs in a

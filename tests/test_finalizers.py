@@ -1156,3 +1156,12 @@ def test_a_slow_receiver_at_exit_costs_the_held_locks_nothing(nodes3: RedisNodes
     assert proc.stdout.split() == ["collected"], (proc.stdout, proc.stderr[-2000:])
     assert _holders(nodes3, "redlock:fin-exit-gen") == 0
     assert _holders(nodes3, "redlock:fin-exit-held") == 0, proc.stderr[-2000:]
+
+
+def test_drain_with_nothing_handed_off_is_done_at_once() -> None:
+    """``drain(0)`` with the thread running and nothing handed off: done
+    (the exit hook, its budget spent by slow nodes, warned that signals
+    were dropped when none were waiting)."""
+    finalizers.prepare()
+    assert finalizers.drain(0.0)
+    assert finalizers.drain(0.0)

@@ -108,14 +108,17 @@ def test_busy_and_nothing(make_manager: Any, session_nodes: Any) -> None:
     assert "This request took no lock." in html
 
 
+@pytest.mark.parametrize("fencing", [True, False])
 def test_a_collections_late_signals_land_in_their_own_holds_record(
-        make_manager: Any, session_nodes: Any) -> None:
+        fencing: bool, make_manager: Any, session_nodes: Any) -> None:
     """In a request, a generator inside ``with L`` whose lease ran out (no
     renewal) is freed by a garbage collection, and the request takes the
-    same lock object again. The old hold's ``lock_lost`` and release come
-    from the library's thread, late (behind a slow receiver of another
-    collected release): they are written into the old hold's record, found
-    by its fence, never into the new hold's (shown lost while it was held)."""
+    same lock object again. The old hold's ``lock_lost`` comes from the
+    library's thread, late (behind a slow receiver of another collected
+    release): it is written into the old hold's record, found by the
+    signal's ``hold``, never into the new hold's (shown lost while it was
+    held). By the object alone, or by fence (0 for every hold without
+    fencing), it was."""
     import gc
     import time
 
@@ -123,7 +126,8 @@ def test_a_collections_late_signals_land_in_their_own_holds_record(
     from django_redlock.transport import finalizers
 
     mgr = make_manager(session_nodes, node_timeout=0.5)
-    lock = mgr.lock("panel-late", ttl=0.3, auto_renew=False)
+    name = f"panel-late-{fencing}"
+    lock = mgr.lock(name, ttl=0.3, auto_renew=False, fencing=fencing)
     other = mgr.lock("panel-late-other", ttl=30)
 
     def slow(sender: Any, *, name: str, **kwargs: Any) -> None:
@@ -152,13 +156,46 @@ def test_a_collections_late_signals_land_in_their_own_holds_record(
         assert lock.acquire()  # the same object, a new hold (released before the
         lock.release()         # old hold's signals are sent: they wait behind slow())
         assert finalizers.drain(10.0)
-        records = {(r["name"], r["fence"]): r for r in request.records}
-        new = records[("panel-late", lock.fence)]
+        old, new = [r for r in request.records if r["name"] == name]
         assert new["lost"] is None and new["released_nodes"] >= 2, new  # (a quorum: settled)
-        (old,) = [r for (name, fence), r in records.items()
-                  if name == "panel-late" and fence != lock.fence]
         assert old["lost"] == "the lease ran out before release", old
     finally:
         gc.enable()
         request.disable_instrumentation()
         signals.lock_released.disconnect(slow)
+
+
+def test_a_task_the_request_started_records_nothing_once_the_request_is_over(
+        make_manager: Any, session_nodes: Any) -> None:
+    """A task a request starts keeps the request's context, and with it its
+    panel: each hold it took after the request was over was recorded, and
+    kept for good (a job that loops: without end)."""
+    import asyncio
+
+    from django_redlock import panels
+
+    mgr = make_manager(session_nodes)
+    alock = mgr.alock("panel-after-request", ttl=5)
+
+    async def scenario() -> tuple[list[Any], int]:
+        request = panels.LocksPanel(None, None)  # type: ignore[no-untyped-call]
+        request.enable_instrumentation()
+        go = asyncio.Event()
+
+        async def job() -> None:
+            await go.wait()
+            for _ in range(20):
+                async with alock:
+                    pass
+
+        task = asyncio.ensure_future(job())  # started in the request: its context
+        async with alock:
+            pass
+        request.disable_instrumentation()  # the request is over
+        go.set()
+        await asyncio.wait_for(task, 30)
+        return request.records, len(panels._live.get(alock, {}))
+
+    records, live = asyncio.run(scenario())
+    assert [r["name"] for r in records] == ["panel-after-request"]
+    assert live <= 1  # the request's own, until the toolbar's stats

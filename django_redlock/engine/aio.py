@@ -587,7 +587,8 @@ class AsyncLock(LockBase):
                     if cancelled:
                         raise asyncio.CancelledError
                 await _send(events.lock_acquired, lock=self, name=self.name,
-                            fence=self.fence, wait=self._acquired_at - started)
+                            fence=self.fence, hold=self._hold_no,
+                            wait=self._acquired_at - started)
             except asyncio.CancelledError:
                 # Cancelled meanwhile (or in a signal receiver): the caller
                 # never learns it holds the lock, so it must not stay held.

@@ -208,7 +208,7 @@ class Lock(LockBase):
             mgr.watchdog.schedule(self, self._first_renewal())
         if events.lock_acquired.receivers:  # none: sending does nothing, skip its arguments
             events.send(events.lock_acquired, Lock, lock=self, name=self.name, fence=fence,
-                         wait=self._acquired_at - started)
+                        hold=self._hold_no, wait=self._acquired_at - started)
 
     # -- the hold's plans, run with the sync transport ------------------------
     def _run_plan(self, plan: HoldPlan, answer: Any = None,

@@ -600,7 +600,7 @@ class LockBase:
         was_lost = self._state == _LOST or self._valid_until <= now
         reason = self._lost_reason or "the lease ran out before release"
         already_marked = self._lost_reason != ""
-        token, fence = self._token, self.fence
+        token, fence, hold = self._token, self.fence, self._hold_no
         # self._key_life(now), written out: every release
         lease = max(self.ttl, self._valid_until - now, self._keys_until - now)
         # Counted in flight from before it stops counting as held until its
@@ -624,14 +624,15 @@ class LockBase:
                       f"holder's key at release (it expired or was taken)")
         if was_lost:
             if not already_marked:
-                yield from self._report_lost_plan(reason, held)
+                yield from self._report_lost_plan(reason, held, fence, hold)
             raise LockLost(f"lock {self.name!r} was lost before release: {reason}",
                            lock_name=self.name, fence=fence)
         # Only a release some node confirmed (see signals); with no receiver
         # connected, sending would do nothing, so nothing is built for it.
         if result.released and events.lock_released.receivers:
             yield Report(events.lock_released, dict(lock=self, name=self.name, fence=fence,
-                                                     held=held, nodes=result.released))
+                                                     hold=hold, held=held,
+                                                     nodes=result.released))
         if not result.released:
             logger.warning("release of lock %r was confirmed by no node; it is sent again "
                            "to the nodes that failed until they answer, and where it "
@@ -692,7 +693,8 @@ class LockBase:
             # built for it (10,000 held locks renew 3,000 times a second).
             if events.lock_extended.receivers:
                 yield Report(events.lock_extended, dict(lock=self, name=self.name,
-                                                         fence=self.fence, ttl=ttl))
+                                                         fence=self.fence, hold=self._hold_no,
+                                                         ttl=ttl))
             return "ok", ""
         if result.valid_until:  # some node took a shorter lease (rounds.tally_extend)
             self._valid_until = min(self._valid_until, result.valid_until)
@@ -745,11 +747,16 @@ class LockBase:
         self._lost_reason = reason
         yield from self._report_lost_plan(reason, self.manager.clock() - self._acquired_at)
 
-    def _report_lost_plan(self, reason: str, held: float) -> HoldPlan:
-        logger.warning("lock %r (fence %d) lost after %.3f s: %s", self.name, self.fence, held,
+    def _report_lost_plan(self, reason: str, held: float, fence: int | None = None,
+                          hold: int | None = None) -> HoldPlan:
+        """``lock_lost`` of the current hold, or of the hold ``fence``/``hold``
+        (a release's: after its round, the object may hold again)."""
+        fence = self.fence if fence is None else fence
+        hold = self._hold_no if hold is None else hold
+        logger.warning("lock %r (fence %d) lost after %.3f s: %s", self.name, fence, held,
                        reason)
-        yield Report(events.lock_lost, dict(lock=self, name=self.name, fence=self.fence,
-                                             held=held, reason=reason))
+        yield Report(events.lock_lost, dict(lock=self, name=self.name, fence=fence,
+                                             hold=hold, held=held, reason=reason))
 
     def _key_life(self, now: float) -> float:
         """How long from ``now`` a node may still have this hold's key: a

@@ -361,16 +361,24 @@ def hand_off(work: Callable[[], object]) -> bool:
     return True
 
 
+#: Whether the thread is running a piece of work (else it waits for one).
+_working = False
+
+
 def _serve(work_queue: "queue.SimpleQueue[Any]") -> None:
     """The thread's loop: run each piece of work handed off, in order.
     Failures are logged, as a finalizer's are printed; a receiver's
     ``SystemExit`` does not end the thread (the signals after it wait)."""
+    global _working
     while True:
         work = work_queue.get()
+        _working = True
         try:
             work()
         except BaseException:  # noqa: BLE001 - see the docstring; the thread goes on
             logger.exception("lock work run after a garbage collection failed")
+        finally:
+            _working = False
         del work
 
 
@@ -381,6 +389,8 @@ def drain(timeout: float) -> bool:
     worker = _worker
     if worker is threading.current_thread():
         return _queue.empty()  # (the thread's own work: it cannot wait for itself)
+    if _queue.empty() and not _working:
+        return True  # nothing handed off waits (whatever the timeout, 0 too)
     if worker is None or not worker.is_alive():
         deadline = time.monotonic() + timeout
         while True:
