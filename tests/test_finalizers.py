@@ -37,6 +37,29 @@ def _released_within(nodes: RedisNodes, key: str, seconds: float) -> bool:
         time.sleep(0.02)
     return True
 
+def _run_with_gc_off(target: Callable[[], None], seconds: float) -> None:
+    """Run ``target`` in a thread of its own with the automatic collector
+    off (the test places its collections), and fail if it is still running
+    after ``seconds``."""
+    import gc
+
+    gc.disable()
+    try:
+        worker = threading.Thread(target=target)
+        worker.start()
+        worker.join(seconds)
+    finally:
+        gc.enable()
+    assert not worker.is_alive()
+
+
+def _abandon(gen: Any) -> None:
+    """Leave ``gen`` (suspended) in a reference cycle: only a collection
+    frees it, and runs its exit then."""
+    cycle: list[Any] = [gen]
+    cycle.append(cycle)
+
+
 
 def test_a_section_its_leave_never_ran_for_puts_no_release_off_for_good(
         nodes3: RedisNodes, make_manager: MakeManager) -> None:
@@ -365,9 +388,8 @@ def test_a_reentrant_with_never_joins_a_hold_a_collection_ended_meanwhile(
     def thread() -> None:
         gen = rows()
         next(gen)
-        cycle: list[Any] = [gen]
-        cycle.append(cycle)
-        del gen, cycle
+        _abandon(gen)
+        del gen
         sys.settrace(tracer)
         try:
             with lock:
@@ -644,9 +666,8 @@ def test_an_object_a_collection_released_is_free_at_once_and_its_new_hold_kept(
         def thread() -> None:
             gen = rows()
             next(gen)
-            cycle: list[Any] = [gen]
-            cycle.append(cycle)
-            del gen, cycle
+            _abandon(gen)
+            del gen
             p1.set_latency(0.3)
             p2.set_latency(0.3)
             gc.collect()  # the generator's exit: the release
@@ -659,14 +680,7 @@ def test_an_object_a_collection_released_is_free_at_once_and_its_new_hold_kept(
                 seen["rival after the old release"] = rival.acquire(timeout=0)
                 seen["owned"] = lock.owned()
 
-        gc.disable()
-        try:
-            worker = threading.Thread(target=thread)
-            worker.start()
-            worker.join(30)
-        finally:
-            gc.enable()
-        assert not worker.is_alive()
+        _run_with_gc_off(thread, 30)
         for key in ("rival inside", "rival after the old release"):
             if seen.get(key):
                 rival.release()
@@ -733,9 +747,8 @@ def _forked_job(urls: list[str]) -> None:
     mgr = LockManager(urls, node_timeout=2.0)
     gen = _inside(mgr.lock("fin-mp-job", ttl=30, auto_renew=False))
     next(gen)
-    cycle: list[Any] = [gen]
-    cycle.append(cycle)
-    del gen, cycle
+    _abandon(gen)
+    del gen
     gc.collect()
 
 
@@ -795,9 +808,8 @@ def test_a_receiver_that_waits_holds_up_no_release_of_a_collection(
         for name in ("fin-hol-x", "fin-hol-y"):
             gen = _inside(mgr.lock(name, ttl=30))
             next(gen)
-            cycle: list[Any] = [gen]
-            cycle.append(cycle)
-            del gen, cycle
+            _abandon(gen)
+            del gen
         gc.collect()
         with mine:
             with mgr.lock("fin-hol-x", ttl=30, timeout=6), \
@@ -841,9 +853,8 @@ def test_a_collection_during_the_locks_renewal_frees_the_object_at_once(
         def thread() -> None:
             gen = _holds(lock)
             next(gen)
-            cycle: list[Any] = [gen]
-            cycle.append(cycle)
-            del gen, cycle
+            _abandon(gen)
+            del gen
             p1.set_latency(0.4)
             p2.set_latency(0.4)
             deadline = time.monotonic() + 5
@@ -861,14 +872,7 @@ def test_a_collection_during_the_locks_renewal_frees_the_object_at_once(
                 seen["rival inside"] = rival.acquire(timeout=0)
                 seen["owned inside"] = lock.owned()
 
-        gc.disable()
-        try:
-            worker = threading.Thread(target=thread)
-            worker.start()
-            worker.join(30)
-        finally:
-            gc.enable()
-        assert not worker.is_alive()
+        _run_with_gc_off(thread, 30)
         if seen.get("rival inside"):
             rival.release()
         assert seen == {"renewal under way": True, "owned after the collection": False,
@@ -1090,13 +1094,11 @@ def test_a_collections_release_reports_the_loss_of_its_own_hold(
         next(gen)
         seen["old fence"] = lock.fence
         time.sleep(1.1)  # the lock's lease runs out
-        cycle: list[Any] = [first]
-        cycle.append(cycle)
-        del first, cycle
+        _abandon(first)
+        del first
         gc.collect()  # other's release: its signal keeps the thread busy 1 s
-        cycle = [gen]
-        cycle.append(cycle)
-        del gen, cycle
+        _abandon(gen)
+        del gen
         gc.collect()  # the lock's release: lost
         with lock:  # (its lease is 1 s: the block ends before the signals are sent)
             seen["new fence"] = lock.fence
