@@ -765,10 +765,10 @@ class AsyncLock(LockBase):
                   changes, the round's first await fails; the key stays 30 s
 
         The round goes through the manager's sync transport (as the exit hook
-        sends an asyncio lock's), here, as a sync lock's release run by a
-        collection does (put off to the end of a section of the library's
-        this thread is in), its signals through the library's thread
-        (transport/finalizers.py)."""
+        sends an asyncio lock's), at once, as a sync lock's release run by a
+        collection is sent (put off to the end of the library's section when
+        this thread is inside one); its signals go through the library's
+        thread (transport/finalizers.py)."""
         if renewal is not None and not renewal.done():
             try:
                 renewal.cancel()

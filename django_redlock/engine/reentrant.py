@@ -766,8 +766,8 @@ class ReentrantLock(ReentrantBase):
         block's meanwhile (by id alone, a block entered since in a new frame
         at the same address could be ended in its place). A collection
         outside any section runs the exit at once: the tables' counts stay in
-        the thread's order, and only the release of the key
-        (:meth:`Lock.release`) goes to the library's thread."""
+        the thread's order (only the signals of the key's release,
+        :meth:`Lock.release`, go to the library's thread)."""
         self._exit_at(id(frame), frame.f_code, exc_type)
 
     def _exit_at(self, frame_id: int | None, code: Any,
