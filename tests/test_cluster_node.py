@@ -229,6 +229,10 @@ def test_a_release_settled_on_plain_nodes_still_follows_the_clusters_moved(
         target = next(m for m in cluster if m is not source)
 
         def migrate_and_slow_the_source(key: str) -> threading.Timer:
+            # The grant may have settled on the plain nodes before the
+            # Cluster's reply (a loaded CI's py313 leg): the key on the source
+            # first, so that the slot moves it.
+            assert wait_until(lambda: source.execute("EXISTS", key) == 1, timeout=5.0)
             cluster.migrate_slot(slot, to=target)  # finished: MOVED from the source
             assert target.execute("EXISTS", key) == 1
             source.pause()  # its MOVED comes after the plain nodes' replies
