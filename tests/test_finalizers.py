@@ -400,14 +400,7 @@ def test_a_reentrant_with_never_joins_a_hold_a_collection_ended_meanwhile(
         finally:
             sys.settrace(None)
 
-    gc.disable()
-    try:
-        worker = threading.Thread(target=thread)
-        worker.start()
-        worker.join(20)
-        assert not worker.is_alive()
-    finally:
-        gc.enable()
+    _run_with_gc_off(thread, 20)
     if seen.get("rival"):
         rival.release()
     assert seen == {"fired": True, "owned": True, "holders": 3, "rival": False}
