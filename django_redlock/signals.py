@@ -11,9 +11,10 @@ All are sent with ``sender=Lock`` (the class) and these keyword arguments:
     instead, since the lock then stays until its lease ends; none for a
     semaphore's line handed on without waiting for the replies.
 ``lock_lost``
-    ``lock``, ``name``, ``fence``, ``hold``, ``held``, ``reason`` (str). Sent from the thread
-    that noticed: the renewal thread, or the caller at release time (see below
-    for a release a garbage collection ran). A database
+    ``lock``, ``name``, ``fence``, ``hold``, ``held``, ``reason`` (str). Sent once per
+    hold at most, from the thread that noticed first: the renewal thread, or
+    the caller at release time (see below for a release a garbage collection
+    ran, which may run while the renewal reports). A database
     connection a receiver opens in the renewal thread is closed after that tick
     when it is past ``CONN_MAX_AGE`` (as at the end of a request), and when the
     thread ends in any case.

@@ -130,8 +130,8 @@ def _release_held(budget: float) -> int:
             # longer than the TTL): a node that misses the release is sent it
             # again for that long, as ``release()`` does (engine/leftovers.py).
             lease = lock._key_life(lock.manager.clock())
+            lock._token = ""  # before the state (protocol._mark_lost_plan)
             lock._state = "unlocked"
-            lock._token = ""
             lock._valid_until = 0.0
         managers[id(lock.manager)] = lock.manager  # its late sender, flushed below
         try:

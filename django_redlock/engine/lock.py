@@ -188,8 +188,8 @@ class Lock(LockBase):
         try:
             with self._io:
                 if self._token == token:
+                    self._token = ""  # before the state (protocol._mark_lost_plan)
                     self._state = _UNLOCKED
-                    self._token = ""
                     self._valid_until = 0.0
             mgr._release_round(self._key_b, self._fence_key_b, self._waiters_key_b,
                                token, 0, redo=self.ttl)

@@ -50,6 +50,18 @@ logger = logging.getLogger("django_redlock.lock")
 _UNLOCKED, _HELD, _LOST = "unlocked", "held", "lost"
 
 
+def _claim(unreported: list[int]) -> bool:
+    """Take a hold's right to report its loss: True for one caller only,
+    whichever threads race for it (``list.pop`` is one atomic step, with or
+    without the GIL; a check of a flag and then its write is two, and a
+    thread switch or a collection between them let both report)."""
+    try:
+        unreported.pop()
+    except IndexError:
+        return False
+    return True
+
+
 class LockHost(Protocol):
     """What a lock needs from its manager (:class:`~.manager.LockManager` is the
     one implementation). Named here so that the locks do not import the
@@ -370,6 +382,9 @@ class LockBase:
         #: scheduled for one hold never renews a later one (``watchdog._Entry``).
         self._hold_no = 0
         self._lost_reason = ""
+        #: This hold's ``lock_lost`` not sent yet while it has an item: who
+        #: takes it (``_claim``) sends it, and nobody else.
+        self._loss_unreported: list[int] = []
         #: What held the key at the last refusal when it was not a lock
         #: (rounds.obstacle), for the busy error.
         self._obstacle = ""
@@ -443,11 +458,11 @@ class LockBase:
         if self._state == _UNLOCKED or self._pid != getpid() or self.owned():
             return None
         owed = None
-        if self._state == _HELD:
+        if self._state == _HELD and _claim(self._loss_unreported):
             owed = ("the lease ran out without release(); acquiring again",
                     self.manager.clock() - self._acquired_at)
+        self._token = ""  # before the state: see _mark_lost_plan
         self._state = _UNLOCKED
-        self._token = ""
         self._valid_until = 0.0
         return owed
 
@@ -599,8 +614,8 @@ class LockBase:
         now = mgr.clock()
         was_lost = self._state == _LOST or self._valid_until <= now
         reason = self._lost_reason or "the lease ran out before release"
-        already_marked = self._lost_reason != ""
         token, fence, hold = self._token, self.fence, self._hold_no
+        unreported = self._loss_unreported  # this hold's: the object may hold again
         # self._key_life(now), written out: every release
         lease = max(self.ttl, self._valid_until - now, self._keys_until - now)
         # Counted in flight from before it stops counting as held until its
@@ -608,8 +623,8 @@ class LockBase:
         # close under this round.
         mgr._call_begins()
         try:
+            self._token = ""  # before the state: see _mark_lost_plan
             self._state = _UNLOCKED
-            self._token = ""
             self._valid_until = 0.0
             held = now - self._acquired_at
             result = yield ReleaseRound(token, fence, lease)
@@ -623,7 +638,7 @@ class LockBase:
             reason = (f"{result.not_ours} of {len(mgr.nodes)} nodes no longer had this "
                       f"holder's key at release (it expired or was taken)")
         if was_lost:
-            if not already_marked:
+            if _claim(unreported):  # else the renewal reported it (or is reporting it)
                 yield from self._report_lost_plan(reason, held, fence, hold)
             raise LockLost(f"lock {self.name!r} was lost before release: {reason}",
                            lock_name=self.name, fence=fence)
@@ -741,10 +756,31 @@ class LockBase:
         return now + max(0.0, min(self.ttl, self._valid_until - now)) / 3.0
 
     def _mark_lost_plan(self, reason: str) -> HoldPlan:
+        """The current hold is lost: ``lock_lost`` once, the state "lost".
+
+        A release may run between any two of these lines and finish: one
+        that a garbage collection runs does not wait for ``_io``
+        (``Lock._release_later``), and in this thread a collection runs it
+        right here. Both may report the loss; the claim decides which one
+        does (``_claim``: one ``list.pop``, atomic). And the release's
+        "unlocked" must not be overwritten by "lost"::
+
+            here:    state "held": go on
+            release: token "", state "unlocked", keys deleted, LockLost
+            here:    state "lost": the released object stays "lost"
+
+        The release empties the token before it writes the state; "lost"
+        is written first here and the token read after it: a release seen
+        has its "unlocked" written again here, one not seen yet writes its
+        own after this one."""
         if self._state != _HELD:
             return
-        self._state = _LOST
+        if not _claim(self._loss_unreported):
+            return  # a release running meanwhile reports it
         self._lost_reason = reason
+        self._state = _LOST
+        if not self._token:  # released meanwhile: it stays released
+            self._state = _UNLOCKED
         yield from self._report_lost_plan(reason, self.manager.clock() - self._acquired_at)
 
     def _report_lost_plan(self, reason: str, held: float, fence: int | None = None,
@@ -783,6 +819,7 @@ class LockBase:
         self._state = _HELD
         self._hold_no += 1
         self._lost_reason = ""
+        self._loss_unreported = [self._hold_no]
         held.enrol(self)
         mgr = self.manager
         if mgr._closing and mgr.closed_under_grant():  # a retired manager closed meanwhile
