@@ -24,7 +24,6 @@ logger (who, which lock, who held it), and an entry in the admin's history
 
 from __future__ import annotations
 
-import logging
 from typing import Any, cast
 
 from django.contrib import admin, messages
@@ -50,8 +49,9 @@ from .engine.inspection import (
     validate_pattern,
 )
 from .models import RedisLock
+from .transport.finalizers import get_logger
 
-logger = logging.getLogger("django_redlock.admin")
+logger = get_logger("django_redlock.admin")
 
 #: Locks shown per page.
 PER_PAGE = 100

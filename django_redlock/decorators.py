@@ -62,7 +62,6 @@ from __future__ import annotations
 import contextlib
 import functools
 import inspect
-import logging
 from collections.abc import Callable, Sequence
 from contextvars import ContextVar
 from types import EllipsisType
@@ -87,10 +86,11 @@ from .core.templates import (
 from .exceptions import LockLost, LockNotAcquired, LockNotOwned, QuorumUnavailable
 from .fencedwrites import fenced_write_accepted
 from .responses import busy_response, unavailable_response
+from .transport.finalizers import get_logger
 
 __all__ = ["current_lock", "with_lock"]
 
-logger = logging.getLogger("django_redlock.decorators")
+logger = get_logger("django_redlock.decorators")
 
 F = TypeVar("F", bound=Callable[..., Any])
 

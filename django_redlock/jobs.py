@@ -21,14 +21,14 @@ raises :class:`~django_redlock.QuorumUnavailable` (retry that, do not hide it).
 
 from __future__ import annotations
 
-import logging
 from typing import Any
 
 from .exceptions import LockNotAcquired
+from .transport.finalizers import get_logger
 
 __all__ = ["SKIPPED_MARKER", "skip_if_busy", "skipped_result", "was_skipped"]
 
-logger = logging.getLogger("django_redlock.jobs")
+logger = get_logger("django_redlock.jobs")
 
 #: The key that marks a skipped run's result.
 SKIPPED_MARKER = "redlock_skipped"

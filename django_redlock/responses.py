@@ -19,13 +19,13 @@ and the request itself is JSON; short plain text otherwise.
 from __future__ import annotations
 
 import json
-import logging
 import math
 from typing import Any
 
 from django.http import HttpRequest, HttpResponse
 
 from .exceptions import LockNotAcquired, QuorumUnavailable
+from .transport.finalizers import get_logger
 
 __all__ = [
     "UNAVAILABLE_RETRY_AFTER",
@@ -35,7 +35,7 @@ __all__ = [
     "wants_json",
 ]
 
-logger = logging.getLogger("django_redlock.views")
+logger = get_logger("django_redlock.views")
 
 #: ``Retry-After`` (seconds) of the 503 answered when Redis has no quorum: long
 #: enough not to hammer nodes that are down, short enough for a blip.

@@ -578,6 +578,60 @@ def test_a_collection_under_a_lock_of_a_signal_receivers_hangs_nothing(
     assert _holders(nodes3, "redlock:fin-receiver-gen") == 0
 
 
+_GC_WHILE_A_LOG_QUEUE_IS_HELD_SCRIPT = _TRACE_HELPER + r"""
+import logging, logging.handlers, queue, time
+from django_redlock import LockManager
+
+# The application logs through a QueueHandler (as logging.config's "queue"
+# handlers and many services do): its queue.Queue puts under a plain lock.
+records = queue.Queue()
+logging.getLogger().addHandler(logging.handlers.QueueHandler(records))
+logging.getLogger().setLevel(logging.INFO)
+gc.disable()
+mgr = LockManager(sys.argv[1:], node_timeout=0.5)
+out = {}
+
+def worker():
+    abandon(mgr.lock("fin-log-gen", ttl=0.2, auto_renew=False))
+    time.sleep(0.3)  # its lease is out: the release logs the loss (a warning)
+    # An allocation inside the application's own put (the queue's lock held:
+    # another record on its way) runs a collection when the count is full.
+    with records.mutex:
+        out["collected"] = gc.collect() > 0
+    logging.getLogger("app").info("after")  # the thread goes on, and logs
+
+hung = hangs(worker)
+seen = []
+deadline = time.monotonic() + 10
+while not hung and time.monotonic() < deadline and not any("lost after" in m for m, _ in seen):
+    try:
+        record = records.get(timeout=0.05)
+    except queue.Empty:
+        continue
+    seen.append((record.getMessage(), record.threadName))
+lost = [where for message, where in seen if "lost after" in message]
+print("collected" if out.get("collected") else "no collection", "hung" if hung else "done",
+      "logged" if lost else "not-logged", flush=True)
+import os
+os._exit(3 if hung else 0)
+"""
+
+
+def test_a_collection_while_the_logging_queues_lock_is_held_hangs_nothing(
+        nodes3: RedisNodes) -> None:
+    """The application logs through a ``QueueHandler``, whose ``queue.Queue``
+    puts under a plain lock; a collection inside a put finalizes a
+    generator inside ``with lock`` whose lease ran out, and the release
+    logs the loss: its record's put waited for the lock its own thread held,
+    for good. A record logged by what a finalizer runs is handed to the
+    library's thread, and logged there once the put is over."""
+    proc = subprocess.run([sys.executable, "-c", _GC_WHILE_A_LOG_QUEUE_IS_HELD_SCRIPT,
+                           *nodes3.urls], capture_output=True, text=True, timeout=60)
+    assert proc.stdout.split() == ["collected", "done", "logged"], \
+        (proc.stdout, proc.stderr[-2000:])
+    assert _holders(nodes3, "redlock:fin-log-gen") == 0
+
+
 _GC_IN_A_METRIC_UPDATE_SCRIPT = r"""
 import django
 from django.conf import settings

@@ -65,7 +65,6 @@ from __future__ import annotations
 
 import asyncio
 import functools
-import logging
 import math
 import os
 import threading
@@ -108,7 +107,7 @@ if TYPE_CHECKING:
 
 __all__ = ["AsyncLock"]
 
-logger = logging.getLogger("django_redlock.lock")
+logger = finalizers.get_logger("django_redlock.lock")
 
 
 T = TypeVar("T")

@@ -22,13 +22,13 @@ the driver holds that subscription for the call and closes it at its end.
 
 from __future__ import annotations
 
-import logging
 from types import EllipsisType, TracebackType
 from typing import Any, Generator, NamedTuple, Sequence, TypeVar, Union
 
 from ..exceptions import LockLost, LockNotAcquired, LockNotOwned, RedlockError
+from ..transport.finalizers import get_logger
 
-logger = logging.getLogger("django_redlock.engine")
+logger = get_logger("django_redlock.engine")
 
 
 class Take(NamedTuple):

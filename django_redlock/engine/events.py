@@ -12,11 +12,12 @@ Only ``django.dispatch`` is used, which needs no settings.
 
 from __future__ import annotations
 
-import logging
 import threading
 from typing import Any
 
 from django.dispatch import Signal
+
+from ..transport.finalizers import get_logger
 
 # use_caching: Django keeps each sender's receiver list until a receiver is
 # connected or disconnected, instead of building it again on every send. The
@@ -35,7 +36,7 @@ lock_waiter_woken = Signal(use_caching=True)
 
 # Named after the public module, as before the signals moved here: log
 # configurations that name "django_redlock.signals" still catch receiver failures.
-logger = logging.getLogger("django_redlock.signals")
+logger = get_logger("django_redlock.signals")
 
 
 def send(signal: Signal, sender: Any, **kwargs: Any) -> None:

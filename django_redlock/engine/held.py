@@ -10,7 +10,6 @@ from __future__ import annotations
 import asyncio
 import atexit
 import contextlib
-import logging
 import os
 import threading
 import time
@@ -20,7 +19,7 @@ from typing import Any
 
 from ..transport import finalizers
 
-logger = logging.getLogger("django_redlock.lock")
+logger = finalizers.get_logger("django_redlock.lock")
 
 #: Every lock this process acquired, held weakly (a lock dropped without
 #: release just expires): at interpreter exit the ones still held are

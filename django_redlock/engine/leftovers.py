@@ -38,14 +38,15 @@ loop.
 
 from __future__ import annotations
 
-import logging
 import math
 import threading
 import time
 from collections import deque
 from typing import Any, Callable, Sequence
 
-logger = logging.getLogger("django_redlock.leftovers")
+from ..transport.finalizers import get_logger
+
+logger = get_logger("django_redlock.leftovers")
 
 #: Requests waiting to be sent again, at most (one per failed node and call).
 MAX_PENDING = 10_000

@@ -11,7 +11,6 @@ a loss is silent.
 from __future__ import annotations
 
 import functools
-import logging
 import threading
 import time
 from types import EllipsisType, TracebackType
@@ -41,7 +40,7 @@ if TYPE_CHECKING:
     from .protocol import LockHost
     from .rounds import AcquireResult
 
-logger = logging.getLogger("django_redlock.lock")
+logger = finalizers.get_logger("django_redlock.lock")
 
 __all__ = ["Lock", "release_held_locks"]
 

@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import collections
 import difflib
-import logging
 import os
 import random
 import threading
@@ -62,7 +61,7 @@ if TYPE_CHECKING:
 
 T = TypeVar("T")
 
-logger = logging.getLogger("django_redlock.manager")
+logger = finalizers.get_logger("django_redlock.manager")
 
 _managers: "weakref.WeakSet[LockManager]" = weakref.WeakSet()
 

@@ -27,7 +27,6 @@ own rules (what to ask each node, what the replies mean) are in :mod:`.rounds`.
 from __future__ import annotations
 
 import functools
-import logging
 import math
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Generator, NamedTuple, Protocol, Sequence, Union
@@ -38,6 +37,7 @@ from ..core.owner import new_token, owner_json
 from ..core.pid import getpid
 from ..core.retry import jittered_delay
 from ..exceptions import LockLost, LockNotAcquired, LockNotOwned, QuorumUnavailable, RedlockError
+from ..transport.finalizers import get_logger
 from ..transport.sync import call_deadline, round_began
 from . import events, held, rounds
 
@@ -45,7 +45,7 @@ if TYPE_CHECKING:
     from ..transport.notify import Subscription
     from .rounds import AcquireResult
 
-logger = logging.getLogger("django_redlock.lock")
+logger = get_logger("django_redlock.lock")
 
 _UNLOCKED, _HELD, _LOST = "unlocked", "held", "lost"
 

@@ -100,7 +100,6 @@ import asyncio
 import dis
 import functools
 import inspect
-import logging
 import os
 import threading
 import weakref
@@ -114,7 +113,7 @@ from ..transport import finalizers
 if TYPE_CHECKING:
     from .protocol import LockHost
 
-logger = logging.getLogger("django_redlock.lock")
+logger = finalizers.get_logger("django_redlock.lock")
 
 _this_thread = threading.local()
 

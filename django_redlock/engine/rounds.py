@@ -24,13 +24,13 @@ the two flavours cannot drift apart on the rules:
 from __future__ import annotations
 
 import functools
-import logging
 import zlib
 from dataclasses import dataclass, field
 from typing import Any, Callable, Generator, Iterable, NamedTuple, Protocol, Sequence, TypeVar
 
 from ..core import quorum as q
 from ..exceptions import LockKindConflict, QuorumUnavailable
+from ..transport.finalizers import get_logger
 from ..transport.resp import (
     ACQUIRE,
     EXTEND,
@@ -47,7 +47,7 @@ from ..transport.resp import (
 )
 from ..transport.sync import NOT_AWAITED, NodeError, Settle
 
-logger = logging.getLogger("django_redlock.manager")
+logger = get_logger("django_redlock.manager")
 
 T = TypeVar("T")
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import heapq
 import itertools
-import logging
 import sys
 import threading
 import time
@@ -19,9 +18,10 @@ import weakref
 from collections import deque
 from typing import Any, Callable, Protocol, Sequence
 
+from ..transport.finalizers import get_logger
 from .rounds import Extension
 
-logger = logging.getLogger("django_redlock.watchdog")
+logger = get_logger("django_redlock.watchdog")
 
 #: Longest single sleep of the thread (a huge due time must not overflow the wait).
 _MAX_WAIT = 3600.0

@@ -62,7 +62,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import inspect
-import logging
 import sys
 import threading
 import time
@@ -104,7 +103,7 @@ else:  # pragma: no cover - redis-py depends on async-timeout on these versions
     # too, where async-timeout is not installed and _timeout is already defined
     from async_timeout import timeout as _timeout  # type: ignore[import-not-found, no-redef, unused-ignore]
 
-logger = logging.getLogger("django_redlock.transport")
+logger = finalizers.get_logger("django_redlock.transport")
 
 #: Idle connections kept per node and loop when the node sets no ``max_connections``.
 DEFAULT_MAX_IDLE = 50

@@ -44,9 +44,10 @@ thread's next ``acquire()`` of the same object (found still held), after a
 process that ended before that thread ran it (a forked worker leaves with
 ``os._exit``: the key stayed for a lease), and behind a receiver that
 waited for a lock the application held while waiting for that very key.
-What a finalizer runs in the collecting thread still takes the locks of
-logging handlers (a warning); a handler of the application's that takes a
-lock of its own held around a collection is not covered.
+The records such a release logs (a loss, a node that failed) go there
+too (:func:`get_logger`): a handler takes locks of its own, and the
+application's may be held by the collecting thread (a ``QueueHandler``'s
+queue, in the middle of a put).
 
 The sections are where the thread holds a lock that work would take: the
 sync transport's rounds (any caller's: a lock's, ``force_release``, the
@@ -71,7 +72,45 @@ import threading
 import time
 from typing import Any, Callable
 
-logger = logging.getLogger("django_redlock")
+
+class _HandOffFinalizersRecords(logging.Filter):
+    """Hands a record logged by what a finalizer runs (:func:`finalizing`)
+    to the library's thread, where the logger handles it again (this filter
+    lets it through there); every other record goes on as usual. A filter
+    of the logger itself, so that it sees the record before any handler
+    takes its lock."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not finalizing():
+            return True
+        # (at interpreter shutdown, with no thread to take it: logged here)
+        return not hand_off(functools.partial(logging.getLogger(record.name).handle, record))
+
+
+_HAND_OFF_FINALIZERS_RECORDS = _HandOffFinalizersRecords()
+
+
+def get_logger(name: str) -> logging.Logger:
+    """``logging.getLogger(name)``, for a module of the library's: what a
+    finalizer runs logs through the library's thread (:func:`hand_off`).
+
+    A release that a garbage collection runs may log (the lock was lost, a
+    node failed); a handler it reaches takes its own lock, and may take the
+    application's. With the collection inside that lock's section, the
+    record waited for the lock its own thread held, forever::
+
+        thread   logs a record: QueueHandler -> queue.put, its lock held
+        gc       frees a cycle holding rows() (suspended inside with lock)
+        thread   rows' exit -> release -> "lock ... lost" -> queue.put:
+                 waits for the lock its own thread holds: forever
+
+    Such a record is logged by the library's thread instead, shortly after
+    (with the collecting thread's name and time in it: made where it
+    happened)."""
+    log = logging.getLogger(name)
+    if _HAND_OFF_FINALIZERS_RECORDS not in log.filters:
+        log.addFilter(_HAND_OFF_FINALIZERS_RECORDS)
+    return log
 
 class _ThreadState(threading.local):
     """Per thread: the frames its open sections were entered from
@@ -100,6 +139,9 @@ def _on_collection(phase: str, info: dict[str, int]) -> None:
 
 
 gc.callbacks.append(_on_collection)
+
+
+logger = get_logger("django_redlock")
 
 
 def held_up() -> bool:

@@ -50,7 +50,6 @@ as before.
 from __future__ import annotations
 
 import asyncio
-import logging
 import re
 import threading
 import time
@@ -70,10 +69,11 @@ from redis.exceptions import (
 from redis.exceptions import ConnectionError as RedisConnectionError
 
 from ..core.config import NodeSpec
+from .finalizers import get_logger
 from .resp import Call, Chain, ChainReply, Command
 from .sync import NodeClient, NodeError, scrub
 
-logger = logging.getLogger("django_redlock.transport")
+logger = get_logger("django_redlock.transport")
 
 #: Seconds after which a Sentinel node asks its sentinels again, in the
 #: background, whether the master moved (only while rounds go on).

@@ -41,7 +41,6 @@ housekeeping thread and put in use by the reader.
 from __future__ import annotations
 
 import collections
-import logging
 import selectors
 import socket
 import ssl
@@ -53,10 +52,11 @@ from redis.exceptions import RedisError
 
 from ..core.owner import new_token
 from ..core.retry import backoff
+from .finalizers import get_logger
 from .resp import pack
 from .sync import NODE_DOWN_ERRORS, NodeClient, scrub
 
-logger = logging.getLogger("django_redlock.notify")
+logger = get_logger("django_redlock.notify")
 
 #: Seconds a channel stays subscribed after its last waiter left.
 LINGER = 5.0

@@ -37,7 +37,6 @@ import array
 import bisect
 import fcntl
 import inspect
-import logging
 import math
 import select
 import ssl
@@ -61,7 +60,7 @@ from ..core.retry import backoff
 from . import finalizers
 from .resp import PRELOAD, PRELOAD_SCRIPTS, Call, Chain, ChainReply, Command
 
-logger = logging.getLogger("django_redlock.transport")
+logger = finalizers.get_logger("django_redlock.transport")
 
 #: Errors that mean "this node did not answer", as opposed to a Redis-level error
 #: reply. OSError covers a socket torn down under us.
