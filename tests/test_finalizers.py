@@ -632,6 +632,79 @@ def test_a_collection_while_the_logging_queues_lock_is_held_hangs_nothing(
     assert _holders(nodes3, "redlock:fin-log-gen") == 0
 
 
+_GC_IN_AN_APPLICATION_LOG_FILTER_SCRIPT = r"""
+import logging, threading
+
+class OncePerMessage(logging.Filter):
+    # An application's filter on the library's logger, as Django's LOGGING
+    # sets it before the library is imported: a dedupe under a plain lock.
+    def __init__(self):
+        super().__init__()
+        self.lock = threading.Lock()
+        self.seen = set()
+        self.runs = []
+
+    def filter(self, record):
+        with self.lock:
+            self.runs.append((record.getMessage()[:20], threading.current_thread().name))
+            if record.msg in self.seen:
+                return False
+            self.seen.add(record.msg)
+            return True
+
+dedupe = OncePerMessage()
+logging.getLogger("django_redlock.lock").addFilter(dedupe)
+handled = []
+
+class Keep(logging.Handler):
+    def emit(self, record):
+        handled.append(record.getMessage())
+
+logging.getLogger().addHandler(Keep())
+logging.getLogger().setLevel(logging.INFO)
+""" + _TRACE_HELPER + r"""
+import time
+from django_redlock import LockManager
+
+gc.disable()
+mgr = LockManager(sys.argv[1:], node_timeout=0.5)
+
+def worker():
+    abandon(mgr.lock("fin-filter-gen", ttl=0.2, auto_renew=False))
+    time.sleep(0.3)  # its lease is out: the release logs the loss
+    with dedupe.lock:  # a collection while the filter runs (its lock held)
+        gc.collect()
+
+hung = hangs(worker)
+deadline = time.monotonic() + 10
+while not hung and time.monotonic() < deadline and not any("lost after" in m for m in handled):
+    time.sleep(0.01)
+lost_runs = [where for message, where in dedupe.runs if message.startswith("lock 'fin-filter-gen")]
+print("hung" if hung else "done", sum("lost after" in m for m in handled),
+      len([w for w in lost_runs]), flush=True)
+import os
+os._exit(3 if hung else 0)
+"""
+
+
+def test_an_application_filter_on_the_librarys_logger_runs_once_and_hangs_nothing(
+        nodes3: RedisNodes) -> None:
+    """An application's filter on a ``django_redlock`` logger (Django's
+    ``LOGGING`` adds it before the library's own): a record logged by a
+    collection's release went through it in the collecting thread, where it
+    waited for the filter's lock that thread held, for good; and, handed
+    off after it, through it a second time in the library's thread, where
+    a dedupe dropped it. The library's filter comes first: the
+    application's runs once, in the library's thread, and the record is
+    logged."""
+    proc = subprocess.run([sys.executable, "-c", _GC_IN_AN_APPLICATION_LOG_FILTER_SCRIPT,
+                           *nodes3.urls], capture_output=True, text=True, timeout=60)
+    # "lost after" logged once; the filter saw the release's two records (the
+    # loss, and the block's "lost while the body raised") once each
+    assert proc.stdout.split() == ["done", "1", "2"], (proc.stdout, proc.stderr[-2000:])
+    assert _holders(nodes3, "redlock:fin-filter-gen") == 0
+
+
 _GC_IN_A_METRIC_UPDATE_SCRIPT = r"""
 import django
 from django.conf import settings

@@ -76,9 +76,9 @@ from typing import Any, Callable
 class _HandOffFinalizersRecords(logging.Filter):
     """Hands a record logged by what a finalizer runs (:func:`finalizing`)
     to the library's thread, where the logger handles it again (this filter
-    lets it through there); every other record goes on as usual. A filter
-    of the logger itself, so that it sees the record before any handler
-    takes its lock."""
+    lets it through there); every other record goes on as usual. The first
+    filter of the logger itself, so that it sees the record before any other
+    filter or handler takes a lock."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         if not finalizing():
@@ -109,7 +109,11 @@ def get_logger(name: str) -> logging.Logger:
     happened)."""
     log = logging.getLogger(name)
     if _HAND_OFF_FINALIZERS_RECORDS not in log.filters:
-        log.addFilter(_HAND_OFF_FINALIZERS_RECORDS)
+        # First, before the filters the application set on this logger
+        # (Django's LOGGING runs before the library is imported): after
+        # them, a filter of theirs ran in the collecting thread (its lock
+        # there) and again in the library's (a dedupe dropped the record).
+        log.filters.insert(0, _HAND_OFF_FINALIZERS_RECORDS)
     return log
 
 class _ThreadState(threading.local):
