@@ -67,6 +67,7 @@ import asyncio
 import functools
 import math
 import os
+import sys
 import threading
 import weakref
 from collections.abc import Awaitable, Coroutine, Generator, Sequence
@@ -855,12 +856,22 @@ class AsyncLock(LockBase):
 
     # -- context manager -------------------------------------------------------
     async def __aenter__(self) -> AsyncLock:
+        caller = sys._getframe(1)  # the async with's frame (awaiting this, before any await)
         if not await self.acquire():
             raise self._busy_error()
+        self._enter_block(caller)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
+        if self._blocks:
+            lapsed = self._exit_of_lapsed_block(sys._getframe(1))
+            if lapsed is not None:  # its own hold went: the object's newer one is not its
+                if exc_type is None:
+                    raise lapsed
+                logger.warning("lock %r was lost while the body raised %s", self.name,
+                               exc_type.__name__)
+                return
         if self._state == _UNLOCKED or self._pid != os.getpid():
             return  # released by hand inside the block, or a forked child
         try:

@@ -11,6 +11,7 @@ a loss is silent.
 from __future__ import annotations
 
 import functools
+import sys
 import threading
 import time
 from types import EllipsisType, TracebackType
@@ -419,10 +420,19 @@ class Lock(LockBase):
     def __enter__(self) -> "Lock":
         if not self.acquire():
             raise self._busy_error()
+        self._enter_block(sys._getframe(1))
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
+        if self._blocks:
+            lapsed = self._exit_of_lapsed_block(sys._getframe(1))
+            if lapsed is not None:  # its own hold went: the object's newer one is not its
+                if exc_type is None:
+                    raise lapsed
+                logger.warning("lock %r was lost while the body raised %s", self.name,
+                               exc_type.__name__)
+                return
         if self._state == _UNLOCKED or self._pid != getpid():
             return  # released by hand inside the block, or a forked child
         try:

@@ -40,6 +40,7 @@ from ..exceptions import LockLost, LockNotAcquired, LockNotOwned, QuorumUnavaila
 from ..transport.finalizers import get_logger
 from ..transport.sync import call_deadline, round_began
 from . import events, held, rounds
+from .blocks import entered_by_statement
 
 if TYPE_CHECKING:
     from ..transport.notify import Subscription
@@ -385,6 +386,13 @@ class LockBase:
         #: This hold's ``lock_lost`` not sent yet while it has an item: who
         #: takes it (``_claim``) sends it, and nobody else.
         self._loss_unreported: list[int] = []
+        #: The open ``with`` (``async with``) blocks a statement entered on
+        #: this object: the id of the block's frame -> (its code, the hold it
+        #: entered, that hold's fence); made at the first (engine/blocks.py).
+        self._blocks: dict[int, tuple[Any, int, int]] | None = None
+        #: The newest hold that ended without a release of its own: its lease
+        #: ran out (or it was lost) and the object was acquired again.
+        self._lapsed_hold = 0
         #: What held the key at the last refusal when it was not a lock
         #: (rounds.obstacle), for the busy error.
         self._obstacle = ""
@@ -458,6 +466,7 @@ class LockBase:
         if self._state == _UNLOCKED or self._pid != getpid() or self.owned():
             return None
         owed = None
+        self._lapsed_hold = self._hold_no  # a block still open on it must not end the next
         if self._state == _HELD and _claim(self._loss_unreported):
             owed = ("the lease ran out without release(); acquiring again",
                     self.manager.clock() - self._acquired_at)
@@ -465,6 +474,57 @@ class LockBase:
         self._state = _UNLOCKED
         self._valid_until = 0.0
         return owed
+
+    # -- with blocks: each ends the hold it entered ----------------------------
+    def _enter_block(self, caller: Any) -> None:
+        """A ``with`` (``async with``) in frame ``caller`` has just taken this
+        object's current hold: record it when a statement entered it (see
+        engine/blocks.py), so that its exit knows which hold it entered."""
+        if caller is None or not entered_by_statement(caller):
+            return
+        blocks = self._blocks
+        if blocks is None:
+            blocks = self._blocks = {}
+        blocks[id(caller)] = (caller.f_code, self._hold_no, self.fence)
+
+    def _exit_of_lapsed_block(self, caller: Any) -> LockLost | None:
+        """For the exit of a block run in frame ``caller``: the ``LockLost``
+        of its own hold when that hold is gone and the object holds another
+        that is not this block's to end; None: the exit goes on as usual.
+
+        One object, two blocks: a module-level lock entered by two threads,
+        or a generator suspended inside ``with LOCK`` while the code goes on.
+        Once the first block's lease ran out, the object may be acquired
+        again; that first block's exit ended the new hold, and a rival got
+        in while its holder was inside::
+
+            thread A   with LOCK: hold 1 ... its lease runs out (lock_lost)
+            thread B   with LOCK: hold 2 (acquired anew), writes
+            thread A   leaves: release() ended hold 2
+            rival      acquires: two holders, B still inside
+
+        The newer hold is not this block's when the block's own hold lapsed
+        (``_lapsed_hold``: the object was acquired anew over it), or when
+        another open block entered it. A block that released by hand and
+        acquired again by hand (``with L: L.release(); L.acquire()``) still
+        ends that acquisition at its exit: nothing lapsed, no block on it."""
+        blocks = self._blocks
+        if not blocks or caller is None:
+            return None
+        entry = blocks.pop(id(caller), None)
+        if entry is None or entry[0] is not caller.f_code:
+            return None  # entered by hand (ExitStack, __enter__()), or an id reused
+        _, hold, fence = entry
+        current = self._hold_no
+        if hold == current or self._state == _UNLOCKED:
+            return None
+        if hold > self._lapsed_hold and not any(
+                other[1] == current for other in list(blocks.values())):
+            return None
+        return LockLost(f"lock {self.name!r} was lost before this block ended: its lease ran "
+                        f"out (or its renewal failed) and the object was acquired again; "
+                        f"that newer hold is left to its holder", lock_name=self.name,
+                        fence=fence)
 
     def _acquire_plan(self, deadline: float | None, in_line: bool) -> AcquirePlan:
         """The waiting rules of an acquire, without its I/O: both flavours run
@@ -614,8 +674,9 @@ class LockBase:
         now = mgr.clock()
         was_lost = self._state == _LOST or self._valid_until <= now
         reason = self._lost_reason or "the lease ran out before release"
-        token, fence, hold = self._token, self.fence, self._hold_no
-        unreported = self._loss_unreported  # this hold's: the object may hold again
+        # (the claim of this hold's loss report with them: the object may hold again)
+        token, fence, hold, unreported = (self._token, self.fence, self._hold_no,
+                                          self._loss_unreported)
         # self._key_life(now), written out: every release
         lease = max(self.ttl, self._valid_until - now, self._keys_until - now)
         # Counted in flight from before it stops counting as held until its

@@ -97,7 +97,6 @@ cannot be known: ``RuntimeError``, and no hold is ended.
 from __future__ import annotations
 
 import asyncio
-import dis
 import functools
 import inspect
 import os
@@ -109,6 +108,7 @@ from typing import TYPE_CHECKING, Any, Callable, cast
 from ..core.arguments import check_timeout
 from ..exceptions import LockLost, LockNotAcquired, LockNotOwned
 from ..transport import finalizers
+from .blocks import statement_entry_offsets
 
 if TYPE_CHECKING:
     from .protocol import LockHost
@@ -348,52 +348,6 @@ _watched_guard = threading.Lock()  # loops may run in several threads
 #: hung the thread, and every reentrant block after it); and what it guards
 #: bears being changed under it by its own thread (an ``async with`` exit).
 _enterers_guard = finalizers.Guard()
-#: The instructions a ``with`` / ``async with`` statement enters its context
-#: manager with (3.10: ``SETUP_WITH``; 3.11-3.13: ``BEFORE_WITH``); an
-#: ``async with`` awaits ``__aenter__`` in the few that follow
-#: ``BEFORE_ASYNC_WITH`` (:func:`_statement_entry_offsets`).
-_WITH_OPS = frozenset({"SETUP_WITH", "BEFORE_WITH"})
-_AWAIT_LOOP_OPS = frozenset({"GET_AWAITABLE", "LOAD_CONST", "YIELD_FROM", "SEND", "YIELD_VALUE",
-                             "RESUME", "JUMP_BACKWARD_NO_INTERRUPT", "END_SEND", "EXTENDED_ARG"})
-#: id(code) -> (the code, kept so that its id is not reused; its offsets).
-_entry_offsets: dict[int, tuple[Any, frozenset[int]]] = {}
-
-
-def _statement_entry_offsets(code: Any) -> frozenset[int]:
-    """The offsets in ``code`` where a frame stands while a ``with`` or
-    ``async with`` statement enters its context manager: where the caller of
-    ``__enter__`` / ``__aenter__`` is when the call comes from the statement
-    itself, and never when it comes by hand (``L.__enter__()``,
-    ``ExitStack.enter_context(L)``: a call instruction). Computed once per
-    code object. On an interpreter whose instructions are not these, no
-    offset: no entry is recorded, and every exit is its caller's own (as
-    before entries were kept)."""
-    cached = _entry_offsets.get(id(code))
-    if cached is not None and cached[0] is code:
-        return cached[1]
-    offsets: set[int] = set()
-    start: int | None = None
-    prefix: list[int] = []  # the EXTENDED_ARGs just before an instruction
-    for ins in dis.get_instructions(code):
-        if start is not None:
-            if ins.opname in _AWAIT_LOOP_OPS:
-                continue
-            offsets.update(range(start, ins.offset))  # with their inline caches
-            start = None
-        if ins.opname in _WITH_OPS:
-            # 3.10's SETUP_WITH takes the block's length: past 255 (a body of
-            # some 85 statements) an EXTENDED_ARG comes first, and the frame
-            # stands there while __enter__ runs.
-            offsets.update(prefix)
-            offsets.add(ins.offset)
-        elif ins.opname == "BEFORE_ASYNC_WITH":
-            start = ins.offset
-        prefix = prefix + [ins.offset] if ins.opname == "EXTENDED_ARG" else []
-    if len(_entry_offsets) > 4096:
-        _entry_offsets.clear()
-    found = frozenset(offsets)
-    _entry_offsets[id(code)] = (code, found)
-    return found
 
 
 def _reset_watched_after_fork() -> None:
@@ -608,7 +562,7 @@ class ReentrantBase:
         # (run at once, it saw the new hold with no block on it, took it for
         # one taken by hand, and ended it: this block ran without the lock).
         with _enterers_guard:
-            if caller.f_lasti not in _statement_entry_offsets(caller.f_code):
+            if caller.f_lasti not in statement_entry_offsets(caller.f_code):
                 # Entered by hand (``ExitStack.enter_context``, ``__enter__()``):
                 # left through another frame, or by ``release()``, never through
                 # this frame's exit, so the entry could never be claimed; under

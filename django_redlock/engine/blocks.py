@@ -1,0 +1,74 @@
+"""Which ``with`` (``async with``) statement entered a lock: its blocks told
+apart by the frame they run in.
+
+A block's exit is a call of ``__exit__`` / ``__aexit__`` and says nothing of
+the block: one lock object may have two open at once (a module-level lock
+entered by two threads, a generator suspended inside ``with LOCK`` while
+the code goes on), and the exit of one ended the other's hold. The frame
+that runs the statement does tell them apart, for as long as the block is
+open; the reentrant locks (``reentrant.py``) and the plain ones
+(``protocol.LockBase._enter_block``) record their blocks by it.
+
+Only a statement's own entry is recorded: ``L.__enter__()`` called by hand
+and ``ExitStack.enter_context(L)`` are left through another frame (or by
+``release()``), so their entry could never be claimed.
+"""
+
+from __future__ import annotations
+
+import dis
+from typing import Any
+
+#: The instructions a ``with`` / ``async with`` statement enters its context
+#: manager with (3.10: ``SETUP_WITH``; 3.11-3.13: ``BEFORE_WITH``); an
+#: ``async with`` awaits ``__aenter__`` in the few that follow
+#: ``BEFORE_ASYNC_WITH`` (:func:`statement_entry_offsets`).
+_WITH_OPS = frozenset({"SETUP_WITH", "BEFORE_WITH"})
+_AWAIT_LOOP_OPS = frozenset({"GET_AWAITABLE", "LOAD_CONST", "YIELD_FROM", "SEND", "YIELD_VALUE",
+                             "RESUME", "JUMP_BACKWARD_NO_INTERRUPT", "END_SEND", "EXTENDED_ARG"})
+#: id(code) -> (the code, kept so that its id is not reused; its offsets).
+_entry_offsets: dict[int, tuple[Any, frozenset[int]]] = {}
+
+
+def statement_entry_offsets(code: Any) -> frozenset[int]:
+    """The offsets in ``code`` where a frame stands while a ``with`` or
+    ``async with`` statement enters its context manager: where the caller of
+    ``__enter__`` / ``__aenter__`` is when the call comes from the statement
+    itself, and never when it comes by hand (``L.__enter__()``,
+    ``ExitStack.enter_context(L)``: a call instruction). Computed once per
+    code object. On an interpreter whose instructions are not these, no
+    offset: no entry is recorded, and every exit is its caller's own (as
+    before entries were kept)."""
+    cached = _entry_offsets.get(id(code))
+    if cached is not None and cached[0] is code:
+        return cached[1]
+    offsets: set[int] = set()
+    start: int | None = None
+    prefix: list[int] = []  # the EXTENDED_ARGs just before an instruction
+    for ins in dis.get_instructions(code):
+        if start is not None:
+            if ins.opname in _AWAIT_LOOP_OPS:
+                continue
+            offsets.update(range(start, ins.offset))  # with their inline caches
+            start = None
+        if ins.opname in _WITH_OPS:
+            # 3.10's SETUP_WITH takes the block's length: past 255 (a body of
+            # some 85 statements) an EXTENDED_ARG comes first, and the frame
+            # stands there while __enter__ runs.
+            offsets.update(prefix)
+            offsets.add(ins.offset)
+        elif ins.opname == "BEFORE_ASYNC_WITH":
+            start = ins.offset
+        prefix = prefix + [ins.offset] if ins.opname == "EXTENDED_ARG" else []
+    if len(_entry_offsets) > 4096:
+        _entry_offsets.clear()
+    found = frozenset(offsets)
+    _entry_offsets[id(code)] = (code, found)
+    return found
+
+
+def entered_by_statement(caller: Any) -> bool:
+    """Whether ``caller`` (the frame that called ``__enter__``, or that
+    awaits ``__aenter__``) stands at a ``with`` / ``async with`` statement's
+    entry: the block is left through this frame's exit."""
+    return caller.f_lasti in statement_entry_offsets(caller.f_code)
