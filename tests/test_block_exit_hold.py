@@ -210,3 +210,197 @@ def test_a_block_whose_own_hold_was_lost_still_raises_lock_lost(
                 await asyncio.sleep(_TTL + 0.05)
         with pytest.raises(LockLost):
             asyncio.run(asyncio.wait_for(scenario(), 10))
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_a_block_whose_lease_ran_out_inside_its_own_enter_leaves_the_new_hold_alone(
+        flavour: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """A's ``lock_acquired`` receiver takes longer than the lease, inside A's
+    ``with``'s entry; B enters the same object meanwhile (a new hold). The
+    block is recorded with the hold its own acquire granted, in the same
+    step: A's exit does not take B's hold for its own (recorded after the
+    acquire returned, it read B's)."""
+    from django_redlock import signals
+
+    mgr = make_manager(nodes3)
+    name = f"block-enter-window-{flavour}"
+    rival = make_manager(nodes3).lock(name, ttl=5)
+    slow_once = {"A": True}
+
+    def slow_receiver(sender: Any, **kwargs: Any) -> None:
+        if kwargs["name"] == name and slow_once.pop("A", False):
+            time.sleep(_TTL + 0.15)
+
+    signals.lock_acquired.connect(slow_receiver, weak=False, dispatch_uid="block-window")
+    seen: dict[str, Any] = {}
+    try:
+        if flavour == "sync":
+            lock = mgr.lock(name, ttl=_TTL, auto_renew=False)
+            b_inside, a_left = threading.Event(), threading.Event()
+
+            def thread_a() -> None:
+                try:
+                    with lock:
+                        assert b_inside.wait(5)
+                except LockLost:
+                    seen["A"] = "LockLost"
+                else:
+                    seen["A"] = "left quietly"
+                a_left.set()
+
+            def thread_b() -> None:
+                time.sleep(_TTL + 0.05)  # A's lease is out; A is still in its receiver
+                with lock:
+                    b_inside.set()
+                    assert a_left.wait(5)
+                    seen["B owned after A left"] = lock.owned()
+                    seen["rival got in"] = rival.acquire(timeout=0)
+
+            threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join(20)
+            assert not any(thread.is_alive() for thread in threads)
+        else:
+            async def scenario() -> None:
+                alock = mgr.alock(name, ttl=_TTL, auto_renew=False)
+                b_inside, a_left = asyncio.Event(), asyncio.Event()
+
+                async def task_a() -> None:
+                    try:
+                        async with alock:
+                            await b_inside.wait()
+                    except LockLost:
+                        seen["A"] = "LockLost"
+                    else:
+                        seen["A"] = "left quietly"
+                    a_left.set()
+
+                async def task_b() -> None:
+                    await asyncio.sleep(_TTL + 0.05)
+                    async with alock:
+                        b_inside.set()
+                        await a_left.wait()
+                        seen["B owned after A left"] = alock.owned()
+                        seen["rival got in"] = rival.acquire(timeout=0)
+
+                await asyncio.gather(task_a(), task_b())
+            asyncio.run(asyncio.wait_for(scenario(), 20))
+    finally:
+        signals.lock_acquired.disconnect(dispatch_uid="block-window")
+    if seen.get("rival got in"):
+        rival.release()
+    assert seen == {"A": "LockLost", "B owned after A left": True, "rival got in": False}
+    assert _holders(nodes3, mgr.key(name)) == 0
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_a_block_that_takes_its_lapsed_lock_again_by_hand_ends_that_hold(
+        flavour: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """``with L: ... if not L.owned(): L.acquire()``: the block's own lease
+    ran out, and it took the lock again by hand inside its body; its exit
+    ends that acquisition (it is the block's: acquired from inside it), so
+    nothing is left held or renewed after the block."""
+    mgr = make_manager(nodes3)
+    name = f"block-retake-{flavour}"
+    if flavour == "sync":
+        lock = mgr.lock(name, ttl=_TTL, auto_renew=False)
+        with lock:
+            time.sleep(_TTL + 0.05)
+            assert not lock.owned()
+            assert lock.acquire(timeout=2)
+        owned = lock.owned()
+    else:
+        async def scenario() -> bool:
+            alock = mgr.alock(name, ttl=_TTL, auto_renew=False)
+            async with alock:
+                await asyncio.sleep(_TTL + 0.05)
+                assert not alock.owned()
+                assert await alock.acquire(timeout=2)
+            return alock.owned()
+        owned = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert owned is False
+    assert _holders(nodes3, mgr.key(name)) == 0
+
+
+def test_nested_blocks_of_one_frame_each_end_their_own_hold(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """An outer ``with L`` whose lease ran out, an inner ``with L`` in the
+    same frame (a new hold), then a generator's ``with L`` after the inner
+    block (a third): the outer exit leaves the generator's hold alone (one
+    record per frame: the inner's had overwritten the outer's, and the
+    outer exit fell back to ending whatever was held)."""
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("block-nested", ttl=_TTL, auto_renew=False)
+    rival = make_manager(nodes3).lock("block-nested", ttl=5)
+
+    def rows() -> Any:
+        with lock:
+            yield 1
+            yield 2
+
+    gen = rows()
+    with pytest.raises(LockLost):
+        with lock:
+            time.sleep(_TTL + 0.05)
+            with lock:  # the outer's lease is out: a new hold
+                pass
+            next(gen)  # the generator's block: a third hold
+    try:
+        assert lock.owned()
+        assert _holders(nodes3, lock.key) == 3
+        assert rival.acquire(timeout=0) is False
+    finally:
+        gen.close()
+    assert _holders(nodes3, lock.key) == 0
+
+
+def test_a_release_put_off_to_a_sections_end_ends_only_its_own_hold(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """A collection inside one of the library's sections runs the exit of a
+    generator inside ``with L``: its release is put off to the section's
+    end. By then the object holds anew (the generator's lease ran out, the
+    thread acquired): the put-off release is for the generator's hold, and
+    leaves the new one alone (it ended it)."""
+    from django_redlock.transport import finalizers
+
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("block-put-off", ttl=_TTL, auto_renew=False)
+    rival = make_manager(nodes3).lock("block-put-off", ttl=5)
+    seen: dict[str, Any] = {}
+
+    def rows() -> Any:
+        with lock:
+            yield 1
+
+    def thread() -> None:
+        gen = rows()
+        next(gen)
+        cycle: list[Any] = [gen]
+        cycle.append(cycle)
+        del gen, cycle
+        time.sleep(_TTL + 0.05)
+        finalizers.enter()
+        try:
+            gc.collect()  # the generator's exit: its release put off
+            seen["acquired"] = lock.acquire(timeout=2)  # a new hold, inside the section
+        finally:
+            finalizers.leave()  # the put-off release runs here
+        seen["owned after the section"] = lock.owned()
+        seen["held on"] = _holders(nodes3, lock.key)
+        seen["rival got in"] = rival.acquire(timeout=0)
+
+    gc.disable()
+    try:
+        worker = threading.Thread(target=thread)
+        worker.start()
+        worker.join(20)
+    finally:
+        gc.enable()
+    assert not worker.is_alive()
+    if seen.get("rival got in"):
+        rival.release()
+    assert seen == {"acquired": True, "owned after the section": True, "held on": 3,
+                    "rival got in": False}
+    lock.release()

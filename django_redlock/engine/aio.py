@@ -84,6 +84,7 @@ from ..exceptions import (
 )
 from ..transport import finalizers
 from . import events, rounds
+from .blocks import entered_by_statement
 from .lock import Lock  # the sender of every lock signal
 from .protocol import (
     _HELD,
@@ -494,6 +495,13 @@ class AsyncLock(LockBase):
         ``blocking=False`` is the same as ``timeout=0``. Raises
         :class:`QuorumUnavailable` when fewer than a quorum of nodes answer.
         """
+        return await self._acquire(blocking, timeout, None)
+
+    async def _acquire(self, blocking: bool, timeout: float | None | EllipsisType,
+                       block: Any) -> bool:
+        """``acquire()``; ``block``: the frame of the ``async with`` statement
+        it is for (None: by hand), recorded with the hold
+        (LockBase._record_block)."""
         mgr = self.manager
         started, deadline, token, owner, ttl_ms, pause = self._start_acquire(blocking, timeout)
         stale = self._end_stale_hold()
@@ -564,7 +572,7 @@ class AsyncLock(LockBase):
             served = True  # the granting nodes' scripts took us out of the line
             self.granted_nodes = result.granted  # for the debug-toolbar panel
             try:
-                self._on_acquired(token, result.fence, result.valid_until)
+                self._on_acquired(token, result.fence, result.valid_until, block)
             except QuorumUnavailable:
                 # Granted on a retired manager closed meanwhile (_enter_hold):
                 # not held, so taken back where the nodes can still be reached
@@ -614,8 +622,10 @@ class AsyncLock(LockBase):
                                              self._fence_key_b, self._waiters_key_b, token,
                                              self._entries(waiter.sub)))
 
-    def _on_acquired(self, token: str, fence: int, valid_until: float) -> None:
+    def _on_acquired(self, token: str, fence: int, valid_until: float,
+                     block: Any = None) -> None:
         self._enter_hold(token, fence, valid_until)
+        self._record_block(block)  # before anything can run (a receiver, another task)
         if self.auto_renew:
             self._schedule_renewal(self._first_renewal())
 
@@ -728,7 +738,13 @@ class AsyncLock(LockBase):
         section was not protected to the end. A cancellation that arrives during
         the release is re-raised once the nodes have been told.
         """
-        plan = self._release_plan()
+        await self._release(None)
+
+    async def _release(self, block: "tuple[int, int] | None") -> None:
+        """``release()``; ``block``: (hold, fence) of the hold to end, for a
+        block's exit (``LockLost`` if the object holds another by now: see
+        LockBase._record_block)."""
+        plan = self._release_plan(block)
         step = next(plan)  # the state changes here, before anything yields to the loop
         assert type(step) is ReleaseRound
         self._cancel_renewal_timer()
@@ -856,26 +872,20 @@ class AsyncLock(LockBase):
 
     # -- context manager -------------------------------------------------------
     async def __aenter__(self) -> AsyncLock:
-        caller = sys._getframe(1)  # the async with's frame (awaiting this, before any await)
-        if not await self.acquire():
+        # The async with's frame (awaiting this, before any await here), told
+        # before the acquire: nothing but the record follows the grant (Lock).
+        caller = sys._getframe(1)
+        if not await self._acquire(True, ..., caller if entered_by_statement(caller) else None):
             raise self._busy_error()
-        self._enter_block(caller)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        if self._blocks:
-            lapsed = self._exit_of_lapsed_block(sys._getframe(1))
-            if lapsed is not None:  # its own hold went: the object's newer one is not its
-                if exc_type is None:
-                    raise lapsed
-                logger.warning("lock %r was lost while the body raised %s", self.name,
-                               exc_type.__name__)
-                return
+        block = self._block_of(sys._getframe(1)) if self._blocks else None
         if self._state == _UNLOCKED or self._pid != os.getpid():
             return  # released by hand inside the block, or a forked child
         try:
-            await self.release()
+            await self._release(block)  # the hold this block entered, or none
         except LockLost:
             if exc_type is None:
                 raise

@@ -7,7 +7,7 @@ entered by two threads, a generator suspended inside ``with LOCK`` while
 the code goes on), and the exit of one ended the other's hold. The frame
 that runs the statement does tell them apart, for as long as the block is
 open; the reentrant locks (``reentrant.py``) and the plain ones
-(``protocol.LockBase._enter_block``) record their blocks by it.
+(``protocol.LockBase._record_block``) record their blocks by it.
 
 Only a statement's own entry is recorded: ``L.__enter__()`` called by hand
 and ``ExitStack.enter_context(L)`` are left through another frame (or by

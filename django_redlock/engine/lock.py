@@ -22,6 +22,7 @@ from ..core.pid import getpid
 from ..exceptions import LockLost, LockNotOwned, QuorumUnavailable, RedlockError
 from ..transport import finalizers
 from . import events
+from .blocks import entered_by_statement
 from .held import release_held_locks
 from .protocol import (
     _UNLOCKED,
@@ -71,6 +72,12 @@ class Lock(LockBase):
         ``blocking=False`` is the same as ``timeout=0``. Raises
         :class:`QuorumUnavailable` when fewer than a quorum of nodes answer.
         """
+        return self._acquire(blocking, timeout, None)
+
+    def _acquire(self, blocking: bool, timeout: float | None | EllipsisType,
+                 block: Any) -> bool:
+        """``acquire()``; ``block``: the frame of the ``with`` statement it is
+        for (None: by hand), recorded with the hold (LockBase._record_block)."""
         mgr = self.manager
         started, deadline, token, owner, ttl_ms, pause = self._start_acquire(blocking, timeout)
         stale = None
@@ -142,7 +149,7 @@ class Lock(LockBase):
                 mgr._leave_queue(self._waiters_key_b, self._entries(subscription), token,
                                  only=result.queued_at, wait=False)
             self.granted_nodes = result.granted  # for the debug-toolbar panel
-            self._on_acquired(token, result.fence, result.valid_until, started)
+            self._on_acquired(token, result.fence, result.valid_until, started, block)
             return True
         except BaseException as exc:
             if isinstance(exc, QuorumUnavailable):
@@ -200,10 +207,12 @@ class Lock(LockBase):
         finally:
             mgr._call_ends()
 
-    def _on_acquired(self, token: str, fence: int, valid_until: float, started: float) -> None:
+    def _on_acquired(self, token: str, fence: int, valid_until: float, started: float,
+                     block: Any = None) -> None:
         mgr = self.manager
         with self._io:
             self._enter_hold(token, fence, valid_until)
+            self._record_block(block)  # before anything can run (a receiver, another thread)
         if self.auto_renew:
             mgr.watchdog.schedule(self, self._first_renewal())
         if events.lock_acquired.receivers:  # none: sending does nothing, skip its arguments
@@ -245,16 +254,22 @@ class Lock(LockBase):
         this call: the key is still deleted wherever it is ours, but the caller
         learns that its critical section was not protected to the end.
         """
-        if finalizers.held_up() and self._release_later():
+        self._release(None)
+
+    def _release(self, block: "tuple[int, int] | None") -> None:
+        """``release()``; ``block``: (hold, fence) of the hold to end, for a
+        block's exit or a release put off (``LockLost`` if the object holds
+        another by then: see LockBase._record_block)."""
+        if finalizers.held_up() and self._release_later(block):
             return
         if self._pid != getpid():
             self._check_process()
-        plan = self._release_plan()
+        plan = self._release_plan(block)
         with self._io:  # the state changes before the first step (the renewal reads it)
             step = next(plan)
         self._release_steps(plan, step)
 
-    def _release_later(self) -> bool:
+    def _release_later(self, block: "tuple[int, int] | None" = None) -> bool:
         """``release()`` run by a garbage collection (a generator finalized
         inside ``with lock``), inside one of the library's sections, or as
         work put off until a section's end; see transport/finalizers.py.
@@ -273,11 +288,14 @@ class Lock(LockBase):
         extension's plan finds the hold released when its round is back
         ("released while the extension ran") and stops."""
         if finalizers.inside():
-            finalizers.put_off(self.release)
+            # Bound to the hold it is for: by the section's end, the object
+            # may hold anew (its lease ran out, another thread acquired).
+            finalizers.put_off(functools.partial(
+                self._release, block if block is not None else (self._hold_no, self.fence)))
             return True
         if self._pid != getpid():
             self._check_process()
-        plan = self._release_plan()
+        plan = self._release_plan(block)
         got = self._io.acquire(blocking=False)
         try:
             step = next(plan)  # LockNotOwned: raised here, as release() raises it
@@ -418,25 +436,21 @@ class Lock(LockBase):
 
     # -- context manager -------------------------------------------------------
     def __enter__(self) -> "Lock":
-        if not self.acquire():
+        # Told before the acquire (a code's first time: a pass over its
+        # instructions), so that nothing but the record follows the grant:
+        # an interrupt there left the hold with no block to end it.
+        caller = sys._getframe(1)
+        if not self._acquire(True, ..., caller if entered_by_statement(caller) else None):
             raise self._busy_error()
-        self._enter_block(sys._getframe(1))
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if self._blocks:
-            lapsed = self._exit_of_lapsed_block(sys._getframe(1))
-            if lapsed is not None:  # its own hold went: the object's newer one is not its
-                if exc_type is None:
-                    raise lapsed
-                logger.warning("lock %r was lost while the body raised %s", self.name,
-                               exc_type.__name__)
-                return
+        block = self._block_of(sys._getframe(1)) if self._blocks else None
         if self._state == _UNLOCKED or self._pid != getpid():
             return  # released by hand inside the block, or a forked child
         try:
-            self.release()
+            self._release(block)  # the hold this block entered, or none
         except LockLost:
             if exc_type is None:
                 raise

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 import math
+import sys
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Generator, NamedTuple, Protocol, Sequence, Union
 
@@ -40,7 +41,6 @@ from ..exceptions import LockLost, LockNotAcquired, LockNotOwned, QuorumUnavaila
 from ..transport.finalizers import get_logger
 from ..transport.sync import call_deadline, round_began
 from . import events, held, rounds
-from .blocks import entered_by_statement
 
 if TYPE_CHECKING:
     from ..transport.notify import Subscription
@@ -387,12 +387,10 @@ class LockBase:
         #: takes it (``_claim``) sends it, and nobody else.
         self._loss_unreported: list[int] = []
         #: The open ``with`` (``async with``) blocks a statement entered on
-        #: this object: the id of the block's frame -> (its code, the hold it
-        #: entered, that hold's fence); made at the first (engine/blocks.py).
-        self._blocks: dict[int, tuple[Any, int, int]] | None = None
-        #: The newest hold that ended without a release of its own: its lease
-        #: ran out (or it was lost) and the object was acquired again.
-        self._lapsed_hold = 0
+        #: this object: the id of the block's frame -> its entries, innermost
+        #: last, each [its code, the hold it ends, that hold's fence]; made at
+        #: the first (see _record_block).
+        self._blocks: dict[int, list[list[Any]]] | None = None
         #: What held the key at the last refusal when it was not a lock
         #: (rounds.obstacle), for the busy error.
         self._obstacle = ""
@@ -466,7 +464,6 @@ class LockBase:
         if self._state == _UNLOCKED or self._pid != getpid() or self.owned():
             return None
         owed = None
-        self._lapsed_hold = self._hold_no  # a block still open on it must not end the next
         if self._state == _HELD and _claim(self._loss_unreported):
             owed = ("the lease ran out without release(); acquiring again",
                     self.manager.clock() - self._acquired_at)
@@ -476,51 +473,70 @@ class LockBase:
         return owed
 
     # -- with blocks: each ends the hold it entered ----------------------------
-    def _enter_block(self, caller: Any) -> None:
-        """A ``with`` (``async with``) in frame ``caller`` has just taken this
-        object's current hold: record it when a statement entered it (see
-        engine/blocks.py), so that its exit knows which hold it entered."""
-        if caller is None or not entered_by_statement(caller):
-            return
+    # One object may have two blocks open: a module-level lock entered by two
+    # threads or tasks, a generator suspended inside ``with LOCK`` while the
+    # code goes on. Once the first block's lease ran out, the object may be
+    # acquired again; that first block's exit ended the new hold, and a rival
+    # got in while its holder was inside::
+    #
+    #     thread A   with LOCK: hold 1 ... its lease runs out (lock_lost)
+    #     thread B   with LOCK: hold 2 (acquired anew), writes
+    #     thread A   leaves: release() ended hold 2
+    #     rival      acquires: two holders, B still inside
+    #
+    # So each block a statement entered is recorded with the hold it ends
+    # (engine/blocks.py tells the statement's frame), and its exit releases
+    # that hold or none. A hold taken by hand (``acquire()``) from inside an
+    # open block (its frame on the acquiring stack: ``with L: L.release();
+    # L.acquire()``, or a re-acquire after its lease lapsed) becomes that
+    # block's to end, as before.
+
+    def _record_block(self, block: Any) -> None:
+        """The hold just entered (``_enter_hold``, in the same critical
+        section: nothing runs between the grant and this) is the block's
+        whose statement runs in frame ``block``; None: taken by hand, and
+        it becomes the hold of the open blocks on the acquiring stack."""
         blocks = self._blocks
-        if blocks is None:
-            blocks = self._blocks = {}
-        blocks[id(caller)] = (caller.f_code, self._hold_no, self.fence)
+        if block is not None:
+            if blocks is None:
+                blocks = self._blocks = {}
+            blocks.setdefault(id(block), []).append([block.f_code, self._hold_no, self.fence])
+        elif blocks:
+            self._adopt_blocks(sys._getframe(2))
 
-    def _exit_of_lapsed_block(self, caller: Any) -> LockLost | None:
-        """For the exit of a block run in frame ``caller``: the ``LockLost``
-        of its own hold when that hold is gone and the object holds another
-        that is not this block's to end; None: the exit goes on as usual.
+    def _adopt_blocks(self, frame: Any) -> None:
+        """A hold taken by hand in ``frame`` (or deeper): the open blocks of
+        this object whose frames are on that stack end it at their exit."""
+        blocks = self._blocks
+        hold = self._hold_no
+        while frame is not None and blocks:
+            entries = blocks.get(id(frame))
+            if entries:
+                for entry in entries:
+                    if entry[0] is frame.f_code and entry[1] != hold:
+                        entry[1], entry[2] = hold, self.fence
+            frame = frame.f_back
 
-        One object, two blocks: a module-level lock entered by two threads,
-        or a generator suspended inside ``with LOCK`` while the code goes on.
-        Once the first block's lease ran out, the object may be acquired
-        again; that first block's exit ended the new hold, and a rival got
-        in while its holder was inside::
-
-            thread A   with LOCK: hold 1 ... its lease runs out (lock_lost)
-            thread B   with LOCK: hold 2 (acquired anew), writes
-            thread A   leaves: release() ended hold 2
-            rival      acquires: two holders, B still inside
-
-        The newer hold is not this block's when the block's own hold lapsed
-        (``_lapsed_hold``: the object was acquired anew over it), or when
-        another open block entered it. A block that released by hand and
-        acquired again by hand (``with L: L.release(); L.acquire()``) still
-        ends that acquisition at its exit: nothing lapsed, no block on it."""
+    def _block_of(self, caller: Any) -> "tuple[int, int] | None":
+        """For a block's exit run in frame ``caller``: (the hold it ends, its
+        fence), taken off the record; None when no statement entered it here
+        (``ExitStack``, ``__enter__()`` by hand: the exit ends the current
+        hold, as before)."""
         blocks = self._blocks
         if not blocks or caller is None:
             return None
-        entry = blocks.pop(id(caller), None)
-        if entry is None or entry[0] is not caller.f_code:
-            return None  # entered by hand (ExitStack, __enter__()), or an id reused
-        _, hold, fence = entry
-        current = self._hold_no
-        if hold == current or self._state == _UNLOCKED:
+        key = id(caller)
+        entries = blocks.get(key)
+        if not entries:
             return None
-        if hold > self._lapsed_hold and not any(
-                other[1] == current for other in list(blocks.values())):
-            return None
+        entry = entries.pop()
+        if not entries:
+            blocks.pop(key, None)
+        if entry[0] is not caller.f_code:
+            return None  # an id reused
+        return entry[1], entry[2]
+
+    def _gone_hold(self, fence: int) -> LockLost:
         return LockLost(f"lock {self.name!r} was lost before this block ended: its lease ran "
                         f"out (or its renewal failed) and the object was acquired again; "
                         f"that newer hold is left to its holder", lock_name=self.name,
@@ -662,12 +678,16 @@ class LockBase:
     # A flavour runs it with its own transport and its own locking (Lock._run_plan,
     # AsyncLock._run_plan), so the two cannot drift apart.
 
-    def _release_plan(self) -> HoldPlan:
-        """``release()``: see :meth:`Lock.release` for what it raises and when."""
+    def _release_plan(self, block: "tuple[int, int] | None" = None) -> HoldPlan:
+        """``release()``: see :meth:`Lock.release` for what it raises and when.
+        ``block``: (hold, fence) of the hold to end (a block's exit, a release
+        put off): ``LockLost`` when the object holds another by now."""
         mgr = self.manager
         if self._state == _UNLOCKED or self._pid != getpid():
             raise LockNotOwned(f"lock {self.name!r} is not held by this object",
                                lock_name=self.name)
+        if block is not None and block[0] != self._hold_no:
+            raise self._gone_hold(block[1])
         # Judged before the first yield (under the sync lock's _io; before the
         # asyncio flavour can yield to the loop): a renewal that runs late
         # must not make an expired lease look valid.
