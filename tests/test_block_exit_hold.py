@@ -404,3 +404,153 @@ def test_a_release_put_off_to_a_sections_end_ends_only_its_own_hold(
     assert seen == {"acquired": True, "owned after the section": True, "held on": 3,
                     "rival got in": False}
     lock.release()
+
+
+def test_a_block_that_released_by_hand_leaves_the_next_blocks_hold_quietly(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """``with LOCK: LOCK.release(); ...`` in thread A, then thread B enters:
+    A's exit leaves B's hold alone and raises nothing (A's hold was
+    released, not lost; it said "lost" with no ``lock_lost`` sent)."""
+    lock = make_manager(nodes3).lock("block-released-then-taken", ttl=5)
+    a_released, b_inside = threading.Event(), threading.Event()
+    seen: dict[str, Any] = {}
+
+    def thread_a() -> None:
+        try:
+            with lock:
+                lock.release()
+                a_released.set()
+                assert b_inside.wait(5)
+        except LockLost:
+            seen["A"] = "LockLost"
+        else:
+            seen["A"] = "left quietly"
+
+    def thread_b() -> None:
+        assert a_released.wait(5)
+        with lock:
+            b_inside.set()
+            time.sleep(0.2)  # A leaves meanwhile
+            seen["B owned"] = lock.owned()
+            seen["held on"] = _holders(nodes3, lock.key)
+
+    threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert not any(thread.is_alive() for thread in threads)
+    assert seen == {"A": "left quietly", "B owned": True, "held on": 3}
+    assert _holders(nodes3, lock.key) == 0
+
+
+@pytest.mark.parametrize("how", ["wait_for", "shield"])
+def test_an_async_block_that_takes_its_lapsed_lock_again_through_a_task_ends_that_hold(
+        how: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """``async with L: ... await asyncio.wait_for(L.acquire(), 3)`` after the
+    block's lease ran out: ``wait_for`` (before 3.12) and ``shield`` run the
+    acquire in a task of their own, awaited by the block's as if directly;
+    the hold is the block's to end at its exit (left to nobody, it stayed
+    held, renewed for the life of the process)."""
+    mgr = make_manager(nodes3)
+    name = f"block-retake-{how}"
+
+    async def scenario() -> bool:
+        alock = mgr.alock(name, ttl=_TTL, auto_renew=True)
+        async with alock:
+            alock._cancel_renewal_timer()  # as a renewal that failed: the lease lapses
+            await asyncio.sleep(_TTL + 0.05)
+            assert not alock.owned()
+            if how == "wait_for":
+                assert await asyncio.wait_for(alock.acquire(), 3)
+            else:
+                assert await asyncio.shield(alock.acquire(timeout=3))
+        await asyncio.sleep(_TTL)  # past the lease: only a renewal would keep it
+        return alock.owned()
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 20)) is False
+    assert _holders(nodes3, mgr.key(name)) == 0
+
+
+def test_an_async_block_cancelled_after_its_grant_leaves_no_record(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """A module-level ``alock`` entered by requests that are cancelled right
+    after the grant (a client gone, during the ``lock_acquired`` signal):
+    each hold is taken back and its block's record dropped (one was kept per
+    cancellation, for good)."""
+    from django_redlock import signals
+
+    mgr = make_manager(nodes3)
+
+    def receiver(sender: Any, **kwargs: Any) -> None:
+        time.sleep(0.002)  # an application's receiver: runs in a worker thread
+
+    signals.lock_acquired.connect(receiver, weak=False, dispatch_uid="block-cancel")
+    try:
+        async def scenario() -> tuple[int, int, str]:
+            lock = mgr.alock("block-cancelled", ttl=5)
+
+            async def request() -> None:
+                async with lock:
+                    await asyncio.sleep(0)
+
+            cancelled = 0
+            for _ in range(30):
+                task = asyncio.ensure_future(request())
+                for _ in range(10_000):
+                    if lock._state == "held" or task.done():
+                        break
+                    await asyncio.sleep(0)
+                task.cancel()
+                try:
+                    await task
+                except asyncio.CancelledError:
+                    cancelled += 1
+            entries = sum(len(v) for v in (lock._blocks or {}).values())
+            return cancelled, entries, lock._state
+
+        cancelled, entries, state = asyncio.run(asyncio.wait_for(scenario(), 60))
+    finally:
+        signals.lock_acquired.disconnect(dispatch_uid="block-cancel")
+    assert cancelled > 0  # the schedule happened
+    assert (entries, state) == (0, "unlocked")
+    assert _holders(nodes3, mgr.key("block-cancelled")) == 0
+
+
+def test_an_interrupt_in_the_acquires_clean_up_after_the_grant_leaves_nothing_held(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """A ``with`` that waited in line is granted; an interrupt (a signal
+    handler's exception: Celery's soft time limit) lands in the acquire's
+    clean-up of its subscription, after the grant: the hold is taken back
+    (it stayed held, renewed, and "already held" for good)."""
+    import sys as _sys
+
+    class SoftTimeLimit(Exception):
+        pass
+
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("block-interrupt-cleanup", ttl=0.5, auto_renew=True)
+    rival = make_manager(nodes3).lock("block-interrupt-cleanup", ttl=5)
+    assert rival.acquire()
+    threading.Timer(0.3, rival.release).start()  # the with waits in line, then is granted
+    armed = [True]
+
+    def prof(frame: Any, event: str, arg: Any) -> None:
+        if (armed[0] and event == "call" and frame.f_code.co_name == "_remove"
+                and lock._state == "held"):
+            armed[0] = False
+            raise SoftTimeLimit
+
+    with pytest.raises(SoftTimeLimit):
+        _sys.setprofile(prof)
+        try:
+            with lock:
+                pass
+        finally:
+            _sys.setprofile(None)
+    assert not armed[0]  # the interrupt landed where meant
+    assert not lock.owned()
+    assert not lock._blocks
+    assert _holders(nodes3, lock.key) == 0
+    with lock:  # free for the next block
+        pass

@@ -84,6 +84,7 @@ from ..exceptions import (
 )
 from ..transport import finalizers
 from . import events, rounds
+from .awaits import awaiting_task
 from .blocks import entered_by_statement
 from .lock import Lock  # the sender of every lock signal
 from .protocol import (
@@ -600,6 +601,7 @@ class AsyncLock(LockBase):
             except asyncio.CancelledError:
                 # Cancelled meanwhile (or in a signal receiver): the caller
                 # never learns it holds the lock, so it must not stay held.
+                self._unrecord_block(block)
                 try:
                     await self.release()
                 except (RedlockError, asyncio.CancelledError):
@@ -621,6 +623,36 @@ class AsyncLock(LockBase):
                     await _complete(_give_up(mgr, self.transport, self._key_b,
                                              self._fence_key_b, self._waiters_key_b, token,
                                              self._entries(waiter.sub)))
+
+    def _adopt_blocks(self, frame: Any) -> None:
+        """As a sync lock's (LockBase), and through a task that
+        ``asyncio.wait_for`` (before 3.12) or ``asyncio.shield`` made for the
+        acquire (or for a coroutine of the caller's around it): the caller's
+        task awaits it as if directly, and the blocks on that task's chain
+        of awaits adopt the hold (``async with L: ... await
+        asyncio.wait_for(L.acquire(), 3)`` after the lease lapsed: left to
+        nobody, that hold was renewed for good)."""
+        super()._adopt_blocks(frame)
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:
+            return
+        for _ in range(8):  # nested wait_for / shield, bounded
+            if task is None or not self._blocks:
+                return
+            # Only through wait_for / shield: a task awaited by gather, a
+            # TaskGroup or a plain ``await task`` is a child, and a hold it
+            # takes by hand is its own to release.
+            task = awaiting_task(task, False)
+            if task is None:
+                return
+            coro: Any = task.get_coro()
+            for _ in range(256):  # down its suspended chain of awaits
+                at = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+                if at is None:
+                    break
+                self._adopt_at(at)
+                coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
 
     def _on_acquired(self, token: str, fence: int, valid_until: float,
                      block: Any = None) -> None:
@@ -882,7 +914,8 @@ class AsyncLock(LockBase):
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         block = self._block_of(sys._getframe(1)) if self._blocks else None
-        if self._state == _UNLOCKED or self._pid != os.getpid():
+        if self._state == _UNLOCKED or self._pid != os.getpid() or (block is not None
+                                                                    and block[0] == 0):
             return  # released by hand inside the block, or a forked child
         try:
             await self._release(block)  # the hold this block entered, or none

@@ -163,19 +163,29 @@ class Lock(LockBase):
             # waiter's give-up below already releases; a failed round
             # (RedlockError) released what it took itself.
             if served or (subscription is None and not isinstance(exc, RedlockError)):
+                self._unrecord_block(block)
                 self._take_back(token, exc)
             raise
         finally:
-            if subscription is not None:
-                subscription.close()
+            try:
+                if subscription is not None:
+                    subscription.close()
+                    if not served:
+                        # Timed out or interrupted: out of the line, or the next
+                        # release would wake us in vain while others wait; and a
+                        # lock handed to us meanwhile is handed on.
+                        mgr._give_up(self._key_b, self._fence_key_b, self._waiters_key_b,
+                                     token, self._entries(subscription))
                 if not served:
-                    # Timed out or interrupted: out of the line, or the next
-                    # release would wake us in vain while others wait; and a
-                    # lock handed to us meanwhile is handed on.
-                    mgr._give_up(self._key_b, self._fence_key_b, self._waiters_key_b, token,
-                                 self._entries(subscription))
-            if not served:
-                mgr.transport.forget(token)  # no round of this token follows
+                    mgr.transport.forget(token)  # no round of this token follows
+            except BaseException as exc:
+                # Interrupted here, after the grant (a signal handler's
+                # exception in the subscription's clean-up): the caller never
+                # learns it holds the lock; taken back as above.
+                if served and self._token == token:
+                    self._unrecord_block(block)
+                    self._take_back(token, exc)
+                raise
 
     def _take_back(self, token: str, exc: BaseException) -> None:
         """Release whatever an interrupted acquire of ``token`` may hold.
@@ -440,14 +450,33 @@ class Lock(LockBase):
         # instructions), so that nothing but the record follows the grant:
         # an interrupt there left the hold with no block to end it.
         caller = sys._getframe(1)
-        if not self._acquire(True, ..., caller if entered_by_statement(caller) else None):
-            raise self._busy_error()
-        return self
+        block = caller if entered_by_statement(caller) else None
+        granted = False
+        try:
+            granted = self._acquire(True, ..., block)
+            if not granted:
+                raise self._busy_error()
+            return self
+        except BaseException:
+            if granted:  # interrupted after the grant: the with never runs its exit
+                self._drop_block_hold(block)
+            raise
+
+    def _drop_block_hold(self, block: Any) -> None:
+        """Release the hold just granted to the block in frame ``block``,
+        which the caller will never hold (an interrupt at the end of
+        ``__enter__``): left, it was renewed and "already held" for good."""
+        mine = self._block_of(block) if block is not None else None
+        try:
+            self._release(mine if mine is not None else (self._hold_no, self.fence))
+        except RedlockError:
+            pass  # lost or gone meanwhile: nothing of it to release
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         block = self._block_of(sys._getframe(1)) if self._blocks else None
-        if self._state == _UNLOCKED or self._pid != getpid():
+        if self._state == _UNLOCKED or self._pid != getpid() or (block is not None
+                                                                 and block[0] == 0):
             return  # released by hand inside the block, or a forked child
         try:
             self._release(block)  # the hold this block entered, or none

@@ -507,19 +507,44 @@ class LockBase:
     def _adopt_blocks(self, frame: Any) -> None:
         """A hold taken by hand in ``frame`` (or deeper): the open blocks of
         this object whose frames are on that stack end it at their exit."""
-        blocks = self._blocks
-        hold = self._hold_no
-        while frame is not None and blocks:
-            entries = blocks.get(id(frame))
-            if entries:
-                for entry in entries:
-                    if entry[0] is frame.f_code and entry[1] != hold:
-                        entry[1], entry[2] = hold, self.fence
+        while frame is not None and self._blocks:
+            self._adopt_at(frame)
             frame = frame.f_back
+
+    def _adopt_at(self, frame: Any) -> None:
+        """The current hold becomes the hold of the open blocks in ``frame``."""
+        entries = self._blocks.get(id(frame)) if self._blocks else None
+        if entries:
+            hold = self._hold_no
+            for entry in entries:
+                if entry[0] is frame.f_code and entry[1] != hold:
+                    entry[1], entry[2] = hold, self.fence
+
+    def _unrecord_block(self, block: Any) -> None:
+        """Drop the record ``_record_block`` made for the hold just granted to
+        the block in frame ``block``: the acquire failed after it (interrupted,
+        cancelled; the hold was taken back), and no exit will claim it (a
+        module-level lock's records grew by one per cancelled request)."""
+        entries = self._blocks.get(id(block)) if self._blocks and block is not None else None
+        if entries and entries[-1][0] is block.f_code and entries[-1][1] == self._hold_no:
+            entries.pop()
+            if not entries:
+                self._blocks.pop(id(block), None)  # type: ignore[union-attr]
+
+    def _mark_released(self, hold: int) -> None:
+        """Hold ``hold`` ends by a release: the open blocks on it have nothing
+        left to end (0), and leave whatever the object holds later alone,
+        without ``LockLost`` (released by hand inside the block: nothing was
+        lost)."""
+        for entries in list(self._blocks.values()) if self._blocks else ():
+            for entry in entries:
+                if entry[1] == hold:
+                    entry[1] = 0
 
     def _block_of(self, caller: Any) -> "tuple[int, int] | None":
         """For a block's exit run in frame ``caller``: (the hold it ends, its
-        fence), taken off the record; None when no statement entered it here
+        fence), taken off the record, the hold 0 when it was released by hand
+        (nothing left to end); None when no statement entered it here
         (``ExitStack``, ``__enter__()`` by hand: the exit ends the current
         hold, as before)."""
         blocks = self._blocks
@@ -688,6 +713,8 @@ class LockBase:
                                lock_name=self.name)
         if block is not None and block[0] != self._hold_no:
             raise self._gone_hold(block[1])
+        if self._blocks:
+            self._mark_released(self._hold_no)
         # Judged before the first yield (under the sync lock's _io; before the
         # asyncio flavour can yield to the loop): a renewal that runs late
         # must not make an expired lease look valid.
