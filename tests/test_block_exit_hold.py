@@ -554,3 +554,32 @@ def test_an_interrupt_in_the_acquires_clean_up_after_the_grant_leaves_nothing_he
     assert _holders(nodes3, lock.key) == 0
     with lock:  # free for the next block
         pass
+
+
+@pytest.mark.parametrize("how", ["create_task", "gather"])
+def test_a_hold_a_child_task_takes_by_hand_is_left_to_that_task(
+        how: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """``async with L: await L.release(); await create_task(take())``: the
+    child task's hold is its own; the block's exit leaves it (quietly: the
+    block released its own), and the child releases it."""
+    mgr = make_manager(nodes3)
+    name = f"block-child-{how}"
+
+    async def scenario() -> tuple[bool, int]:
+        alock = mgr.alock(name, ttl=5)
+
+        async def take() -> None:
+            assert await alock.acquire(timeout=2)
+
+        async with alock:
+            await alock.release()
+            if how == "create_task":
+                await asyncio.create_task(take())
+            else:
+                await asyncio.gather(take())
+        owned, held_on = alock.owned(), _holders(nodes3, mgr.key(name))
+        await alock.release()
+        return owned, held_on
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 20)) == (True, 3)
+    assert _holders(nodes3, mgr.key(name)) == 0

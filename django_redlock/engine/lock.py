@@ -301,7 +301,8 @@ class Lock(LockBase):
             # Bound to the hold it is for: by the section's end, the object
             # may hold anew (its lease ran out, another thread acquired).
             finalizers.put_off(functools.partial(
-                self._release, block if block is not None else (self._hold_no, self.fence)))
+                self._release_put_off,
+                block if block is not None else (self._hold_no, self.fence)))
             return True
         if self._pid != getpid():
             self._check_process()
@@ -314,6 +315,15 @@ class Lock(LockBase):
                 self._io.release()
         self._release_steps(plan, step, functools.partial(finalizers.call_later, events.send))
         return True
+
+    def _release_put_off(self, block: "tuple[int, int]") -> None:
+        """A release put off to a section's end: a hold lost (or gone) by then
+        is a warning, as a collection's exit outside a section logs it, not
+        a failure of the put-off work with its traceback."""
+        try:
+            self._release(block)
+        except LockLost as exc:
+            logger.warning("lock %r, released after a garbage collection: %s", self.name, exc)
 
     def _release_steps(self, plan: HoldPlan, step: Any,
                        send: Callable[..., Any] = events.send) -> None:
