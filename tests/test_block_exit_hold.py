@@ -583,3 +583,196 @@ def test_a_hold_a_child_task_takes_by_hand_is_left_to_that_task(
 
     assert asyncio.run(asyncio.wait_for(scenario(), 20)) == (True, 3)
     assert _holders(nodes3, mgr.key(name)) == 0
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+@pytest.mark.parametrize("how", ["release", "lapse"])
+def test_a_lock_entered_in_a_contextmanager_helper_ends_what_its_caller_retakes(
+        how: str, flavour: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """``with critical(): ...`` where ``critical()`` is a ``@contextmanager``
+    (``@asynccontextmanager``) doing ``with L: yield``: the caller releases
+    by hand and takes the lock again, or takes it again after the lease ran
+    out. The helper's frame is suspended, on no stack the acquire runs on;
+    the hold was taken by hand by the block's own thread (task): the
+    helper's exit ends it (left, it stayed held and renewed for good)."""
+    import contextlib
+
+    mgr = make_manager(nodes3)
+    name = f"block-helper-{how}-{flavour}"
+    if flavour == "sync":
+        lock = mgr.lock(name, ttl=_TTL, auto_renew=False)
+
+        @contextlib.contextmanager
+        def critical() -> Any:
+            with lock:
+                yield
+
+        try:
+            with critical():
+                if how == "release":
+                    lock.release()
+                else:
+                    time.sleep(_TTL + 0.05)
+                assert lock.acquire(timeout=2)
+        except LockLost:
+            pytest.fail("LockLost for a hold the block's own thread took")
+        owned = lock.owned()
+    else:
+        async def scenario() -> bool:
+            alock = mgr.alock(name, ttl=_TTL, auto_renew=False)
+
+            @contextlib.asynccontextmanager
+            async def critical() -> Any:
+                async with alock:
+                    yield
+
+            async with critical():
+                if how == "release":
+                    await alock.release()
+                else:
+                    await asyncio.sleep(_TTL + 0.05)
+                assert await alock.acquire(timeout=2)
+            return alock.owned()
+        owned = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert owned is False
+    assert _holders(nodes3, mgr.key(name)) == 0
+
+
+@pytest.mark.parametrize("how", ["wait_for", "shield"])
+def test_an_async_generators_block_ends_a_hold_retaken_through_a_task(
+        how: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """``async with L`` inside an async generator, released by hand and
+    taken again through ``wait_for`` / ``shield`` (a task of their own): the
+    chain of awaits stops at the generator (``asend``), so no block adopted
+    the hold; it was taken by hand for the block's own task, and the block's
+    exit ends it."""
+    mgr = make_manager(nodes3)
+    name = f"block-agen-{how}"
+
+    async def scenario() -> bool:
+        alock = mgr.alock(name, ttl=5)
+
+        async def rows() -> Any:
+            async with alock:
+                await alock.release()
+                if how == "wait_for":
+                    assert await asyncio.wait_for(alock.acquire(), 3)
+                else:
+                    assert await asyncio.shield(alock.acquire(timeout=3))
+                yield 1
+
+        async for _ in rows():
+            pass
+        return alock.owned()
+
+    assert asyncio.run(asyncio.wait_for(scenario(), 20)) is False
+    assert _holders(nodes3, mgr.key(name)) == 0
+
+
+def test_an_async_task_cancelled_after_its_grant_leaves_another_tasks_hold_alone(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """Task A's ``async with`` is granted, then its slow ``lock_acquired``
+    receiver outlasts the lease; task B enters the same object (a new hold);
+    A is cancelled: A's take-back releases A's own hold, not B's (it
+    released the object's current hold, B's, while B was inside)."""
+    from django_redlock import signals
+
+    mgr = make_manager(nodes3)
+    rival = make_manager(nodes3).lock("block-cancel-other", ttl=5)
+    first = [True]
+
+    async def slow(sender: Any, **kwargs: Any) -> None:
+        if kwargs["name"] == "block-cancel-other" and first:
+            first.clear()
+            await asyncio.sleep(1.0)
+
+    signals.lock_acquired.connect(slow, weak=False, dispatch_uid="block-cancel-other")
+    try:
+        async def scenario() -> dict[str, Any]:
+            lock = mgr.alock("block-cancel-other", ttl=_TTL, auto_renew=False)
+            seen: dict[str, Any] = {}
+
+            async def a() -> None:
+                async with lock:
+                    await asyncio.sleep(5)
+
+            async def b() -> None:
+                async with lock:
+                    await asyncio.sleep(0.15)  # A is cancelled meanwhile
+                    seen["B owned"] = lock.owned()
+                    seen["held on"] = _holders(nodes3, lock.key)
+                    seen["rival got in"] = await asyncio.to_thread(rival.acquire, timeout=0)
+
+            task_a = asyncio.create_task(a())
+            await asyncio.sleep(_TTL + 0.1)  # A's lease ran out; A is in the receiver
+            task_b = asyncio.create_task(b())
+            await asyncio.sleep(0.05)  # B holds
+            task_a.cancel()
+            results = await asyncio.gather(task_a, task_b, return_exceptions=True)
+            seen["A, B"] = [type(r).__name__ for r in results]
+            seen["records"] = sum(len(v) for v in (lock._blocks or {}).values())
+            return seen
+
+        seen = asyncio.run(asyncio.wait_for(scenario(), 20))
+    finally:
+        signals.lock_acquired.disconnect(dispatch_uid="block-cancel-other")
+    if seen.get("rival got in"):
+        rival.release()
+    assert seen == {"B owned": True, "held on": 3, "rival got in": False,
+                    "A, B": ["CancelledError", "NoneType"], "records": 0}
+
+
+def test_a_retake_interrupted_after_its_grant_inside_a_block_is_no_loss(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """Inside ``with LOCK``: released by hand, taken again by hand (the block
+    adopts it), and that acquire is interrupted after its grant (a signal
+    handler's exception in its clean-up): the hold is taken back as a
+    release; another thread then enters; the block's exit is quiet (it
+    raised ``LockLost``, "its lease ran out", though nothing was lost)."""
+    import sys as _sys
+
+    class SoftTimeLimit(Exception):
+        pass
+
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("block-retake-interrupted", ttl=5)
+    rival = make_manager(nodes3).lock("block-retake-interrupted", ttl=5)
+    armed = [True]
+    b_inside, a_left = threading.Event(), threading.Event()
+    seen: dict[str, Any] = {}
+
+    def prof(frame: Any, event: str, arg: Any) -> None:
+        if (armed[0] and event == "call" and frame.f_code.co_name == "_remove"
+                and lock._state == "held"):
+            armed[0] = False
+            raise SoftTimeLimit
+
+    def thread_b() -> None:
+        with lock:
+            b_inside.set()
+            assert a_left.wait(5)
+            seen["B owned at A's exit"] = lock.owned()
+
+    worker = threading.Thread(target=thread_b)
+    try:
+        with lock:
+            lock.release()
+            assert rival.acquire()
+            threading.Timer(0.3, rival.release).start()  # the retake waits in line
+            _sys.setprofile(prof)
+            try:
+                lock.acquire(timeout=3)
+            except SoftTimeLimit:
+                seen["retake"] = "interrupted"
+            finally:
+                _sys.setprofile(None)
+            worker.start()
+            assert b_inside.wait(5)
+        seen["A"] = "left quietly"
+    except LockLost:
+        seen["A"] = "LockLost"
+    finally:
+        a_left.set()
+        worker.join(10)
+    assert seen == {"retake": "interrupted", "A": "left quietly", "B owned at A's exit": True}
+    assert _holders(nodes3, lock.key) == 0

@@ -574,6 +574,7 @@ class AsyncLock(LockBase):
             self.granted_nodes = result.granted  # for the debug-toolbar panel
             try:
                 self._on_acquired(token, result.fence, result.valid_until, block)
+                granted = (self._hold_no, self.fence)
             except QuorumUnavailable:
                 # Granted on a retired manager closed meanwhile (_enter_hold):
                 # not held, so taken back where the nodes can still be reached
@@ -601,9 +602,11 @@ class AsyncLock(LockBase):
             except asyncio.CancelledError:
                 # Cancelled meanwhile (or in a signal receiver): the caller
                 # never learns it holds the lock, so it must not stay held.
-                self._unrecord_block(block)
+                # Its own hold: the object may hold anew by now (its lease
+                # ran out during a slow receiver, another task entered).
+                self._unrecord_block(block, granted[0])
                 try:
-                    await self.release()
+                    await self._release(granted)
                 except (RedlockError, asyncio.CancelledError):
                     pass
                 raise
@@ -623,6 +626,22 @@ class AsyncLock(LockBase):
                     await _complete(_give_up(mgr, self.transport, self._key_b,
                                              self._fence_key_b, self._waiters_key_b, token,
                                              self._entries(waiter.sub)))
+
+    def _hand_owner(self) -> object:
+        """The task taking a hold by hand, or the task that awaits it through
+        ``wait_for`` / ``shield`` (see :meth:`_adopt_blocks`)."""
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:
+            return threading.get_ident()
+        for _ in range(8):
+            outer = awaiting_task(task, False) if task is not None else None
+            if outer is None:
+                break
+            task = outer
+        # Weak: the lock must not keep a finished task alive (two weak
+        # references compare equal while their task lives).
+        return weakref.ref(task) if task is not None else threading.get_ident()
 
     def _adopt_blocks(self, frame: Any) -> None:
         """As a sync lock's (LockBase), and through a task that
@@ -914,6 +933,8 @@ class AsyncLock(LockBase):
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         block = self._block_of(sys._getframe(1)) if self._blocks else None
+        if self._exit_ends_current(block):
+            block = None  # taken by hand by this block's own task: its to end
         if self._state == _UNLOCKED or self._pid != os.getpid() or (block is not None
                                                                     and block[0] == 0):
             return  # released by hand inside the block, or a forked child

@@ -163,7 +163,7 @@ class Lock(LockBase):
             # waiter's give-up below already releases; a failed round
             # (RedlockError) released what it took itself.
             if served or (subscription is None and not isinstance(exc, RedlockError)):
-                self._unrecord_block(block)
+                self._unrecord_block(block, self._hold_no if self._token == token else -1)
                 self._take_back(token, exc)
             raise
         finally:
@@ -183,7 +183,7 @@ class Lock(LockBase):
                 # exception in the subscription's clean-up): the caller never
                 # learns it holds the lock; taken back as above.
                 if served and self._token == token:
-                    self._unrecord_block(block)
+                    self._unrecord_block(block, self._hold_no)
                     self._take_back(token, exc)
                 raise
 
@@ -205,6 +205,8 @@ class Lock(LockBase):
         try:
             with self._io:
                 if self._token == token:
+                    if self._blocks:  # blocks on it (adopted): released, nothing lost
+                        self._mark_released(self._hold_no)
                     self._token = ""  # before the state (protocol._mark_lost_plan)
                     self._state = _UNLOCKED
                     self._valid_until = 0.0
@@ -324,6 +326,8 @@ class Lock(LockBase):
             self._release(block)
         except LockLost as exc:
             logger.warning("lock %r, released after a garbage collection: %s", self.name, exc)
+        except LockNotOwned:
+            pass  # that hold ended meanwhile (its lease, a release): nothing to do
 
     def _release_steps(self, plan: HoldPlan, step: Any,
                        send: Callable[..., Any] = events.send) -> None:
@@ -485,6 +489,8 @@ class Lock(LockBase):
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         block = self._block_of(sys._getframe(1)) if self._blocks else None
+        if self._exit_ends_current(block):
+            block = None  # taken by hand by this block's own thread: its to end
         if self._state == _UNLOCKED or self._pid != getpid() or (block is not None
                                                                  and block[0] == 0):
             return  # released by hand inside the block, or a forked child

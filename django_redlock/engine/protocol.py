@@ -29,6 +29,7 @@ from __future__ import annotations
 import functools
 import math
 import sys
+import threading
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Generator, NamedTuple, Protocol, Sequence, Union
 
@@ -38,6 +39,7 @@ from ..core.owner import new_token, owner_json
 from ..core.pid import getpid
 from ..core.retry import jittered_delay
 from ..exceptions import LockLost, LockNotAcquired, LockNotOwned, QuorumUnavailable, RedlockError
+from ..transport import finalizers
 from ..transport.finalizers import get_logger
 from ..transport.sync import call_deadline, round_began
 from . import events, held, rounds
@@ -391,6 +393,9 @@ class LockBase:
         #: last, each [its code, the hold it ends, that hold's fence]; made at
         #: the first (see _record_block).
         self._blocks: dict[int, list[list[Any]]] | None = None
+        #: Who took the current hold by hand (``_hand_owner``): None when a
+        #: block's statement took it.
+        self._by_hand: object = None
         #: What held the key at the last refusal when it was not a lock
         #: (rounds.obstacle), for the busy error.
         self._obstacle = ""
@@ -498,11 +503,31 @@ class LockBase:
         it becomes the hold of the open blocks on the acquiring stack."""
         blocks = self._blocks
         if block is not None:
+            self._by_hand = None
             if blocks is None:
                 blocks = self._blocks = {}
             blocks.setdefault(id(block), []).append([block.f_code, self._hold_no, self.fence])
-        elif blocks:
+            return
+        self._by_hand = self._hand_owner()
+        if blocks:
             self._adopt_blocks(sys._getframe(2))
+
+    def _hand_owner(self) -> object:
+        """Who takes a hold by hand: the thread (AsyncLock: the task)."""
+        return threading.get_ident()
+
+    def _exit_ends_current(self, block: "tuple[int, int] | None") -> bool:
+        """Whether the exit of a block whose own hold is gone (``block``:
+        its record) ends the object's current hold all the same: one taken
+        by hand by the block's own thread (task), which no block adopted
+        because its frame was not on the acquiring stack (a lock entered in
+        a ``@contextmanager`` helper: the helper's generator is suspended
+        while the caller's block runs). Not when a garbage collection runs
+        the exit: a generator left suspended inside ``with L`` is not the
+        code that took the hold (tests/test_block_exit_hold.py)."""
+        return (block is not None and block[0] != self._hold_no
+                and self._state != _UNLOCKED and self._by_hand is not None
+                and self._by_hand == self._hand_owner() and not finalizers.finalizing())
 
     def _adopt_blocks(self, frame: Any) -> None:
         """A hold taken by hand in ``frame`` (or deeper): the open blocks of
@@ -520,13 +545,14 @@ class LockBase:
                 if entry[0] is frame.f_code and entry[1] != hold:
                     entry[1], entry[2] = hold, self.fence
 
-    def _unrecord_block(self, block: Any) -> None:
-        """Drop the record ``_record_block`` made for the hold just granted to
-        the block in frame ``block``: the acquire failed after it (interrupted,
-        cancelled; the hold was taken back), and no exit will claim it (a
-        module-level lock's records grew by one per cancelled request)."""
+    def _unrecord_block(self, block: Any, hold: int) -> None:
+        """Drop the record ``_record_block`` made for hold ``hold``, granted
+        to the block in frame ``block``: the acquire failed after it
+        (interrupted, cancelled; the hold was taken back), and no exit will
+        claim it (a module-level lock's records grew by one per cancelled
+        request)."""
         entries = self._blocks.get(id(block)) if self._blocks and block is not None else None
-        if entries and entries[-1][0] is block.f_code and entries[-1][1] == self._hold_no:
+        if entries and entries[-1][0] is block.f_code and entries[-1][1] == hold:
             entries.pop()
             if not entries:
                 self._blocks.pop(id(block), None)  # type: ignore[union-attr]
