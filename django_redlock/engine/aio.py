@@ -627,22 +627,6 @@ class AsyncLock(LockBase):
                                              self._fence_key_b, self._waiters_key_b, token,
                                              self._entries(waiter.sub)))
 
-    def _hand_owner(self) -> object:
-        """The task taking a hold by hand, or the task that awaits it through
-        ``wait_for`` / ``shield`` (see :meth:`_adopt_blocks`)."""
-        try:
-            task = asyncio.current_task()
-        except RuntimeError:
-            return threading.get_ident()
-        for _ in range(8):
-            outer = awaiting_task(task, False) if task is not None else None
-            if outer is None:
-                break
-            task = outer
-        # Weak: the lock must not keep a finished task alive (two weak
-        # references compare equal while their task lives).
-        return weakref.ref(task) if task is not None else threading.get_ident()
-
     def _adopt_blocks(self, frame: Any) -> None:
         """As a sync lock's (LockBase), and through a task that
         ``asyncio.wait_for`` (before 3.12) or ``asyncio.shield`` made for the
@@ -666,12 +650,14 @@ class AsyncLock(LockBase):
             if task is None:
                 return
             coro: Any = task.get_coro()
+            frames: dict[int, Any] = {}
             for _ in range(256):  # down its suspended chain of awaits
                 at = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
                 if at is None:
                     break
-                self._adopt_at(at)
+                frames[id(at)] = at.f_code
                 coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+            self._adopt_on(frames)
 
     def _on_acquired(self, token: str, fence: int, valid_until: float,
                      block: Any = None) -> None:
@@ -933,8 +919,6 @@ class AsyncLock(LockBase):
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         block = self._block_of(sys._getframe(1)) if self._blocks else None
-        if self._exit_ends_current(block):
-            block = None  # taken by hand by this block's own task: its to end
         if self._state == _UNLOCKED or self._pid != os.getpid() or (block is not None
                                                                     and block[0] == 0):
             return  # released by hand inside the block, or a forked child

@@ -16,6 +16,7 @@ and ``ExitStack.enter_context(L)`` are left through another frame (or by
 
 from __future__ import annotations
 
+import contextlib
 import dis
 from typing import Any
 
@@ -72,3 +73,23 @@ def entered_by_statement(caller: Any) -> bool:
     awaits ``__aenter__``) stands at a ``with`` / ``async with`` statement's
     entry: the block is left through this frame's exit."""
     return caller.f_lasti in statement_entry_offsets(caller.f_code)
+
+
+_CONTEXTLIB_FILE = contextlib.__file__
+_HELPER_ENTRIES = frozenset({"__enter__", "__aenter__"})
+
+
+def helper_caller(block: Any) -> Any:
+    """For a block in a ``@contextmanager`` (``@asynccontextmanager``)
+    helper (``with L: yield``), entered from the helper's ``__enter__``: the
+    frame of the caller's ``with helper():``, else None. While the caller's
+    block runs, the helper's frame is suspended, on no stack; a hold its
+    caller takes by hand is the helper's block's to end all the same
+    (``LockBase._adopt_blocks``)."""
+    entry = block.f_back
+    if entry is None:
+        return None
+    code = entry.f_code
+    if code.co_name in _HELPER_ENTRIES and code.co_filename == _CONTEXTLIB_FILE:
+        return entry.f_back
+    return None

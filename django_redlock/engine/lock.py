@@ -489,8 +489,6 @@ class Lock(LockBase):
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         block = self._block_of(sys._getframe(1)) if self._blocks else None
-        if self._exit_ends_current(block):
-            block = None  # taken by hand by this block's own thread: its to end
         if self._state == _UNLOCKED or self._pid != getpid() or (block is not None
                                                                  and block[0] == 0):
             return  # released by hand inside the block, or a forked child

@@ -29,7 +29,6 @@ from __future__ import annotations
 import functools
 import math
 import sys
-import threading
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Generator, NamedTuple, Protocol, Sequence, Union
 
@@ -39,10 +38,10 @@ from ..core.owner import new_token, owner_json
 from ..core.pid import getpid
 from ..core.retry import jittered_delay
 from ..exceptions import LockLost, LockNotAcquired, LockNotOwned, QuorumUnavailable, RedlockError
-from ..transport import finalizers
 from ..transport.finalizers import get_logger
 from ..transport.sync import call_deadline, round_began
 from . import events, held, rounds
+from .blocks import helper_caller
 
 if TYPE_CHECKING:
     from ..transport.notify import Subscription
@@ -393,9 +392,6 @@ class LockBase:
         #: last, each [its code, the hold it ends, that hold's fence]; made at
         #: the first (see _record_block).
         self._blocks: dict[int, list[list[Any]]] | None = None
-        #: Who took the current hold by hand (``_hand_owner``): None when a
-        #: block's statement took it.
-        self._by_hand: object = None
         #: What held the key at the last refusal when it was not a lock
         #: (rounds.obstacle), for the busy error.
         self._obstacle = ""
@@ -503,46 +499,38 @@ class LockBase:
         it becomes the hold of the open blocks on the acquiring stack."""
         blocks = self._blocks
         if block is not None:
-            self._by_hand = None
             if blocks is None:
                 blocks = self._blocks = {}
-            blocks.setdefault(id(block), []).append([block.f_code, self._hold_no, self.fence])
-            return
-        self._by_hand = self._hand_owner()
-        if blocks:
+            helper = helper_caller(block)
+            blocks.setdefault(id(block), []).append(
+                [block.f_code, self._hold_no, self.fence,
+                 id(helper) if helper is not None else 0,
+                 helper.f_code if helper is not None else None])
+        elif blocks:
             self._adopt_blocks(sys._getframe(2))
-
-    def _hand_owner(self) -> object:
-        """Who takes a hold by hand: the thread (AsyncLock: the task)."""
-        return threading.get_ident()
-
-    def _exit_ends_current(self, block: "tuple[int, int] | None") -> bool:
-        """Whether the exit of a block whose own hold is gone (``block``:
-        its record) ends the object's current hold all the same: one taken
-        by hand by the block's own thread (task), which no block adopted
-        because its frame was not on the acquiring stack (a lock entered in
-        a ``@contextmanager`` helper: the helper's generator is suspended
-        while the caller's block runs). Not when a garbage collection runs
-        the exit: a generator left suspended inside ``with L`` is not the
-        code that took the hold (tests/test_block_exit_hold.py)."""
-        return (block is not None and block[0] != self._hold_no
-                and self._state != _UNLOCKED and self._by_hand is not None
-                and self._by_hand == self._hand_owner() and not finalizers.finalizing())
 
     def _adopt_blocks(self, frame: Any) -> None:
         """A hold taken by hand in ``frame`` (or deeper): the open blocks of
-        this object whose frames are on that stack end it at their exit."""
-        while frame is not None and self._blocks:
-            self._adopt_at(frame)
+        this object whose frames are on that stack end it at their exit, and
+        so do those entered in a ``@contextmanager`` helper whose caller's
+        ``with`` is on it (the helper's own frame is suspended meanwhile)."""
+        on_stack: dict[int, Any] = {}
+        for _ in range(1000):  # bounded: a deep stack adopts from its top 1000 frames
+            if frame is None:
+                break
+            on_stack[id(frame)] = frame.f_code
             frame = frame.f_back
+        self._adopt_on(on_stack)
 
-    def _adopt_at(self, frame: Any) -> None:
-        """The current hold becomes the hold of the open blocks in ``frame``."""
-        entries = self._blocks.get(id(frame)) if self._blocks else None
-        if entries:
-            hold = self._hold_no
+    def _adopt_on(self, frames: "dict[int, Any]") -> None:
+        """The current hold becomes the hold of the open blocks whose frame,
+        or whose helper's caller, is one of ``frames`` (id -> its code)."""
+        hold = self._hold_no
+        for key, entries in list(self._blocks.items()) if self._blocks else ():
             for entry in entries:
-                if entry[0] is frame.f_code and entry[1] != hold:
+                if entry[1] == hold:
+                    continue
+                if frames.get(key) is entry[0] or (entry[3] and frames.get(entry[3]) is entry[4]):
                     entry[1], entry[2] = hold, self.fence
 
     def _unrecord_block(self, block: Any, hold: int) -> None:
