@@ -828,3 +828,89 @@ def test_a_generators_block_ending_leaves_the_threads_own_later_hold(
         assert rival.acquire(timeout=0) is False
     finally:
         lock.release()
+
+
+def test_a_helper_entered_through_an_exit_stack_takes_no_later_stacks_hold(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """``s1.enter_context(helper())`` (a ``@contextmanager`` doing ``with L:
+    yield``), its hold released by hand, then ``s2.enter_context(L)`` (a
+    hold of ``s2``'s): closing ``s1`` leaves ``s2``'s hold alone. The
+    helper's caller was ``enter_context``'s frame, which returned at once;
+    the next one, at the same address, took ``s2``'s hold for the helper's
+    block (two holders, about one run in three). 20 tries."""
+    import contextlib
+
+    mgr = make_manager(nodes3)
+    rival_mgr = make_manager(nodes3)
+    for i in range(20):
+        lock = mgr.lock(f"block-stack-{i}", ttl=5)
+
+        @contextlib.contextmanager
+        def helper(lock: Any = lock) -> Any:
+            with lock:
+                yield
+
+        first = contextlib.ExitStack()
+        first.enter_context(helper())
+        lock.release()
+        second = contextlib.ExitStack()
+        second.enter_context(lock)
+        first.close()
+        try:
+            assert lock.owned(), i
+            assert _holders(nodes3, lock.key) == 3, i
+            assert rival_mgr.lock(f"block-stack-{i}").acquire(timeout=0) is False, i
+        finally:
+            second.close()
+        assert _holders(nodes3, lock.key) == 0
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_a_lock_entered_in_a_helper_within_a_helper_ends_what_the_caller_retakes(
+        flavour: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """``outer()`` does ``with inner(): yield``, ``inner()`` does ``with L:
+    yield``; the caller of ``with outer():`` releases by hand and takes L
+    again: the innermost helper's block ends that hold (both helpers'
+    frames are suspended meanwhile; it stayed held, renewed)."""
+    import contextlib
+
+    mgr = make_manager(nodes3)
+    name = f"block-nested-helper-{flavour}"
+    if flavour == "sync":
+        lock = mgr.lock(name, ttl=5)
+
+        @contextlib.contextmanager
+        def inner() -> Any:
+            with lock:
+                yield
+
+        @contextlib.contextmanager
+        def outer() -> Any:
+            with inner():
+                yield
+
+        with outer():
+            lock.release()
+            assert lock.acquire(timeout=2)
+        owned = lock.owned()
+    else:
+        async def scenario() -> bool:
+            alock = mgr.alock(name, ttl=5)
+
+            @contextlib.asynccontextmanager
+            async def inner() -> Any:
+                async with alock:
+                    yield
+
+            @contextlib.asynccontextmanager
+            async def outer() -> Any:
+                async with inner():
+                    yield
+
+            async with outer():
+                await alock.release()
+                assert await alock.acquire(timeout=2)
+            return alock.owned()
+        owned = asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert owned is False
+    assert _holders(nodes3, mgr.key(name)) == 0

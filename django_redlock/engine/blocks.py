@@ -79,17 +79,31 @@ _CONTEXTLIB_FILE = contextlib.__file__
 _HELPER_ENTRIES = frozenset({"__enter__", "__aenter__"})
 
 
-def helper_caller(block: Any) -> Any:
+def helper_callers(block: Any) -> "tuple[tuple[int, Any], ...]":
     """For a block in a ``@contextmanager`` (``@asynccontextmanager``)
-    helper (``with L: yield``), entered from the helper's ``__enter__``: the
-    frame of the caller's ``with helper():``, else None. While the caller's
-    block runs, the helper's frame is suspended, on no stack; a hold its
-    caller takes by hand is the helper's block's to end all the same
-    (``LockBase._adopt_blocks``)."""
-    entry = block.f_back
-    if entry is None:
-        return None
-    code = entry.f_code
-    if code.co_name in _HELPER_ENTRIES and code.co_filename == _CONTEXTLIB_FILE:
-        return entry.f_back
-    return None
+    helper (``with L: yield``) entered by its caller's ``with helper():``:
+    the frames of those callers' statements, innermost first, as (id,
+    code) pairs (a helper inside a helper: each level), else ``()``.
+
+    While the caller's block runs, the helper's frame is suspended, on no
+    stack; a hold its caller takes by hand is the helper's block's to end
+    all the same (``LockBase._adopt_blocks``). Only callers that entered
+    the helper by a statement count: a frame that entered it by hand
+    (``ExitStack.enter_context``) returns at once, and its id went to the
+    next frame made, of the same code (another stack's ``enter_context``),
+    whose hold the helper's block then took for its own."""
+    callers: list[tuple[int, Any]] = []
+    frame = block
+    for _ in range(16):  # helpers within helpers, bounded
+        entry = frame.f_back
+        if entry is None:
+            break
+        code = entry.f_code
+        if code.co_name not in _HELPER_ENTRIES or code.co_filename != _CONTEXTLIB_FILE:
+            break
+        caller = entry.f_back
+        if caller is None or not entered_by_statement(caller):
+            break
+        callers.append((id(caller), caller.f_code))
+        frame = caller
+    return tuple(callers)

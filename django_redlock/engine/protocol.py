@@ -41,7 +41,7 @@ from ..exceptions import LockLost, LockNotAcquired, LockNotOwned, QuorumUnavaila
 from ..transport.finalizers import get_logger
 from ..transport.sync import call_deadline, round_began
 from . import events, held, rounds
-from .blocks import helper_caller
+from .blocks import helper_callers
 
 if TYPE_CHECKING:
     from ..transport.notify import Subscription
@@ -501,11 +501,8 @@ class LockBase:
         if block is not None:
             if blocks is None:
                 blocks = self._blocks = {}
-            helper = helper_caller(block)
             blocks.setdefault(id(block), []).append(
-                [block.f_code, self._hold_no, self.fence,
-                 id(helper) if helper is not None else 0,
-                 helper.f_code if helper is not None else None])
+                [block.f_code, self._hold_no, self.fence, helper_callers(block)])
         elif blocks:
             self._adopt_blocks(sys._getframe(2))
 
@@ -530,7 +527,8 @@ class LockBase:
             for entry in entries:
                 if entry[1] == hold:
                     continue
-                if frames.get(key) is entry[0] or (entry[3] and frames.get(entry[3]) is entry[4]):
+                if frames.get(key) is entry[0] or any(
+                        frames.get(at) is code for at, code in entry[3]):
                     entry[1], entry[2] = hold, self.fence
 
     def _unrecord_block(self, block: Any, hold: int) -> None:
