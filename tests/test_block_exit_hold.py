@@ -914,3 +914,92 @@ def test_a_lock_entered_in_a_helper_within_a_helper_ends_what_the_caller_retakes
         owned = asyncio.run(asyncio.wait_for(scenario(), 20))
     assert owned is False
     assert _holders(nodes3, mgr.key(name)) == 0
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_a_block_whose_hold_lapsed_raises_lock_lost_after_a_newer_hold_came_and_went(
+        flavour: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """A's lease runs out inside its block; B enters the same object and
+    leaves before A does: A's exit still raises ``LockLost`` (it left
+    quietly, the object being unlocked by then, as after a release by
+    hand)."""
+    mgr = make_manager(nodes3)
+    name = f"block-came-and-went-{flavour}"
+    seen: dict[str, Any] = {}
+    if flavour == "sync":
+        lock = mgr.lock(name, ttl=_TTL, auto_renew=False)
+        b_left = threading.Event()
+
+        def thread_b() -> None:
+            time.sleep(_TTL + 0.05)
+            with lock:
+                pass
+            b_left.set()
+
+        worker = threading.Thread(target=thread_b)
+        worker.start()
+        try:
+            with lock:
+                assert b_left.wait(5)
+        except LockLost:
+            seen["A"] = "LockLost"
+        else:
+            seen["A"] = "left quietly"
+        worker.join(10)
+    else:
+        async def scenario() -> None:
+            alock = mgr.alock(name, ttl=_TTL, auto_renew=False)
+            b_left = asyncio.Event()
+
+            async def task_b() -> None:
+                await asyncio.sleep(_TTL + 0.05)
+                async with alock:
+                    pass
+                b_left.set()
+
+            other = asyncio.create_task(task_b())
+            try:
+                async with alock:
+                    await b_left.wait()
+            except LockLost:
+                seen["A"] = "LockLost"
+            else:
+                seen["A"] = "left quietly"
+            await other
+        asyncio.run(asyncio.wait_for(scenario(), 20))
+    assert seen == {"A": "LockLost"}
+    assert _holders(nodes3, mgr.key(name)) == 0
+
+
+def test_a_block_whose_hold_the_exit_hook_released_leaves_a_later_hold_quietly(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """``release_held_locks()`` (a SIGTERM handler's, the process going on)
+    releases A's hold while A is inside its block; B then takes the object:
+    A's exit is quiet and leaves B's hold (it raised "lost before this
+    block ended", though the hold was released, not lost)."""
+    from django_redlock import release_held_locks
+
+    lock = make_manager(nodes3).lock("block-exit-hook", ttl=5)
+    b_inside, a_left = threading.Event(), threading.Event()
+    seen: dict[str, Any] = {}
+
+    def thread_b() -> None:
+        with lock:
+            b_inside.set()
+            assert a_left.wait(5)
+            seen["B owned at A's exit"] = lock.owned()
+
+    worker = threading.Thread(target=thread_b)
+    try:
+        with lock:
+            release_held_locks()
+            worker.start()
+            assert b_inside.wait(5)
+        seen["A"] = "left quietly"
+    except LockLost:
+        seen["A"] = "LockLost"
+    finally:
+        a_left.set()
+        worker.join(10)
+    assert seen == {"A": "left quietly", "B owned at A's exit": True}
+    assert _holders(nodes3, lock.key) == 0

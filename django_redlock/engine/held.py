@@ -129,6 +129,8 @@ def _release_held(budget: float) -> int:
             # longer than the TTL): a node that misses the release is sent it
             # again for that long, as ``release()`` does (engine/leftovers.py).
             lease = lock._key_life(lock.manager.clock())
+            if lock._blocks:  # blocks open on it: released, not lost
+                lock._mark_released(lock._hold_no)
             lock._token = ""  # before the state (protocol._mark_lost_plan)
             lock._state = "unlocked"
             lock._valid_until = 0.0
