@@ -41,6 +41,35 @@ def _holders(nodes: RedisNodes, key: str) -> int:
     return sum(bool(server.client().exists(key)) for server in nodes)
 
 
+def _run_threads(*targets: Callable[[], None]) -> None:
+    """Run each target in a thread of its own; fail if one still runs after 20 s."""
+    threads = [threading.Thread(target=target) for target in targets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert not any(thread.is_alive() for thread in threads)
+
+
+def _second_block(lock: Any, inside: threading.Event, first_left: threading.Event,
+                  seen: dict[str, Any]) -> Callable[[], None]:
+    """Thread B: enters ``lock``, says so, and notes whether it still owns it
+    once the first block has left."""
+    def thread_b() -> None:
+        with lock:
+            inside.set()
+            assert first_left.wait(5)
+            seen["B owned at A's exit"] = lock.owned()
+    return thread_b
+
+
+def _assert_kept(nodes: RedisNodes, lock: Any, rival: Any) -> None:
+    """``lock``'s current hold is whole: owned, on every node, a rival refused."""
+    assert lock.owned()
+    assert _holders(nodes, lock.key) == len(nodes)
+    assert rival.acquire(timeout=0) is False
+
+
 def test_a_block_in_another_thread_whose_lease_ran_out_leaves_the_new_hold_alone(
         nodes3: RedisNodes, make_manager: MakeManager) -> None:
     """Two threads enter one module-level lock object; A's lease runs out,
@@ -74,12 +103,7 @@ def test_a_block_in_another_thread_whose_lease_ran_out_leaves_the_new_hold_alone
             seen["held on after A left"] = _holders(nodes3, lock.key)
             seen["rival got in"] = rival.acquire(timeout=0)
 
-    threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(20)
-    assert not any(thread.is_alive() for thread in threads)
+    _run_threads(thread_a, thread_b)
     if seen.get("rival got in"):
         rival.release()
     assert seen == {"A": "LockLost", "B owned after A left": True, "held on after A left": 3,
@@ -114,9 +138,7 @@ def test_a_collected_generators_block_leaves_the_hold_taken_by_hand_after_its_le
     finally:
         gc.enable()
     try:
-        assert lock.owned()
-        assert _holders(nodes3, lock.key) == 3
-        assert rival.acquire(timeout=0) is False
+        _assert_kept(nodes3, lock, rival)
     finally:
         lock.release()
 
@@ -257,12 +279,7 @@ def test_a_block_whose_lease_ran_out_inside_its_own_enter_leaves_the_new_hold_al
                     seen["B owned after A left"] = lock.owned()
                     seen["rival got in"] = rival.acquire(timeout=0)
 
-            threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
-            for thread in threads:
-                thread.start()
-            for thread in threads:
-                thread.join(20)
-            assert not any(thread.is_alive() for thread in threads)
+            _run_threads(thread_a, thread_b)
         else:
             async def scenario() -> None:
                 alock = mgr.alock(name, ttl=_TTL, auto_renew=False)
@@ -349,9 +366,7 @@ def test_nested_blocks_of_one_frame_each_end_their_own_hold(
                 pass
             next(gen)  # the generator's block: a third hold
     try:
-        assert lock.owned()
-        assert _holders(nodes3, lock.key) == 3
-        assert rival.acquire(timeout=0) is False
+        _assert_kept(nodes3, lock, rival)
     finally:
         gen.close()
     assert _holders(nodes3, lock.key) == 0
@@ -435,12 +450,7 @@ def test_a_block_that_released_by_hand_leaves_the_next_blocks_hold_quietly(
             seen["B owned"] = lock.owned()
             seen["held on"] = _holders(nodes3, lock.key)
 
-    threads = [threading.Thread(target=thread_a), threading.Thread(target=thread_b)]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(20)
-    assert not any(thread.is_alive() for thread in threads)
+    _run_threads(thread_a, thread_b)
     assert seen == {"A": "left quietly", "B owned": True, "held on": 3}
     assert _holders(nodes3, lock.key) == 0
 
@@ -757,13 +767,7 @@ def test_a_retake_interrupted_after_its_grant_inside_a_block_is_no_loss(
             armed[0] = False
             raise SoftTimeLimit
 
-    def thread_b() -> None:
-        with lock:
-            b_inside.set()
-            assert a_left.wait(5)
-            seen["B owned at A's exit"] = lock.owned()
-
-    worker = threading.Thread(target=thread_b)
+    worker = threading.Thread(target=_second_block(lock, b_inside, a_left, seen))
     try:
         with lock:
             lock.release()
@@ -823,9 +827,7 @@ def test_a_generators_block_ending_leaves_the_threads_own_later_hold(
             del gen  # refcount: finalized at once, no collection
         else:
             gen.close()
-        assert lock.owned()
-        assert _holders(nodes3, lock.key) == 3
-        assert rival.acquire(timeout=0) is False
+        _assert_kept(nodes3, lock, rival)
     finally:
         lock.release()
 
@@ -983,13 +985,7 @@ def test_a_block_whose_hold_the_exit_hook_released_leaves_a_later_hold_quietly(
     b_inside, a_left = threading.Event(), threading.Event()
     seen: dict[str, Any] = {}
 
-    def thread_b() -> None:
-        with lock:
-            b_inside.set()
-            assert a_left.wait(5)
-            seen["B owned at A's exit"] = lock.owned()
-
-    worker = threading.Thread(target=thread_b)
+    worker = threading.Thread(target=_second_block(lock, b_inside, a_left, seen))
     try:
         with lock:
             release_held_locks()
