@@ -1,6 +1,6 @@
 """The asyncio flavour: :class:`AsyncLock`, with the semantics of the sync :class:`Lock`.
 
-(Why one module of 750 lines: besides the thin driver of the protocol's plans,
+(Why one module of 940 lines: besides the thin driver of the protocol's plans,
 asyncio needs what a thread gets from the watchdog and the notice thread: renewals
 batched per event loop, the bridge from the notice thread to the loop, and the
 guard against a loop that stopped (the timeline below); apart, each would reach

@@ -1,6 +1,6 @@
 """The lock's protocol, written once: every rule of acquire, renew, release.
 
-(Why one module of 780 lines: the plans share one lock state and one set of
+(Why one module of 960 lines: the plans share one lock state and one set of
 steps; split, each plan would reach into the others' state.)
 
 Timeline of the race this protocol is built to survive::
