@@ -97,6 +97,7 @@ def test_a_block_in_another_thread_whose_lease_ran_out_leaves_the_new_hold_alone
         assert a_inside.wait(5)
         time.sleep(_TTL + 0.1)  # A's lease is out
         with lock:
+            lock.extend(5)  # a lease that outlasts the test's checks, under load too
             b_inside.set()
             assert a_left.wait(5)
             seen["B owned after A left"] = lock.owned()
@@ -134,6 +135,7 @@ def test_a_collected_generators_block_leaves_the_hold_taken_by_hand_after_its_le
         del gen, cycle
         time.sleep(_TTL + 0.05)
         assert lock.acquire(timeout=2)
+        lock.extend(5)  # a lease that outlasts the test's checks, under load too
         gc.collect()  # the generator's exit
     finally:
         gc.enable()
@@ -199,6 +201,7 @@ def test_an_asyncio_block_whose_lease_ran_out_leaves_the_new_hold_alone(
             await a_inside.wait()
             await asyncio.sleep(_TTL + 0.1)
             async with lock:
+                await lock.extend(5)  # a lease that outlasts the checks
                 b_inside.set()
                 await a_left.wait()
                 seen["B owned after A left"] = lock.owned()
@@ -274,6 +277,7 @@ def test_a_block_whose_lease_ran_out_inside_its_own_enter_leaves_the_new_hold_al
             def thread_b() -> None:
                 time.sleep(_TTL + 0.05)  # A's lease is out; A is still in its receiver
                 with lock:
+                    lock.extend(5)  # a lease that outlasts the checks
                     b_inside.set()
                     assert a_left.wait(5)
                     seen["B owned after A left"] = lock.owned()
@@ -298,6 +302,7 @@ def test_a_block_whose_lease_ran_out_inside_its_own_enter_leaves_the_new_hold_al
                 async def task_b() -> None:
                     await asyncio.sleep(_TTL + 0.05)
                     async with alock:
+                        await alock.extend(5)  # a lease that outlasts the checks
                         b_inside.set()
                         await a_left.wait()
                         seen["B owned after A left"] = alock.owned()
@@ -328,6 +333,7 @@ def test_a_block_that_takes_its_lapsed_lock_again_by_hand_ends_that_hold(
             time.sleep(_TTL + 0.05)
             assert not lock.owned()
             assert lock.acquire(timeout=2)
+            lock.extend(5)  # the exit must find it whole, under load too
         owned = lock.owned()
     else:
         async def scenario() -> bool:
@@ -336,6 +342,7 @@ def test_a_block_that_takes_its_lapsed_lock_again_by_hand_ends_that_hold(
                 await asyncio.sleep(_TTL + 0.05)
                 assert not alock.owned()
                 assert await alock.acquire(timeout=2)
+                await alock.extend(5)  # the exit must find it whole
             return alock.owned()
         owned = asyncio.run(asyncio.wait_for(scenario(), 20))
     assert owned is False
@@ -365,6 +372,7 @@ def test_nested_blocks_of_one_frame_each_end_their_own_hold(
             with lock:  # the outer's lease is out: a new hold
                 pass
             next(gen)  # the generator's block: a third hold
+            lock.extend(5)  # a lease that outlasts the checks, under load too
     try:
         _assert_kept(nodes3, lock, rival)
     finally:
@@ -401,6 +409,7 @@ def test_a_release_put_off_to_a_sections_end_ends_only_its_own_hold(
         try:
             gc.collect()  # the generator's exit: its release put off
             seen["acquired"] = lock.acquire(timeout=2)  # a new hold, inside the section
+            lock.extend(5)  # a lease that outlasts the checks
         finally:
             finalizers.leave()  # the put-off release runs here
         seen["owned after the section"] = lock.owned()
@@ -625,6 +634,7 @@ def test_a_lock_entered_in_a_contextmanager_helper_ends_what_its_caller_retakes(
                 else:
                     time.sleep(_TTL + 0.05)
                 assert lock.acquire(timeout=2)
+                lock.extend(5)  # the exit must find it whole, under load too
         except LockLost:
             pytest.fail("LockLost for a hold the block's own thread took")
         owned = lock.owned()
@@ -643,6 +653,7 @@ def test_a_lock_entered_in_a_contextmanager_helper_ends_what_its_caller_retakes(
                 else:
                     await asyncio.sleep(_TTL + 0.05)
                 assert await alock.acquire(timeout=2)
+                await alock.extend(5)  # the exit must find it whole
             return alock.owned()
         owned = asyncio.run(asyncio.wait_for(scenario(), 20))
     assert owned is False
@@ -718,6 +729,7 @@ def test_an_async_task_cancelled_after_its_grant_leaves_another_tasks_hold_alone
 
             async def b() -> None:
                 async with lock:
+                    await lock.extend(5)  # a lease that outlasts the checks
                     await asyncio.sleep(0.15)  # A is cancelled meanwhile
                     seen["B owned"] = lock.owned()
                     seen["held on"] = _holders(nodes3, lock.key)
@@ -818,6 +830,7 @@ def test_a_generators_block_ending_leaves_the_threads_own_later_hold(
     else:
         time.sleep(_TTL + 0.05)
     assert lock.acquire(timeout=2)  # the thread's own section
+    lock.extend(5)  # a lease that outlasts the checks
     try:
         if how == "run to its end":
             with pytest.raises(LockLost):  # the generator's own hold lapsed
