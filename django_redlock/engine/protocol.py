@@ -64,6 +64,20 @@ def _claim(unreported: list[int]) -> bool:
     return True
 
 
+class _Block:
+    """A ``with`` block a statement entered on a lock object
+    (``LockBase._record_block``): the code its frame runs, the hold its exit
+    ends (0: released by hand, nothing to end), that hold's fence, and the
+    statement frames of the callers of the ``@contextmanager`` helpers it
+    runs in, as (id, code) pairs (``blocks.helper_callers``)."""
+
+    __slots__ = ("code", "hold", "fence", "callers")
+
+    def __init__(self, code: Any, hold: int, fence: int,
+                 callers: "tuple[tuple[int, Any], ...]") -> None:
+        self.code, self.hold, self.fence, self.callers = code, hold, fence, callers
+
+
 class LockHost(Protocol):
     """What a lock needs from its manager (:class:`~.manager.LockManager` is the
     one implementation). Named here so that the locks do not import the
@@ -388,10 +402,9 @@ class LockBase:
         #: takes it (``_claim``) sends it, and nobody else.
         self._loss_unreported: list[int] = []
         #: The open ``with`` (``async with``) blocks a statement entered on
-        #: this object: the id of the block's frame -> its entries, innermost
-        #: last, each [its code, the hold it ends, that hold's fence]; made at
-        #: the first (see _record_block).
-        self._blocks: dict[int, list[list[Any]]] | None = None
+        #: this object: the id of the block's frame -> its blocks there,
+        #: innermost last; made at the first (see _record_block).
+        self._blocks: dict[int, list[_Block]] | None = None
         #: What held the key at the last refusal when it was not a lock
         #: (rounds.obstacle), for the busy error.
         self._obstacle = ""
@@ -502,7 +515,7 @@ class LockBase:
             if blocks is None:
                 blocks = self._blocks = {}
             blocks.setdefault(id(block), []).append(
-                [block.f_code, self._hold_no, self.fence, helper_callers(block)])
+                _Block(block.f_code, self._hold_no, self.fence, helper_callers(block)))
         elif blocks:
             self._adopt_blocks(sys._getframe(2))
 
@@ -525,11 +538,11 @@ class LockBase:
         hold = self._hold_no
         for key, entries in list(self._blocks.items()) if self._blocks else ():
             for entry in entries:
-                if entry[1] == hold:
+                if entry.hold == hold:
                     continue
-                if frames.get(key) is entry[0] or any(
-                        frames.get(at) is code for at, code in entry[3]):
-                    entry[1], entry[2] = hold, self.fence
+                if frames.get(key) is entry.code or any(
+                        frames.get(at) is code for at, code in entry.callers):
+                    entry.hold, entry.fence = hold, self.fence
 
     def _unrecord_block(self, block: Any, hold: int) -> None:
         """Drop the record ``_record_block`` made for hold ``hold``, granted
@@ -538,7 +551,7 @@ class LockBase:
         claim it (a module-level lock's records grew by one per cancelled
         request)."""
         entries = self._blocks.get(id(block)) if self._blocks and block is not None else None
-        if entries and entries[-1][0] is block.f_code and entries[-1][1] == hold:
+        if entries and entries[-1].code is block.f_code and entries[-1].hold == hold:
             entries.pop()
             if not entries:
                 self._blocks.pop(id(block), None)  # type: ignore[union-attr]
@@ -550,8 +563,8 @@ class LockBase:
         lost)."""
         for entries in list(self._blocks.values()) if self._blocks else ():
             for entry in entries:
-                if entry[1] == hold:
-                    entry[1] = 0
+                if entry.hold == hold:
+                    entry.hold = 0
 
     def _block_of(self, caller: Any) -> "tuple[int, int] | None":
         """For a block's exit run in frame ``caller``: (the hold it ends, its
@@ -569,9 +582,9 @@ class LockBase:
         entry = entries.pop()
         if not entries:
             blocks.pop(key, None)
-        if entry[0] is not caller.f_code:
+        if entry.code is not caller.f_code:
             return None  # an id reused
-        return entry[1], entry[2]
+        return entry.hold, entry.fence
 
     def _gone_hold(self, fence: int) -> LockLost:
         return LockLost(f"lock {self.name!r} was lost before this block ended: its lease ran "
