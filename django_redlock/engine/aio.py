@@ -66,7 +66,6 @@ from __future__ import annotations
 import asyncio
 import functools
 import math
-import os
 import sys
 import threading
 import weakref
@@ -918,17 +917,10 @@ class AsyncLock(LockBase):
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        block = self._block_of(sys._getframe(1)) if self._blocks else None
         try:
-            if block is not None and block[0] not in (0, self._hold_no) \
-                    and self._pid == os.getpid():
-                # Its own hold lapsed and a newer one began (held now, or
-                # come and gone): lost, whatever the object holds now.
-                raise self._gone_hold(block[1])
-            if self._state == _UNLOCKED or self._pid != os.getpid() or (block is not None
-                                                                        and block[0] == 0):
-                return  # released by hand inside the block, or a forked child
-            await self._release(block)  # the hold this block entered
+            release, block = self._leaving(sys._getframe(1))
+            if release:
+                await self._release(block)  # the hold this block entered
         except LockLost:
             if exc_type is None:
                 raise

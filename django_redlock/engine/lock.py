@@ -488,17 +488,10 @@ class Lock(LockBase):
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        block = self._block_of(sys._getframe(1)) if self._blocks else None
         try:
-            if block is not None and block[0] not in (0, self._hold_no) \
-                    and self._pid == getpid():
-                # Its own hold lapsed and a newer one began (held now, or
-                # come and gone): lost, whatever the object holds now.
-                raise self._gone_hold(block[1])
-            if self._state == _UNLOCKED or self._pid != getpid() or (block is not None
-                                                                     and block[0] == 0):
-                return  # released by hand inside the block, or a forked child
-            self._release(block)  # the hold this block entered
+            release, block = self._leaving(sys._getframe(1))
+            if release:
+                self._release(block)  # the hold this block entered
         except LockLost:
             if exc_type is None:
                 raise

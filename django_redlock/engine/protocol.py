@@ -586,6 +586,22 @@ class LockBase:
             return None  # an id reused
         return entry.hold, entry.fence
 
+    def _leaving(self, caller: Any) -> "tuple[bool, tuple[int, int] | None]":
+        """A block's exit, run in frame ``caller``: (whether a release
+        follows, the (hold, fence) it is for, None for the current hold).
+        Raises ``LockLost`` when the block's own hold lapsed and a newer one
+        began (held now, or come and gone): lost, whatever the object holds
+        now. No release after a release by hand inside the block (nothing
+        left to end), nor in a forked child."""
+        block = self._block_of(caller) if self._blocks else None
+        if self._pid != getpid():
+            return False, None
+        if block is not None and block[0] not in (0, self._hold_no):
+            raise self._gone_hold(block[1])
+        if self._state == _UNLOCKED or (block is not None and block[0] == 0):
+            return False, None
+        return True, block
+
     def _gone_hold(self, fence: int) -> LockLost:
         return LockLost(f"lock {self.name!r} was lost before this block ended: its lease ran "
                         f"out (or its renewal failed) and the object was acquired again; "
