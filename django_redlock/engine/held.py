@@ -129,11 +129,7 @@ def _release_held(budget: float) -> int:
             # longer than the TTL): a node that misses the release is sent it
             # again for that long, as ``release()`` does (engine/leftovers.py).
             lease = lock._key_life(lock.manager.clock())
-            if lock._blocks:  # blocks open on it: released, not lost
-                lock._mark_released(lock._hold_no)
-            lock._token = ""  # before the state (protocol._mark_lost_plan)
-            lock._state = "unlocked"
-            lock._valid_until = 0.0
+            lock._forget_hold(released=True)  # blocks open on it: released, not lost
         managers[id(lock.manager)] = lock.manager  # its late sender, flushed below
         try:
             lock.manager._release_round(lock._key_b, lock._fence_key_b, lock._waiters_key_b,

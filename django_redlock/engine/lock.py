@@ -205,11 +205,7 @@ class Lock(LockBase):
         try:
             with self._io:
                 if self._token == token:
-                    if self._blocks:  # blocks on it (adopted): released, nothing lost
-                        self._mark_released(self._hold_no)
-                    self._token = ""  # before the state (protocol._mark_lost_plan)
-                    self._state = _UNLOCKED
-                    self._valid_until = 0.0
+                    self._forget_hold(released=True)  # blocks on it: nothing lost
             mgr._release_round(self._key_b, self._fence_key_b, self._waiters_key_b,
                                token, 0, redo=self.ttl)
         except Exception:  # noqa: BLE001 - the interrupt matters more than this round

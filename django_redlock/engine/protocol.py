@@ -481,10 +481,26 @@ class LockBase:
         if self._state == _HELD and _claim(self._loss_unreported):
             owed = ("the lease ran out without release(); acquiring again",
                     self.manager.clock() - self._acquired_at)
-        self._token = ""  # before the state: see _mark_lost_plan
+        self._forget_hold(released=False)  # its blocks' exits: LockLost
+        return owed
+
+    def _forget_hold(self, released: bool) -> None:
+        """End the current hold here (not on the nodes): the one place every
+        path that ends a hold goes through (a release, the release at exit,
+        an interrupted acquire taken back, a lapsed hold acquired anew).
+
+        The token is emptied before the state is written: a loss report
+        running meanwhile reads the token after it wrote "lost", so a release
+        it did not see yet writes its own "unlocked" after it (see
+        ``_mark_lost_plan``). ``released``: ended by a release, so the open
+        blocks on it have nothing left to end and leave later holds alone
+        (``_mark_released``); False for a lease that lapsed, whose blocks'
+        exits raise ``LockLost``."""
+        if released and self._blocks:
+            self._mark_released(self._hold_no)
+        self._token = ""
         self._state = _UNLOCKED
         self._valid_until = 0.0
-        return owed
 
     # -- with blocks: each ends the hold it entered ----------------------------
     # One object may have two blocks open: a module-level lock entered by two
@@ -754,8 +770,6 @@ class LockBase:
                                lock_name=self.name)
         if block is not None and block[0] != self._hold_no:
             raise self._gone_hold(block[1])
-        if self._blocks:
-            self._mark_released(self._hold_no)
         # Judged before the first yield (under the sync lock's _io; before the
         # asyncio flavour can yield to the loop): a renewal that runs late
         # must not make an expired lease look valid.
@@ -772,9 +786,7 @@ class LockBase:
         # close under this round.
         mgr._call_begins()
         try:
-            self._token = ""  # before the state: see _mark_lost_plan
-            self._state = _UNLOCKED
-            self._valid_until = 0.0
+            self._forget_hold(released=True)
             held = now - self._acquired_at
             result = yield ReleaseRound(token, fence, lease)
         finally:
@@ -972,9 +984,7 @@ class LockBase:
         held.enrol(self)
         mgr = self.manager
         if mgr._closing and mgr.closed_under_grant():  # a retired manager closed meanwhile
-            self._state = _UNLOCKED
-            self._token = ""
-            self._valid_until = 0.0
+            self._forget_hold(released=True)
             raise QuorumUnavailable(
                 f"lock {self.name!r} was granted after its manager was closed (retired by a "
                 f"settings change): nobody would renew it, so it is not held; it is taken "
