@@ -43,9 +43,8 @@ def alock_turns(manager: Any, name: str, count: int = 20, warm: int = 5) -> int:
 def turns_per_op() -> int:
     """The most an uncontended acquire + release on 1 node may turn the loop:
     two round trips, and two turns each (the reply's read event, then the
-    task's wake-up). redis-py before ``can_read`` (5.x) checks an idle
-    connection with a read under a zero timeout (``can_read_destructive``,
-    transport/aio.py's ``_stale``): one more turn per round there."""
-    from redis.asyncio.connection import AbstractConnection
-
-    return 4 if hasattr(AbstractConnection, "can_read") else 6
+    task's wake-up). The check of an idle connection taken for a round
+    (transport/aio.py's ``_stale_now``) looks at the buffers without
+    awaiting; redis-py's own before ``can_read`` (5.0) reads under a zero
+    timeout, one more turn per round, so 6 there meant it was used."""
+    return 4

@@ -844,7 +844,7 @@ class AsyncTransport:
                     continue
                 conn = state.nodes[i].take()
                 if conn is not None and (not conn.is_connected or not nodes[i].accepts(conn)
-                                         or await _stale(conn)):
+                                         or (_stale_now(conn) is not False and await _stale(conn))):
                     await _disconnect(conn)  # the node closed it (a restart): a new one
                     conn = None
                 tail = state.nodes[i].tail() if conn is None else None
@@ -967,7 +967,7 @@ class AsyncTransport:
             start = self.clock()
         conn = state.nodes[i].take()
         if conn is not None and (not conn.is_connected or not node.accepts(conn)
-                                 or await _stale(conn)):
+                                 or (_stale_now(conn) is not False and await _stale(conn))):
             await _disconnect(conn)
             conn = None
         if conn is None:
@@ -1278,8 +1278,41 @@ async def _read_chain(conn: Any, chain: Chain, may_resend: Callable[[], bool]) -
     return ChainReply(first, then)
 
 
+def _stale_now(conn: Any) -> bool | None:
+    """:func:`_stale` without awaiting, for a connection whose reader and
+    parser are redis-py's own (:func:`_direct`); None: ask :func:`_stale`.
+
+    Why: every round looks at each idle connection it takes, and redis-py's
+    ``can_read`` is a coroutine that looks at the same buffers (its
+    ``can_read_destructive`` before 5.1 reads with a zero timeout, which
+    cancels a read at the next loop turn). A reply sitting in the stream's
+    buffer, in the parser's, or the server's close seen (EOF) make it stale;
+    bytes still in the kernel are read into the stream at the loop's next
+    turn, as redis-py's check would find them at best."""
+    if not _direct(conn):
+        return None
+    stream = conn._reader
+    if stream is None:
+        return True
+    if stream.at_eof() or stream._buffer:
+        return True
+    parser = conn._parser
+    if not getattr(parser, "_connected", True):
+        return True  # its can_read raises: stale
+    buffered = getattr(getattr(parser, "_reader", None), "has_data", None)  # hiredis
+    if buffered is not None:
+        return bool(buffered())
+    pending = getattr(parser, "_buffer", None)  # redis-py's own RESP parser
+    if isinstance(pending, (bytes, bytearray)):
+        return bool(pending)
+    return None
+
+
 async def _stale(conn: Any) -> bool:
     """True when an idle connection has unread data or was closed by the server."""
+    now = _stale_now(conn)
+    if now is not None:
+        return now
     check = getattr(conn, "can_read", None) or conn.can_read_destructive
     try:
         return bool(await check())
