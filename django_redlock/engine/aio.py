@@ -626,6 +626,13 @@ class AsyncLock(LockBase):
                                              self._fence_key_b, self._waiters_key_b, token,
                                              self._entries(waiter.sub)))
 
+    def _entrant(self) -> Any:
+        """The task entering by hand (``await L.__aenter__()``), None outside one."""
+        try:
+            return asyncio.current_task()
+        except RuntimeError:
+            return None
+
     def _adopt_blocks(self, frame: Any) -> None:
         """As a sync lock's (LockBase), and through a task that
         ``asyncio.wait_for`` (before 3.12) or ``asyncio.shield`` made for the
@@ -640,7 +647,7 @@ class AsyncLock(LockBase):
         except RuntimeError:
             return
         for _ in range(8):  # nested wait_for / shield, bounded
-            if task is None or not self._blocks:
+            if task is None or not (self._blocks or self._hand):
                 return
             # Only through wait_for / shield: a task awaited by gather, a
             # TaskGroup or a plain ``await task`` is a child, and a hold it
@@ -911,7 +918,8 @@ class AsyncLock(LockBase):
         # The async with's frame (awaiting this, before any await here), told
         # before the acquire: nothing but the record follows the grant (Lock).
         caller = sys._getframe(1)
-        if not await self._acquire(True, ..., caller if entered_by_statement(caller) else None):
+        block = caller if entered_by_statement(caller) else self._hand_entry(caller)
+        if not await self._acquire(True, ..., block):
             raise self._busy_error()
         return self
 

@@ -9,9 +9,11 @@ that runs the statement does tell them apart, for as long as the block is
 open; the reentrant locks (``reentrant.py``) and the plain ones
 (``protocol.LockBase._record_block``) record their blocks by it.
 
-Only a statement's own entry is recorded: ``L.__enter__()`` called by hand
-and ``ExitStack.enter_context(L)`` are left through another frame (or by
-``release()``), so their entry could never be claimed.
+A statement's own entry is recorded by its frame. ``L.__enter__()`` called
+by hand and ``ExitStack.enter_context(L)`` are left through another frame
+(or by ``release()``), so their entry could never be claimed that way: the
+plain locks record those for their entrant instead (the exit stack, else
+the thread or task; see the end of this module).
 """
 
 from __future__ import annotations
@@ -107,3 +109,53 @@ def helper_callers(block: Any) -> "tuple[tuple[int, Any], ...]":
         callers.append((id(caller), caller.f_code))
         frame = caller
     return tuple(callers)
+
+
+# -- entries by hand: told apart by who entered them ------------------------
+# ``ExitStack.enter_context(L)`` and ``L.__enter__()`` enter through a frame
+# that returns at once, so the statement rule above cannot record them; their
+# exit ended whatever the object held, and the two-holders timeline of
+# ``protocol.LockBase._record_block`` stayed open through them:
+#
+#     thread A   stack.enter_context(LOCK): hold 1 ... its lease runs out
+#     thread B   with LOCK: hold 2 (acquired anew), writes
+#     thread A   stack.close(): ended hold 2
+#     rival      acquires: two holders, B still inside
+#
+# So such an entry is recorded for its entrant: the exit stack that entered
+# it (its exit comes through that stack, in whatever thread closes it), else
+# the thread (the task, in asyncio) that entered it by hand. Its exit, from
+# the same entrant, ends that hold or none.
+
+_STACK_ENTRIES = frozenset({"enter_context", "enter_async_context"})
+_STACK_EXITS = frozenset({"__exit__", "__aexit__"})
+_STACKS = (contextlib.ExitStack, contextlib.AsyncExitStack)
+
+
+def _stack_of(frame: Any, names: frozenset[str]) -> Any:
+    """The ``contextlib`` exit stack whose method ``names`` runs in
+    ``frame``, else None."""
+    code = frame.f_code
+    if code.co_name not in names or code.co_filename != _CONTEXTLIB_FILE:
+        return None
+    stack = frame.f_locals.get("self")
+    return stack if isinstance(stack, _STACKS) else None
+
+
+def hand_entrant(caller: Any) -> "tuple[Any, Any] | None":
+    """For an entry no statement made, ``caller`` the frame that called
+    ``__enter__`` (awaits ``__aenter__``): ``(the exit stack, the frame
+    that called its enter_context)`` when an exit stack entered it, else
+    None (the caller's thread or task is the entrant, and ``caller`` the
+    frame)."""
+    stack = _stack_of(caller, _STACK_ENTRIES)
+    if stack is None:
+        return None
+    return stack, caller.f_back
+
+
+def hand_exit_stack(caller: Any) -> Any:
+    """For an exit no statement's record claimed, ``caller`` the frame that
+    called ``__exit__`` (awaits ``__aexit__``): the exit stack leaving it,
+    else None (the caller's thread or task leaves it)."""
+    return _stack_of(caller, _STACK_EXITS)

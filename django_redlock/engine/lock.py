@@ -460,7 +460,7 @@ class Lock(LockBase):
         # instructions), so that nothing but the record follows the grant:
         # an interrupt there left the hold with no block to end it.
         caller = sys._getframe(1)
-        block = caller if entered_by_statement(caller) else None
+        block = caller if entered_by_statement(caller) else self._hand_entry(caller)
         granted = False
         try:
             granted = self._acquire(True, ..., block)

@@ -26,9 +26,13 @@ own rules (what to ask each node, what the replies mean) are in :mod:`.rounds`.
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import math
 import sys
+import threading
+import weakref
+from asyncio.events import _get_running_loop
 from types import EllipsisType
 from typing import TYPE_CHECKING, Any, Generator, NamedTuple, Protocol, Sequence, Union
 
@@ -41,7 +45,7 @@ from ..exceptions import LockLost, LockNotAcquired, LockNotOwned, QuorumUnavaila
 from ..transport.finalizers import get_logger
 from ..transport.sync import call_deadline, round_began
 from . import events, held, rounds
-from .blocks import helper_callers
+from .blocks import hand_entrant, hand_exit_stack, helper_callers
 
 if TYPE_CHECKING:
     from ..transport.notify import Subscription
@@ -76,6 +80,27 @@ class _Block:
     def __init__(self, code: Any, hold: int, fence: int,
                  callers: "tuple[tuple[int, Any], ...]") -> None:
         self.code, self.hold, self.fence, self.callers = code, hold, fence, callers
+
+
+class _HandEntry:
+    """An entry no statement made (``ExitStack.enter_context(L)``,
+    ``L.__enter__()``), passed to the acquire as its block: ``key`` the
+    entrant its record is kept for (the exit stack, else the thread or
+    task), ``frame`` the frame that entered it (a hold taken by hand while
+    that frame runs becomes this entry's to end, as for a block)."""
+
+    __slots__ = ("key", "frame")
+
+    def __init__(self, key: Any, frame: Any) -> None:
+        self.key, self.frame = key, frame
+
+
+#: The most entries by hand kept for one entrant of one object (the oldest
+#: go first: a loop that enters by hand and releases by hand keeps no more).
+HAND_ENTRIES_KEPT = 16
+#: Past this many entrants recorded on one object, those gone are dropped
+#: when a new one comes (threads of a pool that ended, stacks collected).
+HAND_ENTRANTS_KEPT = 64
 
 
 class LockHost(Protocol):
@@ -405,6 +430,12 @@ class LockBase:
         #: this object: the id of the block's frame -> its blocks there,
         #: innermost last; made at the first (see _record_block).
         self._blocks: dict[int, list[_Block]] | None = None
+        #: The open entries no statement made, per entrant (an exit stack,
+        #: a thread, a task): id(entrant) -> (a weak reference to it, its
+        #: entries, innermost last); see _hand_entry. A plain dict read in
+        #: one step (``list(d.values())``): a WeakKeyDictionary's iteration
+        #: runs Python code, and another thread's exit changed it meanwhile.
+        self._hand: dict[int, tuple[Any, list[_Block]]] | None = None
         #: What held the key at the last refusal when it was not a lock
         #: (rounds.obstacle), for the busy error.
         self._obstacle = ""
@@ -496,7 +527,7 @@ class LockBase:
         blocks on it have nothing left to end and leave later holds alone
         (``_mark_released``); False for a lease that lapsed, whose blocks'
         exits raise ``LockLost``."""
-        if released and self._blocks:
+        if released and (self._blocks or self._hand):
             self._mark_released(self._hold_no)
         self._token = ""
         self._state = _UNLOCKED
@@ -525,15 +556,95 @@ class LockBase:
         """The hold just entered (``_enter_hold``, in the same critical
         section: nothing runs between the grant and this) is the block's
         whose statement runs in frame ``block``; None: taken by hand, and
-        it becomes the hold of the open blocks on the acquiring stack."""
+        it becomes the hold of the open blocks on the acquiring stack; a
+        :class:`_HandEntry`: both (recorded for its entrant, and taken by
+        hand for the blocks around it)."""
         blocks = self._blocks
-        if block is not None:
+        if block is not None and type(block) is not _HandEntry:
             if blocks is None:
                 blocks = self._blocks = {}
             blocks.setdefault(id(block), []).append(
                 _Block(block.f_code, self._hold_no, self.fence, helper_callers(block)))
-        elif blocks:
+            return
+        if blocks or self._hand:
             self._adopt_blocks(sys._getframe(2))
+        if block is not None:
+            self._record_hand(block)
+
+    # -- entries by hand (engine/blocks.py has the timeline) ------------------
+    def _entrant(self) -> Any:
+        """Who enters this object by hand when no exit stack does: the
+        running asyncio task (a sync lock entered inside a coroutine: the
+        tasks of one loop share its thread), else the calling thread
+        (AsyncLock: the task; None when there is none)."""
+        if _get_running_loop() is not None:
+            try:
+                task = asyncio.current_task()
+            except RuntimeError:
+                task = None
+            if task is not None:
+                return task
+        return threading.current_thread()
+
+    def _hand_entry(self, caller: Any) -> "_HandEntry | None":
+        """The block to pass the acquire of an entry no statement made, its
+        ``__enter__`` called in frame ``caller``: recorded for its exit
+        stack, or its thread or task (None: no entrant; the exit ends the
+        current hold, as before entries by hand were kept)."""
+        found = hand_entrant(caller)
+        if found is not None:
+            return _HandEntry(*found)
+        key = self._entrant()
+        return None if key is None else _HandEntry(key, caller)
+
+    def _hand_entries(self, key: Any) -> "list[_Block] | None":
+        """Entrant ``key``'s open entries by hand (None: none recorded; an
+        entry of a gone entrant whose id ``key`` reuses is not its)."""
+        found = self._hand.get(id(key)) if self._hand else None
+        return found[1] if found is not None and found[0]() is key else None
+
+    def _record_hand(self, entry: "_HandEntry") -> None:
+        hand = self._hand
+        if hand is None:
+            hand = self._hand = {}
+        entries = self._hand_entries(entry.key)
+        if entries is None:
+            if len(hand) >= HAND_ENTRANTS_KEPT:  # entrants gone (threads, stacks) go
+                for at, (ref, _) in list(hand.items()):
+                    if ref() is None:
+                        hand.pop(at, None)
+            entries = []
+            hand[id(entry.key)] = (weakref.ref(entry.key), entries)
+        frame = entry.frame
+        # The frame that entered it, and the statements that entered the
+        # @contextmanager helpers it runs in (suspended while their callers run).
+        callers = () if frame is None else ((id(frame), frame.f_code), *helper_callers(frame))
+        entries.append(_Block(None, self._hold_no, self.fence, callers))
+        if len(entries) > HAND_ENTRIES_KEPT:
+            del entries[0]
+
+    def _hand_block_of(self, caller: Any) -> "tuple[int, int] | None":
+        """For an exit no statement's record claimed, run in frame
+        ``caller``: (the hold it ends, its fence), taken off the record of
+        its exit stack (if that stack entered it), else of its thread or
+        task; None when neither entered this object by hand (the exit ends
+        the current hold, as before)."""
+        for key in (hand_exit_stack(caller), self._entrant()):
+            found = self._hand_record_of(key) if key is not None else None
+            if found is not None:
+                return found
+        return None
+
+    def _hand_record_of(self, key: Any) -> "tuple[int, int] | None":
+        """(hold, fence) of entrant ``key``'s innermost entry by hand, taken
+        off the record; None when it has none."""
+        entries = self._hand_entries(key)
+        if not entries:
+            return None
+        entry = entries.pop()
+        if not entries:
+            self._hand.pop(id(key), None)  # type: ignore[union-attr]
+        return entry.hold, entry.fence
 
     def _adopt_blocks(self, frame: Any) -> None:
         """A hold taken by hand in ``frame`` (or deeper): the open blocks of
@@ -559,6 +670,11 @@ class LockBase:
                 if frames.get(key) is entry.code or any(
                         frames.get(at) is code for at, code in entry.callers):
                     entry.hold, entry.fence = hold, self.fence
+        for _, entries in list(self._hand.values()) if self._hand else ():
+            for entry in entries:  # entered by hand: by the frame that entered it
+                if entry.hold != hold and any(
+                        frames.get(at) is code for at, code in entry.callers):
+                    entry.hold, entry.fence = hold, self.fence
 
     def _unrecord_block(self, block: Any, hold: int) -> None:
         """Drop the record ``_record_block`` made for hold ``hold``, granted
@@ -566,6 +682,11 @@ class LockBase:
         (interrupted, cancelled; the hold was taken back), and no exit will
         claim it (a module-level lock's records grew by one per cancelled
         request)."""
+        if type(block) is _HandEntry:
+            hand = self._hand_entries(block.key)
+            if hand and hand[-1].hold == hold:
+                hand.pop()
+            return
         entries = self._blocks.get(id(block)) if self._blocks and block is not None else None
         if entries and entries[-1].code is block.f_code and entries[-1].hold == hold:
             entries.pop()
@@ -577,7 +698,8 @@ class LockBase:
         left to end (0), and leave whatever the object holds later alone,
         without ``LockLost`` (released by hand inside the block: nothing was
         lost)."""
-        for entries in list(self._blocks.values()) if self._blocks else ():
+        hand = [entries for _, entries in list(self._hand.values())] if self._hand else []
+        for entries in [*(self._blocks.values() if self._blocks else ()), *hand]:
             for entry in entries:
                 if entry.hold == hold:
                     entry.hold = 0
@@ -586,8 +708,9 @@ class LockBase:
         """For a block's exit run in frame ``caller``: (the hold it ends, its
         fence), taken off the record, the hold 0 when it was released by hand
         (nothing left to end); None when no statement entered it here
-        (``ExitStack``, ``__enter__()`` by hand: the exit ends the current
-        hold, as before)."""
+        (``ExitStack``, ``__enter__()`` by hand: see _hand_block_of)."""
+        if type(caller) is _HandEntry:
+            return self._hand_record_of(caller.key)
         blocks = self._blocks
         if not blocks or caller is None:
             return None
@@ -610,6 +733,8 @@ class LockBase:
         now. No release after a release by hand inside the block (nothing
         left to end), nor in a forked child."""
         block = self._block_of(caller) if self._blocks else None
+        if block is None and self._hand:
+            block = self._hand_block_of(caller)
         if self._pid != getpid():
             return False, None
         if block is not None and block[0] not in (0, self._hold_no):

@@ -1,0 +1,342 @@
+"""A plain lock entered by hand (``ExitStack.enter_context(L)``,
+``AsyncExitStack.enter_async_context(L)``, ``L.__enter__()``) ends only the
+hold it entered, as a ``with`` block does (tests/test_block_exit_hold.py).
+
+Such an entry is made through a frame that returns at once, so the
+statement's frame cannot tell its blocks apart; its exit ended whatever the
+object held, and the two-holders timeline stayed open through it::
+
+    thread A   stack.enter_context(LOCK): hold 1 ... its lease runs out
+    thread B   with LOCK: hold 2 (the object acquires anew), writes
+    thread A   stack.close(): ended hold 2
+    rival      acquires: two holders, B still inside
+
+Each entry by hand is now recorded for its entrant: the exit stack that
+entered it, else the thread (the task) that called ``__enter__``
+(``__aenter__``). Every test drives that schedule, or a neighbour of it, on
+three real servers, with the lease run out for real (``auto_renew`` off).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import threading
+import time
+from typing import Any, Callable, Iterator
+
+import pytest
+
+from django_redlock import LockLost
+from django_redlock.testing import RedisNodes
+
+MakeManager = Callable[..., Any]
+
+_TTL = 0.3  # auto_renew off: a lease that runs out within the test
+
+
+def _holders(nodes: RedisNodes, key: str) -> int:
+    return sum(bool(server.client().exists(key)) for server in nodes)
+
+
+def _run_threads(*targets: Callable[[], None]) -> None:
+    """Run each target in a thread of its own; fail if one still runs after 20 s."""
+    threads = [threading.Thread(target=target) for target in targets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert not any(thread.is_alive() for thread in threads)
+
+
+@contextlib.contextmanager
+def _entered(lock: Any, how: str) -> Iterator[None]:
+    """``lock`` entered and left the way ``how`` names."""
+    if how == "with":
+        with lock:
+            yield
+    elif how == "exit stack":
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(lock)
+            yield
+    else:  # "by hand"
+        lock.__enter__()
+        try:
+            yield
+        finally:
+            lock.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("b_how", ["with", "exit stack", "by hand"])
+@pytest.mark.parametrize("a_how", ["exit stack", "by hand"])
+def test_an_entry_by_hand_whose_lease_ran_out_leaves_another_threads_new_hold_alone(
+        a_how: str, b_how: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """Thread A enters one module-level lock object by hand, its lease runs
+    out, thread B enters it (a new hold), A's exit comes first: B's hold is
+    kept on every node, A gets ``LockLost``, and no rival gets in while B
+    is inside."""
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("hand-threads", ttl=_TTL, auto_renew=False)
+    rival = make_manager(nodes3).lock("hand-threads", ttl=5)
+    a_inside, b_inside, a_left = threading.Event(), threading.Event(), threading.Event()
+    seen: dict[str, Any] = {}
+
+    def thread_a() -> None:
+        try:
+            with _entered(lock, a_how):
+                a_inside.set()
+                assert b_inside.wait(5)
+        except LockLost:
+            seen["A"] = "LockLost"
+        else:
+            seen["A"] = "left quietly"
+        finally:
+            a_left.set()
+
+    def thread_b() -> None:
+        assert a_inside.wait(5)
+        time.sleep(_TTL + 0.1)  # A's lease is out
+        with _entered(lock, b_how):
+            lock.extend(5)  # a lease that outlasts the test's checks, under load too
+            b_inside.set()
+            assert a_left.wait(5)
+            seen["B owned after A left"] = lock.owned()
+            seen["held on after A left"] = _holders(nodes3, lock.key)
+            seen["rival got in"] = rival.acquire(timeout=0)
+
+    _run_threads(thread_a, thread_b)
+    if seen.get("rival got in"):
+        rival.release()
+    assert seen == {"A": "LockLost", "B owned after A left": True, "held on after A left": 3,
+                    "rival got in": False}
+    assert _holders(nodes3, lock.key) == 0  # B's exit released its own hold
+
+
+@pytest.mark.parametrize("b_how", ["async with", "exit stack"])
+@pytest.mark.parametrize("a_how", ["exit stack", "by hand"])
+def test_an_async_entry_by_hand_whose_lease_ran_out_leaves_another_tasks_new_hold_alone(
+        a_how: str, b_how: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """The asyncio flavour: task A enters one ``alock`` object by hand
+    (``AsyncExitStack.enter_async_context``, ``await L.__aenter__()``), its
+    lease runs out, task B enters: A's exit leaves B's hold alone and
+    raises ``LockLost``."""
+    mgr = make_manager(nodes3)
+    rival = make_manager(nodes3).lock("hand-tasks", ttl=5)
+
+    async def scenario() -> dict[str, Any]:
+        lock = mgr.alock("hand-tasks", ttl=_TTL, auto_renew=False)
+        a_inside, b_inside, a_left = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        seen: dict[str, Any] = {}
+
+        async def task_a() -> None:
+            try:
+                if a_how == "exit stack":
+                    async with contextlib.AsyncExitStack() as stack:
+                        await stack.enter_async_context(lock)
+                        a_inside.set()
+                        await b_inside.wait()
+                else:
+                    await lock.__aenter__()
+                    a_inside.set()
+                    await b_inside.wait()
+                    await lock.__aexit__(None, None, None)
+            except LockLost:
+                seen["A"] = "LockLost"
+            else:
+                seen["A"] = "left quietly"
+            finally:
+                a_left.set()
+
+        async def task_b() -> None:
+            await a_inside.wait()
+            await asyncio.sleep(_TTL + 0.1)
+            async with contextlib.AsyncExitStack() as stack:
+                if b_how == "exit stack":
+                    await stack.enter_async_context(lock)
+                else:
+                    await stack.enter_async_context(contextlib.nullcontext())
+                    await lock.__aenter__()
+                    stack.push_async_exit(lock)  # as the view decorator leaves it
+                await lock.extend(5)  # a lease that outlasts the checks
+                b_inside.set()
+                await a_left.wait()
+                seen["B owned after A left"] = lock.owned()
+                seen["held on after A left"] = _holders(nodes3, lock.key)
+                seen["rival got in"] = rival.acquire(timeout=0)
+        await asyncio.gather(task_a(), task_b())
+        seen["held on at the end"] = _holders(nodes3, lock.key)
+        return seen
+
+    seen = asyncio.run(asyncio.wait_for(scenario(), 20))
+    if seen.get("rival got in"):
+        rival.release()
+    assert seen == {"A": "LockLost", "B owned after A left": True, "held on after A left": 3,
+                    "rival got in": False, "held on at the end": 0}
+
+
+def test_a_suspended_generators_exit_stack_leaves_its_threads_later_stack_alone(
+        nodes3: RedisNodes, make_manager: MakeManager, caplog: pytest.LogCaptureFixture) -> None:
+    """One thread, two exit stacks that do not nest: a generator suspended
+    with ``L`` entered on its own stack, its lease runs out, the code goes
+    on and enters ``L`` on a second stack; closing the generator ends only
+    its own (lapsed) entry (its loss logged: the generator's body "raised"
+    ``GeneratorExit``). Recorded for the thread alone, the generator's exit
+    would have taken the second stack's entry for its own."""
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("hand-generator", ttl=_TTL, auto_renew=False)
+    rival = make_manager(nodes3).lock("hand-generator", ttl=5)
+
+    def worker() -> Iterator[None]:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(lock)
+            yield
+
+    gen = worker()
+    next(gen)
+    time.sleep(_TTL + 0.1)  # the generator's lease is out
+    with contextlib.ExitStack() as second:
+        second.enter_context(lock)
+        lock.extend(5)
+        with caplog.at_level(logging.WARNING, logger="django_redlock"):
+            gen.close()
+        assert "was lost while the body raised GeneratorExit" in caplog.text
+        assert lock.owned()
+        assert _holders(nodes3, lock.key) == 3
+        assert rival.acquire(timeout=0) is False
+    assert _holders(nodes3, lock.key) == 0
+
+
+def test_an_exit_stack_closed_in_another_thread_releases_what_it_entered(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """A stack entered in one thread and closed in another (a worker hands
+    its stack on): the record is the stack's, not the thread's, so the
+    close releases the hold the stack entered, on every node."""
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("hand-stack-thread", ttl=5)
+    stack = contextlib.ExitStack()
+    stack.enter_context(lock)
+    assert _holders(nodes3, lock.key) == 3
+    errors: list[BaseException] = []
+
+    def closer() -> None:
+        try:
+            stack.close()
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    _run_threads(closer)
+    assert errors == []
+    assert not lock.owned()
+    assert _holders(nodes3, lock.key) == 0
+
+
+@pytest.mark.parametrize("how", ["exit stack", "by hand"])
+def test_an_entry_by_hand_ends_the_hold_taken_again_by_hand_inside_it(
+        how: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """``stack.enter_context(L)`` (``L.__enter__()``) in a
+    ``@contextmanager`` helper, its lease runs out, then ``L.acquire()`` in
+    the helper's caller: that hold is the entry's to end (as a block's,
+    taken from inside it), so nothing stays held, or renewed, after the
+    exit."""
+    mgr = make_manager(nodes3)
+    lock = mgr.lock(f"hand-retake-{how}", ttl=_TTL, auto_renew=False)
+    with _entered(lock, how):
+        time.sleep(_TTL + 0.05)
+        assert not lock.owned()
+        assert lock.acquire(timeout=2)
+        lock.extend(5)  # the exit must find it whole, under load too
+    assert not lock.owned()
+    assert _holders(nodes3, lock.key) == 0
+
+
+def test_an_entry_by_hand_released_by_hand_leaves_a_later_hold_quietly(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """``L.__enter__()``, ``L.release()`` by hand, then another thread
+    enters ``L``: the first thread's ``__exit__`` has nothing left to end,
+    raises nothing, and the other thread keeps its hold."""
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("hand-released", ttl=5)
+    lock.__enter__()
+    lock.release()
+    inside, leave = threading.Event(), threading.Event()
+    seen: dict[str, Any] = {}
+
+    def other() -> None:
+        with lock:
+            inside.set()
+            assert leave.wait(5)
+            seen["owned"] = lock.owned()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    try:
+        assert inside.wait(5)
+        lock.__exit__(None, None, None)  # quiet: released by hand already
+        assert _holders(nodes3, lock.key) == 3
+    finally:
+        leave.set()
+        thread.join(20)
+    assert seen == {"owned": True}
+    assert _holders(nodes3, lock.key) == 0
+
+
+def test_entries_by_hand_released_by_hand_keep_a_bounded_record(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """A loop of ``L.__enter__()`` and ``L.release()`` never exits its
+    entries: the records kept for the thread stay bounded."""
+    from django_redlock.engine.protocol import HAND_ENTRIES_KEPT
+
+    lock = make_manager(nodes3).lock("hand-bounded", ttl=5)
+    for _ in range(HAND_ENTRIES_KEPT + 10):
+        lock.__enter__()
+        lock.release()
+    assert lock._hand is not None
+    assert sum(len(entries) for _, entries in lock._hand.values()) == HAND_ENTRIES_KEPT
+    assert _holders(nodes3, lock.key) == 0
+
+
+def test_a_sync_lock_entered_by_hand_in_two_tasks_of_one_loop_keeps_them_apart(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """A sync lock entered by hand inside coroutines: two tasks of one loop
+    share its thread, so the entry is recorded for the task. Task A enters,
+    its lease runs out, task B enters (a new hold), A leaves first: B's hold
+    is kept, A gets ``LockLost``."""
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("hand-sync-tasks", ttl=_TTL, auto_renew=False)
+    rival = make_manager(nodes3).lock("hand-sync-tasks", ttl=5)
+
+    async def scenario() -> dict[str, Any]:
+        a_inside, b_inside, a_left = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        seen: dict[str, Any] = {}
+
+        async def task_a() -> None:
+            lock.__enter__()
+            a_inside.set()
+            await b_inside.wait()
+            try:
+                lock.__exit__(None, None, None)
+            except LockLost:
+                seen["A"] = "LockLost"
+            else:
+                seen["A"] = "left quietly"
+            a_left.set()
+
+        async def task_b() -> None:
+            await a_inside.wait()
+            await asyncio.sleep(_TTL + 0.1)
+            lock.__enter__()
+            lock.extend(5)
+            b_inside.set()
+            await a_left.wait()
+            seen["B owned after A left"] = lock.owned()
+            seen["rival got in"] = rival.acquire(timeout=0)
+            lock.__exit__(None, None, None)
+        await asyncio.gather(task_a(), task_b())
+        return seen
+
+    seen = asyncio.run(asyncio.wait_for(scenario(), 20))
+    if seen.get("rival got in"):
+        rival.release()
+    assert seen == {"A": "LockLost", "B owned after A left": True, "rival got in": False}
+    assert _holders(nodes3, lock.key) == 0
