@@ -340,3 +340,45 @@ def test_a_sync_lock_entered_by_hand_in_two_tasks_of_one_loop_keeps_them_apart(
         rival.release()
     assert seen == {"A": "LockLost", "B owned after A left": True, "rival got in": False}
     assert _holders(nodes3, lock.key) == 0
+
+
+def test_an_entry_handed_on_by_pop_all_is_left_by_the_new_stack(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """``return stack.pop_all()`` hands an entered lock on to a new stack.
+    Its entry's lease runs out, another thread enters (a new hold), then
+    the new stack closes: it leaves that entry (``LockLost``), not the other
+    thread's hold."""
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("hand-pop-all", ttl=_TTL, auto_renew=False)
+    rival = make_manager(nodes3).lock("hand-pop-all", ttl=5)
+
+    def entered() -> contextlib.ExitStack:
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(lock)
+            return stack.pop_all()
+
+    handed = entered()
+    time.sleep(_TTL + 0.1)  # its lease is out
+    inside, leave = threading.Event(), threading.Event()
+    seen: dict[str, Any] = {}
+
+    def other() -> None:
+        with lock:
+            lock.extend(5)
+            inside.set()
+            assert leave.wait(5)
+            seen["owned"] = lock.owned()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    try:
+        assert inside.wait(5)
+        with pytest.raises(LockLost):
+            handed.close()
+        assert _holders(nodes3, lock.key) == 3
+        assert rival.acquire(timeout=0) is False
+    finally:
+        leave.set()
+        thread.join(20)
+    assert seen == {"owned": True}
+    assert _holders(nodes3, lock.key) == 0

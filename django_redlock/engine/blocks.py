@@ -133,19 +133,27 @@ _STACKS = (contextlib.ExitStack, contextlib.AsyncExitStack)
 
 
 def _stack_of(frame: Any, names: frozenset[str]) -> Any:
-    """The ``contextlib`` exit stack whose method ``names`` runs in
-    ``frame``, else None."""
+    """What stands for the ``contextlib`` exit stack whose method ``names``
+    runs in ``frame`` (None: none runs there): its queue of exit callbacks,
+    which ``pop_all()`` moves to the new stack it returns (the idiom that
+    hands an entered lock on: ``return stack.pop_all()``), so an entry made
+    on one is left by the other; the stack itself on a ``contextlib``
+    without that queue."""
     code = frame.f_code
     if code.co_name not in names or code.co_filename != _CONTEXTLIB_FILE:
         return None
     stack = frame.f_locals.get("self")
-    return stack if isinstance(stack, _STACKS) else None
+    if not isinstance(stack, _STACKS):
+        return None
+    callbacks = getattr(stack, "_exit_callbacks", None)
+    return stack if callbacks is None else callbacks
 
 
 def hand_entrant(caller: Any) -> "tuple[Any, Any] | None":
     """For an entry no statement made, ``caller`` the frame that called
-    ``__enter__`` (awaits ``__aenter__``): ``(the exit stack, the frame
-    that called its enter_context)`` when an exit stack entered it, else
+    ``__enter__`` (awaits ``__aenter__``): ``(the exit stack (see
+    _stack_of), the frame that called its enter_context)`` when an exit
+    stack entered it, else
     None (the caller's thread or task is the entrant, and ``caller`` the
     frame)."""
     stack = _stack_of(caller, _STACK_ENTRIES)
@@ -156,6 +164,6 @@ def hand_entrant(caller: Any) -> "tuple[Any, Any] | None":
 
 def hand_exit_stack(caller: Any) -> Any:
     """For an exit no statement's record claimed, ``caller`` the frame that
-    called ``__exit__`` (awaits ``__aexit__``): the exit stack leaving it,
-    else None (the caller's thread or task leaves it)."""
+    called ``__exit__`` (awaits ``__aexit__``): the exit stack leaving it
+    (see _stack_of), else None (the caller's thread or task leaves it)."""
     return _stack_of(caller, _STACK_EXITS)
