@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import asyncio
 import gc
-import sys
 import threading
 import time
 from typing import Any, Callable
@@ -660,23 +659,15 @@ def test_a_lock_entered_in_a_contextmanager_helper_ends_what_its_caller_retakes(
     assert _holders(nodes3, mgr.key(name)) == 0
 
 
-_ASEND_OPAQUE = ("known, left open: the chain of awaits from the task that awaits a "
-                 "wait_for/shield task stops at the async generator's asend object, which "
-                 "leads to no frame: no block adopts the hold, and it stays held (renewed)")
-
-
-@pytest.mark.parametrize("how", [
-    pytest.param("wait_for", marks=pytest.mark.xfail(
-        sys.version_info < (3, 12), strict=True, reason=_ASEND_OPAQUE)),
-    pytest.param("shield", marks=pytest.mark.xfail(strict=True, reason=_ASEND_OPAQUE)),
-])
+@pytest.mark.parametrize("how", ["wait_for", "shield"])
 def test_an_async_generators_block_ends_a_hold_retaken_through_a_task(
         how: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
     """``async with L`` inside an async generator, released by hand and
     taken again through ``wait_for`` / ``shield`` (a task of their own): the
-    chain of awaits stops at the generator (``asend``), so no block adopted
-    the hold; it was taken by hand for the block's own task, and the block's
-    exit ends it."""
+    chain of awaits from the awaiting task runs through the generator's
+    ``asend`` object, which leads to no frame; the generator is found among
+    what it refers to, the block adopts the hold, and its exit ends it (it
+    stayed held, renewed)."""
     mgr = make_manager(nodes3)
     name = f"block-agen-{how}"
 

@@ -83,7 +83,7 @@ from ..exceptions import (
 )
 from ..transport import finalizers
 from . import events, rounds
-from .awaits import awaiting_task
+from .awaits import awaited_frames, awaiting_task
 from .blocks import entered_by_statement
 from .lock import Lock  # the sender of every lock signal
 from .protocol import (
@@ -655,15 +655,7 @@ class AsyncLock(LockBase):
             task = awaiting_task(task, False)
             if task is None:
                 return
-            coro: Any = task.get_coro()
-            frames: dict[int, Any] = {}
-            for _ in range(256):  # down its suspended chain of awaits
-                at = getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
-                if at is None:
-                    break
-                frames[id(at)] = at.f_code
-                coro = getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
-            self._adopt_on(frames)
+            self._adopt_on(awaited_frames(task.get_coro()))  # down its chain of awaits
 
     def _on_acquired(self, token: str, fence: int, valid_until: float,
                      block: Any = None) -> None:

@@ -13,7 +13,9 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import gc
 import os
+import types
 from typing import Any
 
 #: asyncio's own source files (``wait_for``, ``shield``...): see :func:`runs_alone`.
@@ -100,4 +102,41 @@ def awaiting_task(task: "asyncio.Task[Any]", any_await: bool) -> "asyncio.Task[A
                     return owner
             elif any_await or _passes_through(callback):
                 todo.extend(_futures_of(callback))
+    return None
+
+
+_ASYNC_GEN_AWAITABLES = frozenset({"async_generator_asend", "async_generator_athrow"})
+
+
+def awaited_frames(coro: Any, limit: int = 256) -> "dict[int, Any]":
+    """The frames of ``coro`` (a task's coroutine) and of what it awaits,
+    down its suspended chain of awaits: id -> code.
+
+    An ``async for`` (``await agen.asend()``, ``athrow``, ``aclose``)
+    awaits an object that leads to no frame and names no generator: its
+    generator, whose frame runs an ``async with`` block there, is found
+    among what that object refers to (``gc.get_referents``, which reads the
+    references the collector follows: no private attribute)."""
+    frames: dict[int, Any] = {}
+    for _ in range(limit):  # bounded: a deep chain is followed down its first `limit` steps
+        if coro is None:
+            break
+        frame = (getattr(coro, "cr_frame", None) or getattr(coro, "gi_frame", None)
+                 or getattr(coro, "ag_frame", None))
+        if frame is None:
+            coro = _async_generator_of(coro)
+            continue
+        frames[id(frame)] = frame.f_code
+        coro = (getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
+                or getattr(coro, "ag_await", None))
+    return frames
+
+
+def _async_generator_of(awaitable: Any) -> Any:
+    """The async generator an ``asend`` / ``athrow`` object runs, else None."""
+    if type(awaitable).__name__ not in _ASYNC_GEN_AWAITABLES:
+        return None
+    for referent in gc.get_referents(awaitable):
+        if isinstance(referent, types.AsyncGeneratorType):
+            return referent
     return None
