@@ -382,3 +382,176 @@ def test_an_entry_handed_on_by_pop_all_is_left_by_the_new_stack(
         thread.join(20)
     assert seen == {"owned": True}
     assert _holders(nodes3, lock.key) == 0
+
+
+class _Job:
+    """Enters a module-level lock when it starts and leaves it when it
+    stops: the frame that made the entry has returned by the exit."""
+
+    def __init__(self, lock: Any) -> None:
+        self.lock = lock
+
+    def start(self, by_hand: bool = False) -> None:
+        if by_hand:
+            assert self.lock.acquire(timeout=2)
+        else:
+            self.lock.__enter__()
+
+    def stop(self) -> None:
+        self.lock.__exit__(None, None, None)
+
+
+@pytest.mark.parametrize("b_takes", ["an entry", "acquire()"])
+def test_an_entry_whose_frame_returned_takes_no_other_threads_hold_at_that_address(
+        b_takes: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """Thread A's ``job.start()`` enters by hand and returns; its lease runs
+    out; thread B's ``start()`` (the same code, very often at the address of
+    A's frame, which is gone) takes the lock, by an entry or by
+    ``acquire()``; A's ``stop()`` leaves: ``LockLost``, and B's hold is
+    kept. Taken by A's record for one made inside A's entry, B's hold was
+    ended (two holders). Five rounds, a fresh name each."""
+    mgr = make_manager(nodes3)
+    rival_mgr = make_manager(nodes3)
+    for i in range(5):
+        name = f"hand-job-{i}"
+        lock = mgr.lock(name, ttl=_TTL, auto_renew=False)
+        a_in, b_in, a_left = threading.Event(), threading.Event(), threading.Event()
+        seen: dict[str, Any] = {}
+
+        def thread_a() -> None:
+            job = _Job(lock)
+            job.start()
+            a_in.set()
+            assert b_in.wait(5)
+            try:
+                job.stop()
+            except LockLost:
+                seen["A"] = "LockLost"
+            else:
+                seen["A"] = "left quietly"
+            a_left.set()
+
+        def thread_b() -> None:
+            assert a_in.wait(5)
+            time.sleep(_TTL + 0.1)
+            job = _Job(lock)
+            job.start(by_hand=b_takes == "acquire()")
+            lock.extend(5)
+            b_in.set()
+            assert a_left.wait(5)
+            seen["B owned"] = lock.owned()
+            seen["held on"] = _holders(nodes3, lock.key)
+            seen["rival got in"] = rival_mgr.lock(name, ttl=5).acquire(timeout=0)
+            lock.release()
+
+        _run_threads(thread_a, thread_b)
+        assert seen == {"A": "LockLost", "B owned": True, "held on": 3,
+                        "rival got in": False}, i
+
+
+def test_an_entry_on_a_second_stack_is_that_stacks_not_the_firsts(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """In one frame: ``s1.enter_context(L)``, its lease runs out,
+    ``s2.enter_context(L)``; closing ``s1`` raises ``LockLost`` and leaves
+    ``s2``'s hold (the second entry was adopted by the first as if taken by
+    hand inside it, and ended)."""
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("hand-two-stacks", ttl=_TTL, auto_renew=False)
+    rival = make_manager(nodes3).lock("hand-two-stacks", ttl=5)
+    first, second = contextlib.ExitStack(), contextlib.ExitStack()
+    first.enter_context(lock)
+    time.sleep(_TTL + 0.1)
+    second.enter_context(lock)
+    lock.extend(5)
+    with pytest.raises(LockLost):
+        first.close()
+    assert lock.owned()
+    assert _holders(nodes3, lock.key) == 3
+    assert rival.acquire(timeout=0) is False
+    second.close()
+    assert _holders(nodes3, lock.key) == 0
+
+
+def test_two_generators_entering_by_hand_in_one_thread_each_leave_their_own(
+        nodes3: RedisNodes, make_manager: MakeManager,
+        caplog: pytest.LogCaptureFixture) -> None:
+    """One thread, two generators that each call ``L.__enter__()`` and, in
+    their ``finally``, ``L.__exit__()``: the first's lease runs out, the
+    second enters, the first is closed first. Its exit leaves its own entry
+    (the loss logged), not the thread's innermost one, the second's."""
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("hand-generators", ttl=_TTL, auto_renew=False)
+    rival = make_manager(nodes3).lock("hand-generators", ttl=5)
+
+    def worker() -> Iterator[None]:
+        lock.__enter__()
+        try:
+            yield
+        finally:
+            lock.__exit__(None, None, None)
+
+    first = worker()
+    next(first)
+    time.sleep(_TTL + 0.1)
+    second = worker()
+    next(second)
+    lock.extend(5)
+    with pytest.raises(LockLost):
+        first.close()  # its __exit__ runs with no exception: LockLost goes out
+    assert lock.owned()
+    assert _holders(nodes3, lock.key) == 3
+    assert rival.acquire(timeout=0) is False
+    second.close()
+    assert _holders(nodes3, lock.key) == 0
+
+
+@pytest.mark.parametrize("how", ["wait_for", "shield"])
+def test_an_async_entry_made_through_a_task_of_its_own_is_the_awaiting_tasks(
+        how: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """``await asyncio.wait_for(L.__aenter__(), 5)`` (a task of its own
+    before 3.12) or ``asyncio.shield``: the entry is the awaiting task's.
+    Recorded for the inner task, which ends at once, it was taken by
+    another task's exit for its own: that exit ended a newer hold."""
+    mgr = make_manager(nodes3)
+    rival = make_manager(nodes3).lock(f"hand-task-{how}", ttl=5)
+
+    async def scenario() -> dict[str, Any]:
+        lock = mgr.alock(f"hand-task-{how}", ttl=_TTL, auto_renew=False)
+        a_in, b_in, a_left = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        seen: dict[str, Any] = {}
+
+        async def task_a() -> None:
+            if how == "wait_for":
+                await asyncio.wait_for(lock.__aenter__(), 5)
+            else:
+                await asyncio.shield(lock.__aenter__())
+            a_in.set()
+            await b_in.wait()
+            try:
+                await lock.__aexit__(None, None, None)
+            except LockLost:
+                seen["A"] = "LockLost"
+            else:
+                seen["A"] = "left quietly"
+            a_left.set()
+
+        async def task_b() -> None:
+            await a_in.wait()
+            await asyncio.sleep(_TTL + 0.1)
+            await lock.__aenter__()  # by hand too: each task's own record
+            await lock.extend(5)
+            b_in.set()
+            await a_left.wait()
+            seen["B owned"] = lock.owned()
+            seen["held on"] = _holders(nodes3, lock.key)
+            seen["rival got in"] = rival.acquire(timeout=0)
+            await lock.__aexit__(None, None, None)
+        await asyncio.gather(task_a(), task_b())
+        seen["held on at the end"] = _holders(nodes3, lock.key)
+        return seen
+
+    seen = asyncio.run(asyncio.wait_for(scenario(), 20))
+    if seen.get("rival got in"):
+        rival.release()
+    assert seen == {"A": "LockLost", "B owned": True, "held on": 3, "rival got in": False,
+                    "held on at the end": 0}

@@ -627,11 +627,21 @@ class AsyncLock(LockBase):
                                              self._entries(waiter.sub)))
 
     def _entrant(self) -> Any:
-        """The task entering by hand (``await L.__aenter__()``), None outside one."""
+        """The task entering by hand (``await L.__aenter__()``), None outside
+        one: the task that awaits it through ``asyncio.wait_for`` (before
+        3.12) or ``asyncio.shield``, which run it in a task of their own
+        (recorded for that task, which ends at once, an entry was taken by
+        another task's exit for its own: two holders)."""
         try:
-            return asyncio.current_task()
+            task = asyncio.current_task()
         except RuntimeError:
             return None
+        for _ in range(8):  # nested wait_for / shield, bounded
+            outer = awaiting_task(task, False) if task is not None else None
+            if outer is None:
+                break
+            task = outer
+        return task
 
     def _adopt_blocks(self, frame: Any) -> None:
         """As a sync lock's (LockBase), and through a task that

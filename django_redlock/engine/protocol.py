@@ -84,15 +84,31 @@ class _Block:
 
 class _HandEntry:
     """An entry no statement made (``ExitStack.enter_context(L)``,
-    ``L.__enter__()``), passed to the acquire as its block: ``key`` the
-    entrant its record is kept for (the exit stack, else the thread or
-    task), ``frame`` the frame that entered it (a hold taken by hand while
-    that frame runs becomes this entry's to end, as for a block)."""
+    ``L.__enter__()``), passed to the acquire as its block: ``key`` what
+    its record is kept for (the exit stack, else the thread or task),
+    ``frame`` the frame that entered it, ``entrant`` the thread or task
+    that did."""
 
-    __slots__ = ("key", "frame")
+    __slots__ = ("key", "frame", "entrant")
 
-    def __init__(self, key: Any, frame: Any) -> None:
-        self.key, self.frame = key, frame
+    def __init__(self, key: Any, frame: Any, entrant: Any) -> None:
+        self.key, self.frame, self.entrant = key, frame, entrant
+
+
+class _HandRecord(_Block):
+    """The record of an entry by hand: a block's, with ``code`` None, its
+    entering frame first among ``callers``, and a weak reference to the
+    thread or task that entered (``entrant``): a hold taken by hand is
+    adopted only by that entrant's entries (a frame of another thread may
+    stand at the address and run the code of an entering frame that
+    returned: ``Job.start()`` entered, ``Job.stop()`` leaves)."""
+
+    __slots__ = ("entrant",)
+
+    def __init__(self, hold: int, fence: int, callers: "tuple[tuple[int, Any], ...]",
+                 entrant: Any) -> None:
+        super().__init__(None, hold, fence, callers)
+        self.entrant = entrant
 
 
 #: The most entries by hand kept for one entrant of one object (the oldest
@@ -435,7 +451,7 @@ class LockBase:
         #: entries, innermost last); see _hand_entry. A plain dict read in
         #: one step (``list(d.values())``): a WeakKeyDictionary's iteration
         #: runs Python code, and another thread's exit changed it meanwhile.
-        self._hand: dict[int, tuple[Any, list[_Block]]] | None = None
+        self._hand: dict[int, tuple[Any, list[_HandRecord]]] | None = None
         #: What held the key at the last refusal when it was not a lock
         #: (rounds.obstacle), for the busy error.
         self._obstacle = ""
@@ -557,19 +573,22 @@ class LockBase:
         section: nothing runs between the grant and this) is the block's
         whose statement runs in frame ``block``; None: taken by hand, and
         it becomes the hold of the open blocks on the acquiring stack; a
-        :class:`_HandEntry`: both (recorded for its entrant, and taken by
-        hand for the blocks around it)."""
+        :class:`_HandEntry`: recorded for its entrant. An entry, by a
+        statement or by hand, is its own exit's to end, never adopted by
+        another block (``s1.enter_context(L)``, the lease ran out,
+        ``s2.enter_context(L)`` in the same frame: closing ``s1`` ended
+        ``s2``'s hold)."""
         blocks = self._blocks
-        if block is not None and type(block) is not _HandEntry:
+        if block is None:
+            if blocks or self._hand:
+                self._adopt_blocks(sys._getframe(2))
+        elif type(block) is _HandEntry:
+            self._record_hand(block)
+        else:
             if blocks is None:
                 blocks = self._blocks = {}
             blocks.setdefault(id(block), []).append(
                 _Block(block.f_code, self._hold_no, self.fence, helper_callers(block)))
-            return
-        if blocks or self._hand:
-            self._adopt_blocks(sys._getframe(2))
-        if block is not None:
-            self._record_hand(block)
 
     # -- entries by hand (engine/blocks.py has the timeline) ------------------
     def _entrant(self) -> Any:
@@ -591,13 +610,13 @@ class LockBase:
         ``__enter__`` called in frame ``caller``: recorded for its exit
         stack, or its thread or task (None: no entrant; the exit ends the
         current hold, as before entries by hand were kept)."""
+        entrant = self._entrant()
         found = hand_entrant(caller)
         if found is not None:
-            return _HandEntry(*found)
-        key = self._entrant()
-        return None if key is None else _HandEntry(key, caller)
+            return _HandEntry(found[0], found[1], entrant)
+        return None if entrant is None else _HandEntry(entrant, caller, entrant)
 
-    def _hand_entries(self, key: Any) -> "list[_Block] | None":
+    def _hand_entries(self, key: Any) -> "list[_HandRecord] | None":
         """Entrant ``key``'s open entries by hand (None: none recorded; an
         entry of a gone entrant whose id ``key`` reuses is not its)."""
         found = self._hand.get(id(key)) if self._hand else None
@@ -619,7 +638,8 @@ class LockBase:
         # The frame that entered it, and the statements that entered the
         # @contextmanager helpers it runs in (suspended while their callers run).
         callers = () if frame is None else ((id(frame), frame.f_code), *helper_callers(frame))
-        entries.append(_Block(None, self._hold_no, self.fence, callers))
+        entrant = None if entry.entrant is None else weakref.ref(entry.entrant)
+        entries.append(_HandRecord(self._hold_no, self.fence, callers, entrant))
         if len(entries) > HAND_ENTRIES_KEPT:
             del entries[0]
 
@@ -630,18 +650,28 @@ class LockBase:
         task; None when neither entered this object by hand (the exit ends
         the current hold, as before)."""
         for key in (hand_exit_stack(caller), self._entrant()):
-            found = self._hand_record_of(key) if key is not None else None
+            found = self._hand_record_of(key, caller) if key is not None else None
             if found is not None:
                 return found
         return None
 
-    def _hand_record_of(self, key: Any) -> "tuple[int, int] | None":
-        """(hold, fence) of entrant ``key``'s innermost entry by hand, taken
-        off the record; None when it has none."""
+    def _hand_record_of(self, key: Any, caller: Any = None) -> "tuple[int, int] | None":
+        """(hold, fence) of an entry by hand of ``key``'s, taken off the
+        record; None when it has none. The innermost entry made in frame
+        ``caller`` if any (two generators of one thread, each entering by
+        hand, left out of order: the innermost of the thread's was the
+        other generator's), else the innermost."""
         entries = self._hand_entries(key)
         if not entries:
             return None
-        entry = entries.pop()
+        at = len(entries) - 1
+        if caller is not None:
+            mine = (id(caller), caller.f_code)
+            for i in range(at, -1, -1):
+                if entries[i].callers[:1] == (mine,):
+                    at = i
+                    break
+        entry = entries.pop(at)
         if not entries:
             self._hand.pop(id(key), None)  # type: ignore[union-attr]
         return entry.hold, entry.fence
@@ -670,11 +700,14 @@ class LockBase:
                 if frames.get(key) is entry.code or any(
                         frames.get(at) is code for at, code in entry.callers):
                     entry.hold, entry.fence = hold, self.fence
-        for _, entries in list(self._hand.values()) if self._hand else ():
-            for entry in entries:  # entered by hand: by the frame that entered it
-                if entry.hold != hold and any(
-                        frames.get(at) is code for at, code in entry.callers):
-                    entry.hold, entry.fence = hold, self.fence
+        hand = list(self._hand.values()) if self._hand else ()
+        entrant = self._entrant() if hand else None
+        for _, records in hand:
+            for record in records:  # entered by hand: by this entrant, in a frame on the stack
+                if (record.hold != hold and record.entrant is not None
+                        and record.entrant() is entrant and any(
+                            frames.get(at) is code for at, code in record.callers)):
+                    record.hold, record.fence = hold, self.fence
 
     def _unrecord_block(self, block: Any, hold: int) -> None:
         """Drop the record ``_record_block`` made for hold ``hold``, granted
