@@ -96,6 +96,16 @@ from .sync import (
     unread_bytes,
 )
 
+_HIREDIS_PARSER: Any = None  # redis-py's hiredis parser, whose replies _response reads itself
+_NOT_ENOUGH_DATA: Any = None
+try:
+    from redis._parsers import hiredis as _hiredis_parsers
+
+    _HIREDIS_PARSER = _hiredis_parsers._AsyncHiredisParser
+    _NOT_ENOUGH_DATA = _hiredis_parsers.NOT_ENOUGH_DATA
+except (ImportError, AttributeError):  # pragma: no cover - then its own read
+    pass
+
 if sys.version_info >= (3, 11, 3):
     from asyncio import timeout as _timeout
 else:  # pragma: no cover - redis-py depends on async-timeout on these versions
@@ -641,17 +651,68 @@ def _direct(conn: Any) -> bool:
 
 async def _response(conn: Any) -> Any:
     """The next reply on ``conn``, an error reply raised: redis-py's
-    ``read_response`` without its layers (:func:`_direct`)."""
+    ``read_response`` without its layers (:func:`_direct`).
+
+    With redis-py's hiredis parser, its ``read_response`` written out here
+    (its reader fed from the stream until a reply is whole): two coroutines
+    less per reply, about what one loop turn costs on the uncontended path.
+    A push message (RESP3) goes to the parser's handler, as its own read
+    sends it, and the reply is the next one."""
     if not _direct(conn):
         return await conn.read_response()
+    parser: Any = conn._parser
     try:
-        reply = await conn._parser.read_response()
+        if _HIREDIS_PARSER is None or type(parser) is not _HIREDIS_PARSER:
+            reply = await parser.read_response()
+        else:
+            while True:
+                if not parser._connected:
+                    raise RedisConnectionError("Connection closed by server.")
+                reader = parser._reader
+                reply = reader.gets()
+                while reply is _NOT_ENOUGH_DATA:
+                    data = await parser._stream.read(parser._read_size)
+                    if not data or not isinstance(data, bytes):
+                        raise RedisConnectionError("Connection closed by server.")
+                    reader.feed(data)
+                    reply = reader.gets()
+                push = getattr(parser, "_hiredis_PushNotificationType", None)
+                if push is None or not isinstance(reply, push):
+                    break
+                await parser.handle_push_response(reply)
+            if isinstance(reply, RedisConnectionError):
+                raise reply
+            if isinstance(reply, list) and reply and isinstance(reply[0],
+                                                                RedisConnectionError):
+                raise reply[0]
     except OSError as e:  # worded as redis-py words it
         raise RedisConnectionError(
             f"Error while reading from {conn._host_error()} : {e.args}") from None
     if isinstance(reply, ResponseError):
         raise reply
     return reply
+
+
+def _write_now(conn: Any, packed: bytes) -> bool | None:
+    """:func:`_write` without a coroutine, where it needs no await: True
+    when ``packed`` went to ``conn``'s transport and the socket took all of
+    it; False when it went, and the rest waits in the transport's buffer
+    (the caller awaits the stream's flow control); None when it was not
+    written (the caller awaits :func:`_write`, which tells why).
+
+    Why: a round writes to every node it asks, and the coroutines of
+    ``_send`` and ``_write`` cost more than the write itself on the
+    uncontended path (two per node and round trip)."""
+    if not _direct(conn) or not conn.is_connected:
+        return None
+    writer = conn._writer
+    if writer is None:
+        return None
+    transport = writer.transport
+    if transport.is_closing():
+        return None
+    transport.write(packed)
+    return not transport.get_write_buffer_size()
 
 
 async def _write(conn: Any, packed: bytes) -> None:
@@ -869,7 +930,10 @@ class AsyncTransport:
             now = self.clock()
             for i in live:
                 watch = watches[i] = _Deadline(conns[i], deadlines[i] - now, state.deadlines)
-                results[i] = await self._send(nodes[i], conns[i], requests[i], watch)
+                written = _write_now(conns[i], requests[i].packed)  # type: ignore[union-attr]
+                if written is not True:  # buffered (flow control) or not written here
+                    results[i] = await self._send(nodes[i], conns[i], requests[i], watch,
+                                                  written=written is False)
             sent = [i for i in live if results[i] is None]
             if settle is not None and (len(sent) + len(later) > 1 or settle.need <= 0):
                 await self._read_settled(state, sent, later, conns, requests, deadlines, watches,
@@ -1116,12 +1180,16 @@ class AsyncTransport:
                                                          tag, exchanges[i]))
 
     async def _send(self, node: NodeClient, conn: Any, request: Request,
-                    watch: _Deadline) -> NodeError | None:
+                    watch: _Deadline, *, written: bool = False) -> NodeError | None:
         """Write ``request`` on ``conn`` (by ``watch``'s deadline); a :class:`NodeError`
-        when it could not be."""
+        when it could not be. ``written``: :func:`_write_now` wrote it, and
+        only the stream's flow control is left to wait for."""
         assert request is not None
         try:
-            await _write(conn, request.packed)
+            if written:
+                await conn._writer.drain()
+            else:
+                await _write(conn, request.packed)
         except (*NODE_DOWN_ERRORS, RedisError) as e:
             node.mark_failed(self.clock())
             if watch.passed:
