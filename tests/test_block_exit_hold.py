@@ -30,24 +30,12 @@ import pytest
 
 from django_redlock import LockLost
 from django_redlock.testing import RedisNodes
+from tests.holding import holders as _holders
+from tests.holding import run_threads as _run_threads
 
 MakeManager = Callable[..., Any]
 
 _TTL = 0.3  # auto_renew off: a lease that runs out within the test
-
-
-def _holders(nodes: RedisNodes, key: str) -> int:
-    return sum(bool(server.client().exists(key)) for server in nodes)
-
-
-def _run_threads(*targets: Callable[[], None]) -> None:
-    """Run each target in a thread of its own; fail if one still runs after 20 s."""
-    threads = [threading.Thread(target=target) for target in targets]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(20)
-    assert not any(thread.is_alive() for thread in threads)
 
 
 def _second_block(lock: Any, inside: threading.Event, first_left: threading.Event,

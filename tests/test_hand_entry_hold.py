@@ -30,24 +30,12 @@ import pytest
 
 from django_redlock import LockLost
 from django_redlock.testing import RedisNodes
+from tests.holding import holders as _holders
+from tests.holding import run_threads as _run_threads
 
 MakeManager = Callable[..., Any]
 
 _TTL = 0.3  # auto_renew off: a lease that runs out within the test
-
-
-def _holders(nodes: RedisNodes, key: str) -> int:
-    return sum(bool(server.client().exists(key)) for server in nodes)
-
-
-def _run_threads(*targets: Callable[[], None]) -> None:
-    """Run each target in a thread of its own; fail if one still runs after 20 s."""
-    threads = [threading.Thread(target=target) for target in targets]
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join(20)
-    assert not any(thread.is_alive() for thread in threads)
 
 
 @contextlib.contextmanager
@@ -401,6 +389,42 @@ class _Job:
         self.lock.__exit__(None, None, None)
 
 
+def _job_round(lock: Any, rival: Any, nodes: RedisNodes, b_by_hand: bool) -> dict[str, Any]:
+    """One round of the test below: thread A's job enters and waits, thread
+    B's job takes the lock once A's lease ran out, A's job stops."""
+    a_in, b_in, a_left = threading.Event(), threading.Event(), threading.Event()
+    seen: dict[str, Any] = {}
+
+    def thread_a() -> None:
+        job = _Job(lock)
+        job.start()
+        a_in.set()
+        assert b_in.wait(5)
+        try:
+            job.stop()
+        except LockLost:
+            seen["A"] = "LockLost"
+        else:
+            seen["A"] = "left quietly"
+        a_left.set()
+
+    def thread_b() -> None:
+        assert a_in.wait(5)
+        time.sleep(_TTL + 0.1)
+        job = _Job(lock)
+        job.start(by_hand=b_by_hand)
+        lock.extend(5)
+        b_in.set()
+        assert a_left.wait(5)
+        seen["B owned"] = lock.owned()
+        seen["held on"] = _holders(nodes, lock.key)
+        seen["rival got in"] = rival.acquire(timeout=0)
+        lock.release()
+
+    _run_threads(thread_a, thread_b)
+    return seen
+
+
 @pytest.mark.parametrize("b_takes", ["an entry", "acquire()"])
 def test_an_entry_whose_frame_returned_takes_no_other_threads_hold_at_that_address(
         b_takes: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
@@ -414,37 +438,8 @@ def test_an_entry_whose_frame_returned_takes_no_other_threads_hold_at_that_addre
     rival_mgr = make_manager(nodes3)
     for i in range(5):
         name = f"hand-job-{i}"
-        lock = mgr.lock(name, ttl=_TTL, auto_renew=False)
-        a_in, b_in, a_left = threading.Event(), threading.Event(), threading.Event()
-        seen: dict[str, Any] = {}
-
-        def thread_a() -> None:
-            job = _Job(lock)
-            job.start()
-            a_in.set()
-            assert b_in.wait(5)
-            try:
-                job.stop()
-            except LockLost:
-                seen["A"] = "LockLost"
-            else:
-                seen["A"] = "left quietly"
-            a_left.set()
-
-        def thread_b() -> None:
-            assert a_in.wait(5)
-            time.sleep(_TTL + 0.1)
-            job = _Job(lock)
-            job.start(by_hand=b_takes == "acquire()")
-            lock.extend(5)
-            b_in.set()
-            assert a_left.wait(5)
-            seen["B owned"] = lock.owned()
-            seen["held on"] = _holders(nodes3, lock.key)
-            seen["rival got in"] = rival_mgr.lock(name, ttl=5).acquire(timeout=0)
-            lock.release()
-
-        _run_threads(thread_a, thread_b)
+        seen = _job_round(mgr.lock(name, ttl=_TTL, auto_renew=False),
+                          rival_mgr.lock(name, ttl=5), nodes3, b_takes == "acquire()")
         assert seen == {"A": "LockLost", "B owned": True, "held on": 3,
                         "rival got in": False}, i
 

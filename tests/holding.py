@@ -1,0 +1,24 @@
+"""Helpers of the tests that drive one lock object through several blocks or
+entries at once (tests/test_block_exit_hold.py, tests/test_hand_entry_hold.py)."""
+
+from __future__ import annotations
+
+import threading
+from typing import Callable
+
+from django_redlock.testing import RedisNodes
+
+
+def holders(nodes: RedisNodes, key: str) -> int:
+    """How many of ``nodes`` hold ``key``."""
+    return sum(bool(server.client().exists(key)) for server in nodes)
+
+
+def run_threads(*targets: Callable[[], None]) -> None:
+    """Run each target in a thread of its own; fail if one still runs after 20 s."""
+    threads = [threading.Thread(target=target) for target in targets]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(20)
+    assert not any(thread.is_alive() for thread in threads)
