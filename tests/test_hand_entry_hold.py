@@ -550,3 +550,179 @@ def test_an_async_entry_made_through_a_task_of_its_own_is_the_awaiting_tasks(
         rival.release()
     assert seen == {"A": "LockLost", "B owned": True, "held on": 3, "rival got in": False,
                     "held on at the end": 0}
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_an_exit_by_hand_inside_a_with_of_the_same_frame_leaves_the_with_blocks_hold(
+        flavour: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """In one frame: ``L.__enter__()``, its lease runs out, ``with L:`` (a
+    new hold), and inside the body ``L.__exit__()`` for the entry by hand:
+    that exit raises ``LockLost`` and leaves the block's hold (it took the
+    block's record, whose frame it runs in, and ended the block's hold);
+    the block's exit then ends its own."""
+    mgr = make_manager(nodes3)
+    name = f"hand-inside-with-{flavour}"
+    rival = make_manager(nodes3).lock(name, ttl=5)
+    seen: dict[str, Any] = {}
+    if flavour == "sync":
+        lock = mgr.lock(name, ttl=_TTL, auto_renew=False)
+        lock.__enter__()
+        time.sleep(_TTL + 0.1)
+        with lock:
+            lock.extend(5)
+            with pytest.raises(LockLost):
+                lock.__exit__(None, None, None)
+            seen["owned"] = lock.owned()
+            seen["held on"] = _holders(nodes3, lock.key)
+            seen["rival got in"] = rival.acquire(timeout=0)
+    else:
+        async def scenario() -> None:
+            alock = mgr.alock(name, ttl=_TTL, auto_renew=False)
+            await alock.__aenter__()
+            await asyncio.sleep(_TTL + 0.1)
+            async with alock:
+                await alock.extend(5)
+                with pytest.raises(LockLost):
+                    await alock.__aexit__(None, None, None)
+                seen["owned"] = alock.owned()
+                seen["held on"] = _holders(nodes3, alock.key)
+                seen["rival got in"] = rival.acquire(timeout=0)
+        asyncio.run(asyncio.wait_for(scenario(), 20))
+    if seen.get("rival got in"):
+        rival.release()
+    assert seen == {"owned": True, "held on": 3, "rival got in": False}
+    assert _holders(nodes3, mgr.key(name)) == 0
+
+
+@pytest.mark.parametrize("collector", ["a third thread", "the new holder's thread"])
+def test_a_generator_that_entered_by_hand_collected_in_another_thread_leaves_the_new_hold(
+        collector: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """Thread A's generator enters by hand (``L.__enter__()``, ``L.__exit__()``
+    in its ``finally``) and is dropped in a reference cycle; its lease runs
+    out; thread B enters (a new hold); a garbage collection in another
+    thread runs the generator's exit, in a thread that made no entry: it
+    ends the generator's own entry (lapsed: ``LockLost``), not B's hold."""
+    import gc
+
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("hand-gc-thread", ttl=_TTL, auto_renew=False)
+    rival = make_manager(nodes3).lock("hand-gc-thread", ttl=5)
+    seen: dict[str, Any] = {}
+    a_in, b_in, collected = threading.Event(), threading.Event(), threading.Event()
+
+    def worker() -> Iterator[int]:
+        lock.__enter__()
+        try:
+            yield 1
+        finally:
+            try:
+                lock.__exit__(None, None, None)
+                seen["generator's exit"] = "quiet"
+            except LockLost:
+                seen["generator's exit"] = "LockLost"
+
+    def thread_a() -> None:
+        gen = worker()
+        next(gen)
+        cycle: list[Any] = [gen]
+        cycle.append(cycle)  # reachable from nowhere but itself
+        del gen, cycle
+        a_in.set()
+
+    def thread_b() -> None:
+        assert a_in.wait(5)
+        time.sleep(_TTL + 0.1)
+        with lock:
+            lock.extend(5)
+            b_in.set()
+            if collector == "the new holder's thread":
+                gc.collect()
+                collected.set()
+            assert collected.wait(5)
+            seen["B owned"] = lock.owned()
+            seen["held on"] = _holders(nodes3, lock.key)
+            seen["rival got in"] = rival.acquire(timeout=0)
+
+    def thread_c() -> None:
+        assert b_in.wait(5)
+        if collector == "a third thread":
+            gc.collect()
+            collected.set()
+
+    gc.disable()
+    try:
+        _run_threads(thread_a, thread_b, thread_c)
+    finally:
+        gc.enable()
+    if seen.get("rival got in"):
+        rival.release()
+    assert seen == {"generator's exit": "LockLost", "B owned": True, "held on": 3,
+                    "rival got in": False}
+    assert _holders(nodes3, lock.key) == 0
+
+
+@pytest.mark.parametrize("how", ["gather", "create_task", "shield a worker"])
+def test_an_async_entry_by_a_child_task_left_by_another_task_leaves_the_new_hold(
+        how: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """An entry by hand made in one task and left from another that made
+    none: ``gather(L.__aenter__(), ...)`` or ``create_task(L.__aenter__())``
+    left by the parent; or a worker task, running code of its own, that
+    entered before the main task awaits it through ``shield`` and leaves
+    while awaited (its exit is its own, not the awaiting task's). The entry's lease runs out,
+    task B enters (a new hold), then the exit: ``LockLost``, B's hold kept."""
+    mgr = make_manager(nodes3)
+    rival = make_manager(nodes3).lock(f"hand-child-{how}", ttl=5)
+
+    async def scenario() -> dict[str, Any]:
+        lock = mgr.alock(f"hand-child-{how}", ttl=_TTL, auto_renew=False)
+        p_in, b_in, p_left = asyncio.Event(), asyncio.Event(), asyncio.Event()
+        seen: dict[str, Any] = {}
+
+        async def leave() -> None:
+            try:
+                await lock.__aexit__(None, None, None)
+            except LockLost:
+                seen["first exit"] = "LockLost"
+            else:
+                seen["first exit"] = "quiet"
+            p_left.set()
+
+        async def worker() -> None:
+            await lock.__aenter__()
+            p_in.set()
+            await b_in.wait()
+            await leave()
+
+        async def first() -> None:
+            if how == "shield a worker":
+                task = asyncio.ensure_future(worker())
+                await p_in.wait()  # entered (for itself) before anyone awaits it
+                await asyncio.shield(task)
+                return
+            if how == "gather":
+                await asyncio.gather(lock.__aenter__(), asyncio.sleep(0.01))
+            else:
+                await asyncio.create_task(lock.__aenter__())
+            p_in.set()
+            await b_in.wait()
+            await leave()
+
+        async def task_b() -> None:
+            await p_in.wait()
+            await asyncio.sleep(_TTL + 0.1)
+            async with lock:
+                await lock.extend(5)
+                b_in.set()
+                await p_left.wait()
+                seen["B owned"] = lock.owned()
+                seen["held on"] = _holders(nodes3, lock.key)
+                seen["rival got in"] = rival.acquire(timeout=0)
+        await asyncio.gather(first(), task_b())
+        seen["held on at the end"] = _holders(nodes3, lock.key)
+        return seen
+
+    seen = asyncio.run(asyncio.wait_for(scenario(), 20))
+    if seen.get("rival got in"):
+        rival.release()
+    assert seen == {"first exit": "LockLost", "B owned": True, "held on": 3,
+                    "rival got in": False, "held on at the end": 0}

@@ -83,7 +83,7 @@ from ..exceptions import (
 )
 from ..transport import finalizers
 from . import events, rounds
-from .awaits import awaited_frames, awaiting_task
+from .awaits import awaited_frames, awaiting_task, runs_alone
 from .blocks import entered_by_statement
 from .lock import Lock  # the sender of every lock signal
 from .protocol import (
@@ -626,22 +626,39 @@ class AsyncLock(LockBase):
                                              self._fence_key_b, self._waiters_key_b, token,
                                              self._entries(waiter.sub)))
 
-    def _entrant(self) -> Any:
-        """The task entering by hand (``await L.__aenter__()``), None outside
-        one: the task that awaits it through ``asyncio.wait_for`` (before
-        3.12) or ``asyncio.shield``, which run it in a task of their own
+    def _entrant(self, own: Any = None) -> Any:
+        """The task entering (leaving) by hand, None outside one. When
+        ``own`` (the frame of ``__aenter__`` / ``__aexit__``) is all its task
+        runs, a task that ``asyncio.wait_for`` (before 3.12) or
+        ``asyncio.shield`` made for the call: the task awaiting it there
         (recorded for that task, which ends at once, an entry was taken by
-        another task's exit for its own: two holders)."""
+        another task's exit for its own: two holders). A task running code
+        of its own is its own entrant, however awaited."""
         try:
             task = asyncio.current_task()
         except RuntimeError:
             return None
+        if task is None or own is None or not runs_alone(task, own):
+            return task
+        return self._awaiting_chain(task)[-1]
+
+    @staticmethod
+    def _awaiting_chain(task: "asyncio.Task[Any]") -> "list[asyncio.Task[Any]]":
+        """``task`` and the tasks awaiting it through wait_for / shield, innermost first."""
+        chain = [task]
         for _ in range(8):  # nested wait_for / shield, bounded
-            outer = awaiting_task(task, False) if task is not None else None
+            outer = awaiting_task(chain[-1], False)
             if outer is None:
                 break
-            task = outer
-        return task
+            chain.append(outer)
+        return chain
+
+    def _adopting_entrants(self) -> "tuple[Any, ...]":
+        try:
+            task = asyncio.current_task()
+        except RuntimeError:
+            return ()
+        return () if task is None else tuple(self._awaiting_chain(task))
 
     def _adopt_blocks(self, frame: Any) -> None:
         """As a sync lock's (LockBase), and through a task that
@@ -920,7 +937,8 @@ class AsyncLock(LockBase):
         # The async with's frame (awaiting this, before any await here), told
         # before the acquire: nothing but the record follows the grant (Lock).
         caller = sys._getframe(1)
-        block = caller if entered_by_statement(caller) else self._hand_entry(caller)
+        block = caller if entered_by_statement(caller) else self._hand_entry(
+            caller, sys._getframe())
         if not await self._acquire(True, ..., block):
             raise self._busy_error()
         return self
@@ -928,7 +946,7 @@ class AsyncLock(LockBase):
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
         try:
-            release, block = self._leaving(sys._getframe(1))
+            release, block = self._leaving(sys._getframe(1), sys._getframe())
             if release:
                 await self._release(block)  # the hold this block entered
         except LockLost:

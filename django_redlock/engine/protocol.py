@@ -45,6 +45,7 @@ from ..exceptions import LockLost, LockNotAcquired, LockNotOwned, QuorumUnavaila
 from ..transport.finalizers import get_logger
 from ..transport.sync import call_deadline, round_began
 from . import events, held, rounds
+from .awaits import ASYNCIO_DIR
 from .blocks import hand_entrant, hand_exit_stack, helper_callers
 
 if TYPE_CHECKING:
@@ -75,11 +76,14 @@ class _Block:
     statement frames of the callers of the ``@contextmanager`` helpers it
     runs in, as (id, code) pairs (``blocks.helper_callers``)."""
 
-    __slots__ = ("code", "hold", "fence", "callers")
+    __slots__ = ("code", "hold", "fence", "callers", "line")
 
     def __init__(self, code: Any, hold: int, fence: int,
-                 callers: "tuple[tuple[int, Any], ...]") -> None:
+                 callers: "tuple[tuple[int, Any], ...]", line: int = 0) -> None:
         self.code, self.hold, self.fence, self.callers = code, hold, fence, callers
+        #: The line of the statement (its exit runs at that line, 3.10 to
+        #: 3.13): an ``__exit__`` called by hand elsewhere in the frame is not it.
+        self.line = line
 
 
 class _HandEntry:
@@ -588,10 +592,11 @@ class LockBase:
             if blocks is None:
                 blocks = self._blocks = {}
             blocks.setdefault(id(block), []).append(
-                _Block(block.f_code, self._hold_no, self.fence, helper_callers(block)))
+                _Block(block.f_code, self._hold_no, self.fence, helper_callers(block),
+                       block.f_lineno))
 
     # -- entries by hand (engine/blocks.py has the timeline) ------------------
-    def _entrant(self) -> Any:
+    def _entrant(self, own: Any = None) -> Any:
         """Who enters this object by hand when no exit stack does: the
         running asyncio task (a sync lock entered inside a coroutine: the
         tasks of one loop share its thread), else the calling thread
@@ -605,16 +610,29 @@ class LockBase:
                 return task
         return threading.current_thread()
 
-    def _hand_entry(self, caller: Any) -> "_HandEntry | None":
+    def _hand_entry(self, caller: Any, own: Any = None) -> "_HandEntry | None":
         """The block to pass the acquire of an entry no statement made, its
         ``__enter__`` called in frame ``caller``: recorded for its exit
         stack, or its thread or task (None: no entrant; the exit ends the
-        current hold, as before entries by hand were kept)."""
-        entrant = self._entrant()
+        current hold, as before entries by hand were kept). ``own``: the
+        frame of ``__aenter__`` (see AsyncLock._entrant)."""
+        entrant = self._entrant(own)
         found = hand_entrant(caller)
         if found is not None:
             return _HandEntry(found[0], found[1], entrant)
-        return None if entrant is None else _HandEntry(entrant, caller, entrant)
+        if entrant is None:
+            return None
+        # A task that runs the entry alone (gather(L.__aenter__()), a task
+        # made by wait_for / shield): its caller is asyncio's own frame,
+        # shared by every task step and no frame of the entrant's.
+        mine = caller is not None and not caller.f_code.co_filename.startswith(ASYNCIO_DIR)
+        return _HandEntry(entrant, caller if mine else None, entrant)
+
+    def _adopting_entrants(self) -> "tuple[Any, ...]":
+        """Whose entries by hand may adopt a hold taken by ``acquire()`` now:
+        the acquiring thread or task (AsyncLock: also the tasks awaiting it
+        through ``wait_for`` / ``shield``)."""
+        return (self._entrant(),)
 
     def _hand_entries(self, key: Any) -> "list[_HandRecord] | None":
         """Entrant ``key``'s open entries by hand (None: none recorded; an
@@ -643,17 +661,95 @@ class LockBase:
         if len(entries) > HAND_ENTRIES_KEPT:
             del entries[0]
 
-    def _hand_block_of(self, caller: Any) -> "tuple[int, int] | None":
+    def _hand_block_of(self, caller: Any, own: Any = None) -> "tuple[int, int] | None":
         """For an exit no statement's record claimed, run in frame
-        ``caller``: (the hold it ends, its fence), taken off the record of
-        its exit stack (if that stack entered it), else of its thread or
-        task; None when neither entered this object by hand (the exit ends
-        the current hold, as before)."""
-        for key in (hand_exit_stack(caller), self._entrant()):
-            found = self._hand_record_of(key, caller) if key is not None else None
+        ``caller`` (``own``: the frame of ``__exit__`` / ``__aexit__``):
+        (the hold it ends, its fence), taken off a record, None when no
+        entry by hand is found for it (the exit ends the current hold, as
+        before entries were kept). In order:
+
+        - the innermost entry of its exit stack (if one entered it there);
+        - an entry made in ``caller`` itself, whoever made it (a generator
+          that entered by hand, closed by a collection in another thread:
+          the collecting thread made no entry, and its exit ended another
+          thread's newer hold);
+        - the innermost entry of its thread or task;
+        - an entry of another entrant: one whose hold lapsed, when the
+          current hold is another block's or entry's (a task that entered
+          through ``gather(L.__aenter__())`` and left from its parent,
+          which made no entry: its exit ended the newer hold), else one on
+          the current hold (an entry left from another thread).
+        """
+        stack = hand_exit_stack(caller)
+        if stack is not None:
+            found = self._hand_record_of(stack)
             if found is not None:
                 return found
+        found = self._hand_record_made_in(caller)
+        if found is not None:
+            return found
+        found = self._hand_record_of(self._entrant(own), caller)
+        if found is not None:
+            return found
+        return self._orphan_exit()
+
+    def _hand_record_made_in(self, caller: Any) -> "tuple[int, int] | None":
+        """(hold, fence) of the innermost entry by hand made in frame
+        ``caller`` (by any entrant; ``caller`` is running, so the frame
+        recorded there is it), taken off the record; None if none."""
+        if caller is None or not self._hand:
+            return None
+        mine = (id(caller), caller.f_code)
+        for key, (_, records) in list(self._hand.items()):
+            for i in range(len(records) - 1, -1, -1):
+                if records[i].callers[:1] == (mine,):
+                    record = records.pop(i)
+                    if not records:
+                        self._hand.pop(key, None)
+                    return record.hold, record.fence
         return None
+
+    def _orphan_exit(self) -> "tuple[int, int] | None":
+        """The entry by hand an exit that matched none of its own is taken
+        for (see _hand_block_of), taken off the record; None if none."""
+        hand = list(self._hand.items()) if self._hand else []
+        if not hand:
+            return None
+        hold = self._hold_no
+        lapsed = [(key, records, i) for key, (_, records) in hand
+                  for i, record in enumerate(records) if record.hold not in (0, hold)]
+        on_hold = [(key, records, i) for key, (_, records) in hand
+                   for i, record in enumerate(records) if record.hold == hold]
+        blocks = list(self._blocks.values()) if self._blocks else []
+        claimed = bool(on_hold) or any(entry.hold == hold for entries in blocks
+                                       for entry in entries)
+        if lapsed and claimed:
+            key, records, i = lapsed[0]  # the oldest: LockLost, the current hold kept
+        elif on_hold:
+            key, records, i = on_hold[-1]
+        else:
+            return None
+        record = records.pop(i)
+        if not records:
+            self._hand.pop(key, None)  # type: ignore[union-attr]
+        return record.hold, record.fence
+
+    def _hand_exit_here(self, caller: Any) -> bool:
+        """Whether the exit run in frame ``caller`` is an ``__exit__`` called
+        by hand for an entry by hand made in that frame, while a ``with``
+        block of the same frame is open: the statement's exit runs at its
+        own line, a call by hand at another (it took the block's record:
+        ``L.__enter__()``, the lease ran out, ``with L:``, then
+        ``L.__exit__()`` inside the body ended the block's hold)."""
+        if caller is None or not self._hand:
+            return False
+        mine = (id(caller), caller.f_code)
+        if not any(record.callers[:1] == (mine,)
+                   for _, records in list(self._hand.values()) for record in records):
+            return False
+        entries = self._blocks.get(id(caller)) if self._blocks else None
+        return not (entries and entries[-1].code is caller.f_code
+                    and entries[-1].line == caller.f_lineno)
 
     def _hand_record_of(self, key: Any, caller: Any = None) -> "tuple[int, int] | None":
         """(hold, fence) of an entry by hand of ``key``'s, taken off the
@@ -701,11 +797,11 @@ class LockBase:
                         frames.get(at) is code for at, code in entry.callers):
                     entry.hold, entry.fence = hold, self.fence
         hand = list(self._hand.values()) if self._hand else ()
-        entrant = self._entrant() if hand else None
+        entrants = self._adopting_entrants() if hand else ()
         for _, records in hand:
             for record in records:  # entered by hand: by this entrant, in a frame on the stack
                 if (record.hold != hold and record.entrant is not None
-                        and record.entrant() is entrant and any(
+                        and any(record.entrant() is e for e in entrants) and any(
                             frames.get(at) is code for at, code in record.callers)):
                     record.hold, record.fence = hold, self.fence
 
@@ -758,16 +854,21 @@ class LockBase:
             return None  # an id reused
         return entry.hold, entry.fence
 
-    def _leaving(self, caller: Any) -> "tuple[bool, tuple[int, int] | None]":
-        """A block's exit, run in frame ``caller``: (whether a release
+    def _leaving(self, caller: Any, own: Any = None) -> "tuple[bool, tuple[int, int] | None]":
+        """A block's exit, run in frame ``caller`` (``own``: the frame of
+        ``__exit__`` / ``__aexit__``): (whether a release
         follows, the (hold, fence) it is for, None for the current hold).
         Raises ``LockLost`` when the block's own hold lapsed and a newer one
         began (held now, or come and gone): lost, whatever the object holds
         now. No release after a release by hand inside the block (nothing
         left to end), nor in a forked child."""
-        block = self._block_of(caller) if self._blocks else None
+        block = None
+        if self._hand and self._hand_exit_here(caller):
+            block = self._hand_record_made_in(caller)
+        if block is None and self._blocks:
+            block = self._block_of(caller)
         if block is None and self._hand:
-            block = self._hand_block_of(caller)
+            block = self._hand_block_of(caller, own)
         if self._pid != getpid():
             return False, None
         if block is not None and block[0] not in (0, self._hold_no):
