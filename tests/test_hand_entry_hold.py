@@ -726,3 +726,101 @@ def test_an_async_entry_by_a_child_task_left_by_another_task_leaves_the_new_hold
         rival.release()
     assert seen == {"first exit": "LockLost", "B owned": True, "held on": 3,
                     "rival got in": False, "held on at the end": 0}
+
+
+def test_an_exit_from_a_third_thread_ends_the_live_entry_not_a_lapsed_one(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """Thread A enters by hand and its lease runs out; thread B enters by
+    hand (a new hold) and hands its exit to thread C, which made no entry:
+    C's exit ends B's entry (quiet, released), and A's later exit raises
+    ``LockLost`` and ends nothing. Taken for A's lapsed entry, C's exit
+    raised ``LockLost`` and left B's hold held; A's then ended it."""
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("hand-third-thread", ttl=_TTL, auto_renew=False)
+    seen: dict[str, Any] = {}
+    a_in, b_in, c_done = threading.Event(), threading.Event(), threading.Event()
+
+    def thread_a() -> None:
+        lock.__enter__()
+        a_in.set()
+        assert c_done.wait(10)
+        try:
+            lock.__exit__(None, None, None)
+            seen["A's exit"] = "quiet"
+        except LockLost:
+            seen["A's exit"] = "LockLost"
+
+    def thread_b() -> None:
+        assert a_in.wait(5)
+        time.sleep(_TTL + 0.1)
+        lock.__enter__()
+        lock.extend(5)
+        b_in.set()
+
+    def thread_c() -> None:
+        assert b_in.wait(5)
+        try:
+            lock.__exit__(None, None, None)
+            seen["C's exit"] = "quiet"
+        except LockLost:
+            seen["C's exit"] = "LockLost"
+        seen["held on after C"] = _holders(nodes3, lock.key)
+        c_done.set()
+
+    _run_threads(thread_a, thread_b, thread_c)
+    assert seen == {"C's exit": "quiet", "held on after C": 0, "A's exit": "LockLost"}
+    assert not lock.owned()
+
+
+def _call(function: Callable[..., Any], *args: Any) -> Any:
+    """A helper every thread calls through (an executor's work item, a
+    dispatcher): its frames, one per call, reuse one address."""
+    return function(*args)
+
+
+def test_an_exit_through_a_shared_helper_takes_no_other_threads_entry(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """Thread A enters by hand, its lease runs out; thread B enters through
+    ``_call(lock.__enter__)`` (the helper's frame returns, B stays inside);
+    A leaves through ``_call(lock.__exit__, ...)``: its exit frame stands
+    where B's entering frame stood, with the same code, but it is A's:
+    ``LockLost``, and B's hold kept. Three rounds."""
+    mgr = make_manager(nodes3)
+    rival_mgr = make_manager(nodes3)
+    for i in range(3):
+        seen = _shared_helper_round(mgr.lock(f"hand-helper-{i}", ttl=_TTL, auto_renew=False),
+                                    rival_mgr.lock(f"hand-helper-{i}", ttl=5), nodes3)
+        assert seen == {"A's exit": "LockLost", "B owned": True, "held on": 3,
+                        "rival got in": False, "held on at the end": 0}, i
+
+
+def _shared_helper_round(lock: Any, rival: Any, nodes: RedisNodes) -> dict[str, Any]:
+    seen: dict[str, Any] = {}
+    a_in, b_in, a_left = threading.Event(), threading.Event(), threading.Event()
+
+    def thread_a() -> None:
+        lock.__enter__()
+        a_in.set()
+        assert b_in.wait(5)
+        try:
+            _call(lock.__exit__, None, None, None)
+            seen["A's exit"] = "quiet"
+        except LockLost:
+            seen["A's exit"] = "LockLost"
+        a_left.set()
+
+    def thread_b() -> None:
+        assert a_in.wait(5)
+        time.sleep(_TTL + 0.1)
+        _call(lock.__enter__)
+        lock.extend(5)
+        b_in.set()
+        assert a_left.wait(5)
+        seen["B owned"] = lock.owned()
+        seen["held on"] = _holders(nodes, lock.key)
+        seen["rival got in"] = rival.acquire(timeout=0)
+        lock.__exit__(None, None, None)
+        seen["held on at the end"] = _holders(nodes, lock.key)
+
+    _run_threads(thread_a, thread_b)
+    return seen

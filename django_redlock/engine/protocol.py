@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import inspect
 import math
 import sys
 import threading
@@ -113,6 +114,23 @@ class _HandRecord(_Block):
                  entrant: Any) -> None:
         super().__init__(None, hold, fence, callers)
         self.entrant = entrant
+
+
+#: Code flags of a frame that lives on while suspended (a generator, a
+#: coroutine, an async generator): its address is not reused meanwhile.
+_SUSPENDABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
+
+
+def _gone(entrant: Any) -> bool:
+    """Whether the thread or task an entry by hand was made by (a weak
+    reference to it) is gone: collected, ended, or done."""
+    who = entrant() if entrant is not None else None
+    if who is None:
+        return True
+    if isinstance(who, threading.Thread):
+        return not who.is_alive()
+    done = getattr(who, "done", None)
+    return bool(done()) if done is not None else False
 
 
 #: The most entries by hand kept for one entrant of one object (the oldest
@@ -685,7 +703,7 @@ class LockBase:
             found = self._hand_record_of(stack)
             if found is not None:
                 return found
-        found = self._hand_record_made_in(caller)
+        found = self._hand_record_made_in(caller, own)
         if found is not None:
             return found
         found = self._hand_record_of(self._entrant(own), caller)
@@ -693,16 +711,32 @@ class LockBase:
             return found
         return self._orphan_exit()
 
-    def _hand_record_made_in(self, caller: Any) -> "tuple[int, int] | None":
+    def _made_in(self, caller: Any, own: Any) -> "Any":
+        """A test of whether a record of an entry by hand was made in frame
+        ``caller``: its entering frame's id and code, and made by the
+        exit's own entrant, unless ``caller`` runs a generator or coroutine.
+        An ordinary frame that made an entry may have returned, and its
+        address gone to a frame of another thread running the same code (a
+        shared ``call(fn)`` helper: another thread's exit there ended this
+        thread's newer hold). A generator's frame lives while it is
+        suspended, so its exit, run by a collection in any thread, is its
+        own entry's."""
+        mine = (id(caller), caller.f_code)
+        if caller.f_code.co_flags & _SUSPENDABLE:
+            return lambda record: record.callers[:1] == (mine,)
+        entrant = self._entrant(own)
+        return lambda record: (record.callers[:1] == (mine,) and record.entrant is not None
+                               and record.entrant() is entrant)
+
+    def _hand_record_made_in(self, caller: Any, own: Any = None) -> "tuple[int, int] | None":
         """(hold, fence) of the innermost entry by hand made in frame
-        ``caller`` (by any entrant; ``caller`` is running, so the frame
-        recorded there is it), taken off the record; None if none."""
+        ``caller`` (see _made_in), taken off the record; None if none."""
         if caller is None or not self._hand:
             return None
-        mine = (id(caller), caller.f_code)
+        made_here = self._made_in(caller, own)
         for key, (_, records) in list(self._hand.items()):
             for i in range(len(records) - 1, -1, -1):
-                if records[i].callers[:1] == (mine,):
+                if made_here(records[i]):
                     record = records.pop(i)
                     if not records:
                         self._hand.pop(key, None)
@@ -711,22 +745,34 @@ class LockBase:
 
     def _orphan_exit(self) -> "tuple[int, int] | None":
         """The entry by hand an exit that matched none of its own is taken
-        for (see _hand_block_of), taken off the record; None if none."""
+        for (see _hand_block_of), taken off the record; None if none (the
+        exit ends the current hold). In order:
+
+        - the oldest entry whose lease ran out and whose entrant is gone (a
+          task done, a thread ended): ``gather(L.__aenter__())`` left by the
+          parent, whose child task made the entry;
+        - the innermost entry on the current hold: an entry left from
+          another thread (it took a gone entrant's stale entry for its own,
+          raised ``LockLost`` and left its hold held);
+        - the oldest lapsed entry, while a ``with`` block is on the current
+          hold (never this exit's: a statement's exit comes through its
+          frame)."""
         hand = list(self._hand.items()) if self._hand else []
         if not hand:
             return None
         hold = self._hold_no
         lapsed = [(key, records, i) for key, (_, records) in hand
                   for i, record in enumerate(records) if record.hold not in (0, hold)]
+        gone = [at for at in lapsed if _gone(at[1][at[2]].entrant)]
         on_hold = [(key, records, i) for key, (_, records) in hand
                    for i, record in enumerate(records) if record.hold == hold]
         blocks = list(self._blocks.values()) if self._blocks else []
-        claimed = bool(on_hold) or any(entry.hold == hold for entries in blocks
-                                       for entry in entries)
-        if lapsed and claimed:
-            key, records, i = lapsed[0]  # the oldest: LockLost, the current hold kept
+        if gone:
+            key, records, i = gone[0]
         elif on_hold:
             key, records, i = on_hold[-1]
+        elif lapsed and any(entry.hold == hold for entries in blocks for entry in entries):
+            key, records, i = lapsed[0]
         else:
             return None
         record = records.pop(i)
@@ -734,7 +780,7 @@ class LockBase:
             self._hand.pop(key, None)  # type: ignore[union-attr]
         return record.hold, record.fence
 
-    def _hand_exit_here(self, caller: Any) -> bool:
+    def _hand_exit_here(self, caller: Any, own: Any = None) -> bool:
         """Whether the exit run in frame ``caller`` is an ``__exit__`` called
         by hand for an entry by hand made in that frame, while a ``with``
         block of the same frame is open: the statement's exit runs at its
@@ -743,8 +789,8 @@ class LockBase:
         ``L.__exit__()`` inside the body ended the block's hold)."""
         if caller is None or not self._hand:
             return False
-        mine = (id(caller), caller.f_code)
-        if not any(record.callers[:1] == (mine,)
+        made_here = self._made_in(caller, own)
+        if not any(made_here(record)
                    for _, records in list(self._hand.values()) for record in records):
             return False
         entries = self._blocks.get(id(caller)) if self._blocks else None
@@ -863,8 +909,8 @@ class LockBase:
         now. No release after a release by hand inside the block (nothing
         left to end), nor in a forked child."""
         block = None
-        if self._hand and self._hand_exit_here(caller):
-            block = self._hand_record_made_in(caller)
+        if self._hand and self._hand_exit_here(caller, own):
+            block = self._hand_record_made_in(caller, own)
         if block is None and self._blocks:
             block = self._block_of(caller)
         if block is None and self._hand:
