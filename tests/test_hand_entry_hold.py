@@ -273,7 +273,7 @@ def test_entries_by_hand_released_by_hand_keep_a_bounded_record(
         nodes3: RedisNodes, make_manager: MakeManager) -> None:
     """A loop of ``L.__enter__()`` and ``L.release()`` never exits its
     entries: the records kept for the thread stay bounded."""
-    from django_redlock.engine.protocol import HAND_ENTRIES_KEPT
+    from django_redlock.engine.entries import HAND_ENTRIES_KEPT
 
     lock = make_manager(nodes3).lock("hand-bounded", ttl=5)
     for _ in range(HAND_ENTRIES_KEPT + 10):
