@@ -728,15 +728,18 @@ def test_an_async_entry_by_a_child_task_left_by_another_task_leaves_the_new_hold
                     "rival got in": False, "held on at the end": 0}
 
 
-def test_an_exit_from_a_third_thread_ends_the_live_entry_not_a_lapsed_one(
+def test_an_exit_from_a_thread_that_made_no_entry_takes_a_lapsed_entry_before_a_live_one(
         nodes3: RedisNodes, make_manager: MakeManager) -> None:
     """Thread A enters by hand and its lease runs out; thread B enters by
-    hand (a new hold) and hands its exit to thread C, which made no entry:
-    C's exit ends B's entry (quiet, released), and A's later exit raises
-    ``LockLost`` and ends nothing. Taken for A's lapsed entry, C's exit
-    raised ``LockLost`` and left B's hold held; A's then ended it."""
+    hand (a new hold); thread C, which made no entry, calls ``__exit__``.
+    C's exit cannot tell whose it is: it takes A's lapsed entry
+    (``LockLost``, nothing ended) before B's live one, so B's hold stays,
+    whole, until the next exit (A's) ends it. Taking B's (the live entry,
+    for an exit meant for it) would end it under B when the exit was A's
+    (a pool worker leaving A's entry: two holders)."""
     mgr = make_manager(nodes3)
     lock = mgr.lock("hand-third-thread", ttl=_TTL, auto_renew=False)
+    rival = make_manager(nodes3).lock("hand-third-thread", ttl=5)
     seen: dict[str, Any] = {}
     a_in, b_in, c_done = threading.Event(), threading.Event(), threading.Event()
 
@@ -749,6 +752,7 @@ def test_an_exit_from_a_third_thread_ends_the_live_entry_not_a_lapsed_one(
             seen["A's exit"] = "quiet"
         except LockLost:
             seen["A's exit"] = "LockLost"
+        seen["held on after A"] = _holders(nodes3, lock.key)
 
     def thread_b() -> None:
         assert a_in.wait(5)
@@ -765,10 +769,14 @@ def test_an_exit_from_a_third_thread_ends_the_live_entry_not_a_lapsed_one(
         except LockLost:
             seen["C's exit"] = "LockLost"
         seen["held on after C"] = _holders(nodes3, lock.key)
+        seen["rival got in after C"] = rival.acquire(timeout=0)
         c_done.set()
 
     _run_threads(thread_a, thread_b, thread_c)
-    assert seen == {"C's exit": "quiet", "held on after C": 0, "A's exit": "LockLost"}
+    if seen.get("rival got in after C"):
+        rival.release()
+    assert seen == {"C's exit": "LockLost", "held on after C": 3, "rival got in after C": False,
+                    "A's exit": "quiet", "held on after A": 0}
     assert not lock.owned()
 
 
@@ -824,3 +832,220 @@ def _shared_helper_round(lock: Any, rival: Any, nodes: RedisNodes) -> dict[str, 
 
     _run_threads(thread_a, thread_b)
     return seen
+
+
+@pytest.mark.parametrize("flavour", ["sync", "asyncio"])
+def test_two_jobs_of_one_thread_stopped_out_of_order_end_their_own(
+        flavour: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """One thread (one task): job A's ``start()`` enters by hand and its lease
+    runs out, job B's ``start()`` enters (a new hold), then A's ``stop()``
+    leaves from a frame that made no entry. It takes A's lapsed entry
+    (``LockLost``), not the thread's innermost, B's: B's hold kept, then
+    ended by B's ``stop()``."""
+    mgr = make_manager(nodes3)
+    name = f"hand-jobs-{flavour}"
+    rival = make_manager(nodes3).lock(name, ttl=5)
+    seen: dict[str, Any] = {}
+    if flavour == "sync":
+        lock = mgr.lock(name, ttl=_TTL, auto_renew=False)
+        job_a, job_b = _Job(lock), _Job(lock)
+        job_a.start()
+        time.sleep(_TTL + 0.1)
+        job_b.start()
+        lock.extend(5)
+        with pytest.raises(LockLost):
+            job_a.stop()
+        seen["held on"] = _holders(nodes3, lock.key)
+        seen["rival got in"] = rival.acquire(timeout=0)
+        job_b.stop()
+    else:
+        async def scenario() -> None:
+            alock = mgr.alock(name, ttl=_TTL, auto_renew=False)
+
+            async def start() -> None:
+                await alock.__aenter__()
+
+            async def stop() -> None:
+                await alock.__aexit__(None, None, None)
+
+            await start()
+            await asyncio.sleep(_TTL + 0.1)
+            await start()
+            await alock.extend(5)
+            with pytest.raises(LockLost):
+                await stop()
+            seen["held on"] = _holders(nodes3, alock.key)
+            seen["rival got in"] = rival.acquire(timeout=0)
+            await stop()
+        asyncio.run(asyncio.wait_for(scenario(), 20))
+    if seen.get("rival got in"):
+        rival.release()
+    assert seen == {"held on": 3, "rival got in": False}
+    assert _holders(nodes3, mgr.key(name)) == 0
+
+
+def test_an_entry_left_from_another_pool_worker_leaves_a_hold_taken_since(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """A thread pool: ``start()`` enters by hand on one worker, its lease
+    runs out, thread B enters by hand (a new hold), and ``stop()`` runs on
+    the other worker, which made no entry: it takes the lapsed entry
+    (``LockLost``), and B's hold is kept until B leaves."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("hand-pool", ttl=_TTL, auto_renew=False)
+    rival = make_manager(nodes3).lock("hand-pool", ttl=5)
+    seen: dict[str, Any] = {}
+    release_worker, b_in, b_leave = threading.Event(), threading.Event(), threading.Event()
+
+    def start() -> int:
+        lock.__enter__()
+        return threading.get_ident()
+
+    def stop() -> str:
+        seen["stopped on another worker"] = threading.get_ident() != first
+        try:
+            lock.__exit__(None, None, None)
+        except LockLost:
+            return "LockLost"
+        return "quiet"
+
+    def occupy() -> None:
+        if threading.get_ident() == first:
+            assert release_worker.wait(10)
+
+    def thread_b() -> None:
+        time.sleep(_TTL + 0.1)
+        lock.__enter__()
+        lock.extend(5)
+        b_in.set()
+        assert b_leave.wait(10)
+        lock.__exit__(None, None, None)
+
+    with ThreadPoolExecutor(2) as pool:
+        first = pool.submit(start).result(5)
+        other = threading.Thread(target=thread_b)
+        other.start()
+        try:
+            assert b_in.wait(5)
+            occupied = [pool.submit(occupy), pool.submit(occupy)]  # one of them holds `first`
+            time.sleep(0.05)
+            seen["stop"] = pool.submit(stop).result(5)
+            seen["held on"] = _holders(nodes3, lock.key)
+            seen["rival got in"] = rival.acquire(timeout=0)
+        finally:
+            release_worker.set()
+            b_leave.set()
+            other.join(10)
+        for future in occupied:
+            future.result(5)
+    if seen.get("rival got in"):
+        rival.release()
+    assert seen == {"stopped on another worker": True, "stop": "LockLost", "held on": 3,
+                    "rival got in": False}
+    assert _holders(nodes3, lock.key) == 0
+
+
+def test_more_lapsed_entries_of_one_thread_than_kept_whole_each_leave_their_own(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """One thread enters by hand more times than its entries are kept whole
+    (each lease runs out, none released), then another thread enters (a new
+    hold) and the first leaves them all: every exit raises ``LockLost``,
+    and the other thread's hold is kept (the oldest entry, dropped past the
+    bound, let one exit take that hold)."""
+    from django_redlock.engine.entries import HAND_ENTRIES_KEPT
+
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("hand-many-lapsed", ttl=0.05, auto_renew=False)
+    rival = make_manager(nodes3).lock("hand-many-lapsed", ttl=5)
+    count = HAND_ENTRIES_KEPT + 1
+    for _ in range(count):
+        lock.__enter__()
+        time.sleep(0.08)  # its lease runs out
+    inside, leave = threading.Event(), threading.Event()
+    seen: dict[str, Any] = {}
+
+    def other() -> None:
+        lock.__enter__()
+        lock.extend(5)
+        inside.set()
+        assert leave.wait(10)
+        lock.__exit__(None, None, None)
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    try:
+        assert inside.wait(5)
+        outcomes = []
+        for _ in range(count):
+            try:
+                lock.__exit__(None, None, None)
+                outcomes.append("quiet")
+            except LockLost:
+                outcomes.append("LockLost")
+        seen["exits"] = outcomes
+        seen["held on"] = _holders(nodes3, lock.key)
+        seen["rival got in"] = rival.acquire(timeout=0)
+    finally:
+        leave.set()
+        thread.join(10)
+    if seen.get("rival got in"):
+        rival.release()
+    assert seen == {"exits": ["LockLost"] * count, "held on": 3, "rival got in": False}
+
+
+async def _acall(method: Callable[..., Any], *args: Any) -> Any:
+    """A coroutine helper every task awaits through: its frames, one per
+    call, reuse one address once returned."""
+    return await method(*args)
+
+
+def test_an_async_exit_through_a_shared_helper_takes_no_other_tasks_entry(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """Task X enters by hand and its lease runs out; task Y enters through
+    ``await _acall(L.__aenter__)`` (the helper's coroutine returns); X
+    leaves through ``await _acall(L.__aexit__, ...)``: a frame of the same
+    code at the address where Y's entering frame stood, but not it:
+    ``LockLost``, Y's hold kept. Three rounds."""
+    mgr = make_manager(nodes3)
+    rival_mgr = make_manager(nodes3)
+
+    async def one_round(i: int) -> dict[str, Any]:
+        lock = mgr.alock(f"hand-ahelper-{i}", ttl=_TTL, auto_renew=False)
+        rival = rival_mgr.lock(f"hand-ahelper-{i}", ttl=5)
+        seen: dict[str, Any] = {}
+        x_in, y_in, x_done = asyncio.Event(), asyncio.Event(), asyncio.Event()
+
+        async def task_x() -> None:
+            await lock.__aenter__()
+            x_in.set()
+            await y_in.wait()
+            try:
+                await _acall(lock.__aexit__, None, None, None)
+                seen["X's exit"] = "quiet"
+            except LockLost:
+                seen["X's exit"] = "LockLost"
+            seen["held on"] = _holders(nodes3, lock.key)
+            seen["rival got in"] = rival.acquire(timeout=0)
+            if seen["rival got in"]:
+                rival.release()
+            x_done.set()
+
+        async def task_y() -> None:
+            await x_in.wait()
+            await asyncio.sleep(_TTL + 0.1)
+            await _acall(lock.__aenter__)
+            await lock.extend(5)
+            y_in.set()
+            await x_done.wait()
+            await lock.__aexit__(None, None, None)
+        await asyncio.gather(task_x(), task_y())
+        seen["held on at the end"] = _holders(nodes3, lock.key)
+        return seen
+
+    async def rounds() -> list[dict[str, Any]]:
+        return [await one_round(i) for i in range(3)]
+
+    for seen in asyncio.run(asyncio.wait_for(rounds(), 30)):
+        assert seen == {"X's exit": "LockLost", "held on": 3, "rival got in": False,
+                        "held on at the end": 0}

@@ -110,7 +110,7 @@ _ASYNC_GEN_AWAITABLES = frozenset({"async_generator_asend", "async_generator_ath
 
 def awaited_frames(coro: Any, limit: int = 256) -> "dict[int, Any]":
     """The frames of ``coro`` (a task's coroutine) and of what it awaits,
-    down its suspended chain of awaits: id -> code.
+    down its suspended chain of awaits: id -> the frame.
 
     An ``async for`` (``await agen.asend()``, ``athrow``, ``aclose``)
     awaits an object that leads to no frame and names no generator: its
@@ -126,7 +126,7 @@ def awaited_frames(coro: Any, limit: int = 256) -> "dict[int, Any]":
         if frame is None:
             coro = _async_generator_of(coro)
             continue
-        frames[id(frame)] = frame.f_code
+        frames[id(frame)] = frame
         coro = (getattr(coro, "cr_await", None) or getattr(coro, "gi_yieldfrom", None)
                 or getattr(coro, "ag_await", None))
     return frames

@@ -18,6 +18,7 @@ the thread or task; see the end of this module).
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import dis
 from typing import Any
@@ -167,3 +168,8 @@ def hand_exit_stack(caller: Any) -> Any:
     called ``__exit__`` (awaits ``__aexit__``): the exit stack leaving it
     (see _stack_of), else None (the caller's thread or task leaves it)."""
     return _stack_of(caller, _STACK_EXITS)
+
+
+def is_stack_key(key: Any) -> bool:
+    """Whether an entrant key stands for an exit stack (see _stack_of)."""
+    return isinstance(key, (collections.deque, *_STACKS))

@@ -27,7 +27,6 @@ entry becomes that entry's to end.
 from __future__ import annotations
 
 import asyncio
-import inspect
 import sys
 import threading
 import weakref
@@ -35,7 +34,7 @@ from asyncio.events import _get_running_loop
 from typing import Any
 
 from .awaits import ASYNCIO_DIR
-from .blocks import hand_entrant, hand_exit_stack, helper_callers
+from .blocks import hand_entrant, hand_exit_stack, helper_callers, is_stack_key
 
 
 class _Block:
@@ -59,51 +58,39 @@ class _HandEntry:
     """An entry no statement made (``ExitStack.enter_context(L)``,
     ``L.__enter__()``), passed to the acquire as its block: ``key`` what
     its record is kept for (the exit stack, else the thread or task),
-    ``frame`` the frame that entered it, ``entrant`` the thread or task
-    that did."""
+    ``frame`` the frame that entered it."""
 
-    __slots__ = ("key", "frame", "entrant")
+    __slots__ = ("key", "frame")
 
-    def __init__(self, key: Any, frame: Any, entrant: Any) -> None:
-        self.key, self.frame, self.entrant = key, frame, entrant
+    def __init__(self, key: Any, frame: Any) -> None:
+        self.key, self.frame = key, frame
 
 
 class _HandRecord(_Block):
-    """The record of an entry by hand: a block's, with ``code`` None, its
-    entering frame first among ``callers``, and a weak reference to the
-    thread or task that entered (``entrant``): a hold taken by hand is
-    adopted only by that entrant's entries (a frame of another thread may
-    stand at the address and run the code of an entering frame that
-    returned: ``Job.start()`` entered, ``Job.stop()`` leaves)."""
+    """The record of an entry by hand: a block's, with ``code`` None, the
+    frame that made the entry (``frame``, held: told by identity, never by
+    its address, which a returned frame hands on to the next frame of the
+    same code, in any thread: ``Job.start()`` entered and returned, another
+    thread's ``start()`` or a shared ``call(fn)`` helper then stood there),
+    and ``callers`` the statements that entered the ``@contextmanager``
+    helpers it runs in. Holding the frame keeps it, and its locals, until
+    the record goes (the exit, or the bound on records kept)."""
 
-    __slots__ = ("entrant",)
+    __slots__ = ("frame",)
 
-    def __init__(self, hold: int, fence: int, callers: "tuple[tuple[int, Any], ...]",
-                 entrant: Any) -> None:
+    def __init__(self, hold: int, fence: int, frame: Any,
+                 callers: "tuple[tuple[int, Any], ...]") -> None:
         super().__init__(None, hold, fence, callers)
-        self.entrant = entrant
+        self.frame = frame
 
 
-#: Code flags of a frame that lives on while suspended (a generator, a
-#: coroutine, an async generator): its address is not reused meanwhile.
-_SUSPENDABLE = inspect.CO_GENERATOR | inspect.CO_COROUTINE | inspect.CO_ASYNC_GENERATOR
-
-
-def _gone(entrant: Any) -> bool:
-    """Whether the thread or task an entry by hand was made by (a weak
-    reference to it) is gone: collected, ended, or done."""
-    who = entrant() if entrant is not None else None
-    if who is None:
-        return True
-    if isinstance(who, threading.Thread):
-        return not who.is_alive()
-    done = getattr(who, "done", None)
-    return bool(done()) if done is not None else False
-
-
-#: The most entries by hand kept for one entrant of one object (the oldest
-#: go first: a loop that enters by hand and releases by hand keeps no more).
+#: The most entries by hand kept whole for one entrant of one object: past
+#: it, the oldest released by hand goes (a loop that enters by hand and
+#: releases by hand keeps no more); with none, the oldest keeps its hold but
+#: no longer its frame (dropped, its exit took another entry for its own).
 HAND_ENTRIES_KEPT = 16
+#: The most entries by hand kept at all for one entrant (the oldest go).
+HAND_ENTRIES_MAX = 1024
 #: Past this many entrants recorded on one object, those gone are dropped
 #: when a new one comes (threads of a pool that ended, stacks collected).
 HAND_ENTRANTS_KEPT = 64
@@ -162,23 +149,17 @@ class EntryRecords:
         stack, or its thread or task (None: no entrant; the exit ends the
         current hold, as before entries by hand were kept). ``own``: the
         frame of ``__aenter__`` (see AsyncLock._entrant)."""
-        entrant = self._entrant(own)
         found = hand_entrant(caller)
         if found is not None:
-            return _HandEntry(found[0], found[1], entrant)
+            return _HandEntry(found[0], found[1])
+        entrant = self._entrant(own)
         if entrant is None:
             return None
         # A task that runs the entry alone (gather(L.__aenter__()), a task
         # made by wait_for / shield): its caller is asyncio's own frame,
         # shared by every task step and no frame of the entrant's.
         mine = caller is not None and not caller.f_code.co_filename.startswith(ASYNCIO_DIR)
-        return _HandEntry(entrant, caller if mine else None, entrant)
-
-    def _adopting_entrants(self) -> "tuple[Any, ...]":
-        """Whose entries by hand may adopt a hold taken by ``acquire()`` now:
-        the acquiring thread or task (AsyncLock: also the tasks awaiting it
-        through ``wait_for`` / ``shield``)."""
-        return (self._entrant(),)
+        return _HandEntry(entrant, caller if mine else None)
 
     def _hand_entries(self, key: Any) -> "list[_HandRecord] | None":
         """Entrant ``key``'s open entries by hand (None: none recorded; an
@@ -199,116 +180,105 @@ class EntryRecords:
             entries = []
             hand[id(entry.key)] = (weakref.ref(entry.key), entries)
         frame = entry.frame
-        # The frame that entered it, and the statements that entered the
-        # @contextmanager helpers it runs in (suspended while their callers run).
-        callers = () if frame is None else ((id(frame), frame.f_code), *helper_callers(frame))
-        entrant = None if entry.entrant is None else weakref.ref(entry.entrant)
-        entries.append(_HandRecord(self._hold_no, self.fence, callers, entrant))
+        # The statements that entered the @contextmanager helpers it runs in
+        # (suspended while their callers run).
+        callers = () if frame is None else helper_callers(frame)
+        entries.append(_HandRecord(self._hold_no, self.fence, frame, callers))
         if len(entries) > HAND_ENTRIES_KEPT:
-            del entries[0]
+            released = [i for i, record in enumerate(entries) if record.hold == 0]
+            if released:
+                del entries[released[0]]
+            else:
+                framed = [record for record in entries if record.frame is not None]
+                if len(framed) > HAND_ENTRIES_KEPT:
+                    framed[0].frame, framed[0].callers = None, ()
+                if len(entries) > HAND_ENTRIES_MAX:
+                    del entries[0]
 
     def _hand_block_of(self, caller: Any, own: Any = None) -> "tuple[int, int] | None":
         """For an exit no statement's record claimed, run in frame
         ``caller`` (``own``: the frame of ``__exit__`` / ``__aexit__``):
         (the hold it ends, its fence), taken off a record, None when no
-        entry by hand is found for it (the exit ends the current hold, as
+        entry by hand is recorded at all (the exit ends the current hold, as
         before entries were kept). In order:
 
-        - the innermost entry of its exit stack (if one entered it there);
-        - an entry made in ``caller`` itself, whoever made it (a generator
-          that entered by hand, closed by a collection in another thread:
-          the collecting thread made no entry, and its exit ended another
-          thread's newer hold);
-        - the innermost entry of its thread or task;
-        - an entry of another entrant: one whose hold lapsed, when the
-          current hold is another block's or entry's (a task that entered
-          through ``gather(L.__aenter__())`` and left from its parent,
-          which made no entry: its exit ended the newer hold), else one on
-          the current hold (an entry left from another thread).
+        - the innermost entry of its exit stack (if one entered it there:
+          an exit stack leaves its entries in the reverse order, exactly);
+        - the entry made in ``caller`` itself, by whichever entrant (a
+          generator that entered by hand and is closed out of order, or by
+          a garbage collection in another thread);
+        - otherwise the exit cannot tell which entry it is, and takes the
+          one that ends the least (:meth:`_least_of`): among its thread's
+          or task's entries if it made any, else among all.
+
+        Why the least: taking an entry on the current hold for a lapsed
+        one ends a holder's hold while it is inside (two holders); taking a
+        lapsed one for one on the current hold only leaves that hold held
+        until its own exit, or its lease, ends it::
+
+            job A   start(): L.__enter__() ... its lease runs out
+            job B   start(): L.__enter__(), a new hold (one thread, both)
+            job A   stop(): L.__exit__(), the thread's innermost entry: B's
+            rival   acquires: two holders, B still inside
         """
         stack = hand_exit_stack(caller)
         if stack is not None:
             found = self._hand_record_of(stack)
             if found is not None:
                 return found
-        found = self._hand_record_made_in(caller, own)
+        found = self._hand_record_made_in(caller)
         if found is not None:
             return found
-        found = self._hand_record_of(self._entrant(own), caller)
-        if found is not None:
-            return found
-        return self._orphan_exit()
-
-    def _made_in(self, caller: Any, own: Any) -> "Any":
-        """A test of whether a record of an entry by hand was made in frame
-        ``caller``: its entering frame's id and code, and made by the
-        exit's own entrant, unless ``caller`` runs a generator or coroutine.
-        An ordinary frame that made an entry may have returned, and its
-        address gone to a frame of another thread running the same code (a
-        shared ``call(fn)`` helper: another thread's exit there ended this
-        thread's newer hold). A generator's frame lives while it is
-        suspended, so its exit, run by a collection in any thread, is its
-        own entry's."""
-        mine = (id(caller), caller.f_code)
-        if caller.f_code.co_flags & _SUSPENDABLE:
-            return lambda record: record.callers[:1] == (mine,)
         entrant = self._entrant(own)
-        return lambda record: (record.callers[:1] == (mine,) and record.entrant is not None
-                               and record.entrant() is entrant)
+        mine = self._hand_entries(entrant) if entrant is not None else None
+        if mine:
+            return self._least_of([(entrant, mine)])
+        # Not an exit stack's: those are left by the stack (an exit by hand
+        # taking one made the stack's own exit take another entry later).
+        everyone = list(self._hand.values()) if self._hand else []
+        return self._least_of([(owner, records) for owner, records in (
+            (ref(), records) for ref, records in everyone) if not is_stack_key(owner)])
 
-    def _hand_record_made_in(self, caller: Any, own: Any = None) -> "tuple[int, int] | None":
+    def _least_of(self, owners: "list[tuple[Any, list[_HandRecord]]]") -> "tuple[int, int] | None":
+        """Of the entries of ``owners`` (entrant, its records), the one whose
+        exit ends the least, taken off the record: the oldest whose lease ran
+        out (``LockLost``, nothing ended), else the oldest released by hand
+        (nothing to end), else the innermost on the current hold."""
+        hold = self._hold_no
+        rank: "dict[str, tuple[Any, list[_HandRecord], int] | None]" = dict.fromkeys(
+            ("lapsed", "released", "held"))
+        for owner, records in owners:
+            for i, record in enumerate(records):
+                kind = ("released" if record.hold == 0 else
+                        "held" if record.hold == hold else "lapsed")
+                if rank[kind] is None or kind == "held":
+                    rank[kind] = (owner, records, i)
+        for kind in ("lapsed", "released", "held"):
+            found = rank[kind]
+            if found is not None:
+                owner, records, i = found
+                record = records.pop(i)
+                if not records and owner is not None and self._hand:
+                    self._hand.pop(id(owner), None)
+                return record.hold, record.fence
+        return None
+
+    def _hand_record_made_in(self, caller: Any) -> "tuple[int, int] | None":
         """(hold, fence) of the innermost entry by hand made in frame
-        ``caller`` (see _made_in), taken off the record; None if none."""
+        ``caller`` (by whichever entrant), taken off the record; None if
+        none."""
         if caller is None or not self._hand:
             return None
-        made_here = self._made_in(caller, own)
         for key, (_, records) in list(self._hand.items()):
             for i in range(len(records) - 1, -1, -1):
-                if made_here(records[i]):
+                if records[i].frame is caller:
                     record = records.pop(i)
                     if not records:
                         self._hand.pop(key, None)
                     return record.hold, record.fence
         return None
 
-    def _orphan_exit(self) -> "tuple[int, int] | None":
-        """The entry by hand an exit that matched none of its own is taken
-        for (see _hand_block_of), taken off the record; None if none (the
-        exit ends the current hold). In order:
-
-        - the oldest entry whose lease ran out and whose entrant is gone (a
-          task done, a thread ended): ``gather(L.__aenter__())`` left by the
-          parent, whose child task made the entry;
-        - the innermost entry on the current hold: an entry left from
-          another thread (it took a gone entrant's stale entry for its own,
-          raised ``LockLost`` and left its hold held);
-        - the oldest lapsed entry, while a ``with`` block is on the current
-          hold (never this exit's: a statement's exit comes through its
-          frame)."""
-        hand = list(self._hand.items()) if self._hand else []
-        if not hand:
-            return None
-        hold = self._hold_no
-        lapsed = [(key, records, i) for key, (_, records) in hand
-                  for i, record in enumerate(records) if record.hold not in (0, hold)]
-        gone = [at for at in lapsed if _gone(at[1][at[2]].entrant)]
-        on_hold = [(key, records, i) for key, (_, records) in hand
-                   for i, record in enumerate(records) if record.hold == hold]
-        blocks = list(self._blocks.values()) if self._blocks else []
-        if gone:
-            key, records, i = gone[0]
-        elif on_hold:
-            key, records, i = on_hold[-1]
-        elif lapsed and any(entry.hold == hold for entries in blocks for entry in entries):
-            key, records, i = lapsed[0]
-        else:
-            return None
-        record = records.pop(i)
-        if not records:
-            self._hand.pop(key, None)  # type: ignore[union-attr]
-        return record.hold, record.fence
-
-    def _hand_exit_here(self, caller: Any, own: Any = None) -> bool:
+    def _hand_exit_here(self, caller: Any) -> bool:
         """Whether the exit run in frame ``caller`` is an ``__exit__`` called
         by hand for an entry by hand made in that frame, while a ``with``
         block of the same frame is open: the statement's exit runs at its
@@ -317,31 +287,20 @@ class EntryRecords:
         ``L.__exit__()`` inside the body ended the block's hold)."""
         if caller is None or not self._hand:
             return False
-        made_here = self._made_in(caller, own)
-        if not any(made_here(record)
+        if not any(record.frame is caller
                    for _, records in list(self._hand.values()) for record in records):
             return False
         entries = self._blocks.get(id(caller)) if self._blocks else None
         return not (entries and entries[-1].code is caller.f_code
                     and entries[-1].line == caller.f_lineno)
 
-    def _hand_record_of(self, key: Any, caller: Any = None) -> "tuple[int, int] | None":
-        """(hold, fence) of an entry by hand of ``key``'s, taken off the
-        record; None when it has none. The innermost entry made in frame
-        ``caller`` if any (two generators of one thread, each entering by
-        hand, left out of order: the innermost of the thread's was the
-        other generator's), else the innermost."""
+    def _hand_record_of(self, key: Any) -> "tuple[int, int] | None":
+        """(hold, fence) of ``key``'s innermost entry by hand (an exit
+        stack's), taken off the record; None when it has none."""
         entries = self._hand_entries(key)
         if not entries:
             return None
-        at = len(entries) - 1
-        if caller is not None:
-            mine = (id(caller), caller.f_code)
-            for i in range(at, -1, -1):
-                if entries[i].callers[:1] == (mine,):
-                    at = i
-                    break
-        entry = entries.pop(at)
+        entry = entries.pop()
         if not entries:
             self._hand.pop(id(key), None)  # type: ignore[union-attr]
         return entry.hold, entry.fence
@@ -355,28 +314,31 @@ class EntryRecords:
         for _ in range(1000):  # bounded: a deep stack adopts from its top 1000 frames
             if frame is None:
                 break
-            on_stack[id(frame)] = frame.f_code
+            on_stack[id(frame)] = frame
             frame = frame.f_back
         self._adopt_on(on_stack)
 
     def _adopt_on(self, frames: "dict[int, Any]") -> None:
         """The current hold becomes the hold of the open blocks whose frame,
-        or whose helper's caller, is one of ``frames`` (id -> its code)."""
+        or whose helper's caller, is one of ``frames`` (id -> the frame),
+        and of the entries by hand made in one of them (that very frame)."""
         hold = self._hold_no
+
+        def runs(at: int, code: Any) -> bool:
+            frame = frames.get(at)
+            return frame is not None and frame.f_code is code
+
         for key, entries in list(self._blocks.items()) if self._blocks else ():
             for entry in entries:
                 if entry.hold == hold:
                     continue
-                if frames.get(key) is entry.code or any(
-                        frames.get(at) is code for at, code in entry.callers):
+                if runs(key, entry.code) or any(runs(at, code) for at, code in entry.callers):
                     entry.hold, entry.fence = hold, self.fence
-        hand = list(self._hand.values()) if self._hand else ()
-        entrants = self._adopting_entrants() if hand else ()
-        for _, records in hand:
-            for record in records:  # entered by hand: by this entrant, in a frame on the stack
-                if (record.hold != hold and record.entrant is not None
-                        and any(record.entrant() is e for e in entrants) and any(
-                            frames.get(at) is code for at, code in record.callers)):
+        for _, records in list(self._hand.values()) if self._hand else ():
+            for record in records:
+                if record.hold != hold and (
+                        (record.frame is not None and frames.get(id(record.frame)) is record.frame)
+                        or any(runs(at, code) for at, code in record.callers)):
                     record.hold, record.fence = hold, self.fence
 
     def _unrecord_block(self, block: Any, hold: int) -> None:
@@ -435,8 +397,8 @@ class EntryRecords:
         A block's record first, unless the exit is an ``__exit__`` called by
         hand for an entry by hand of the same frame."""
         block = None
-        if self._hand and self._hand_exit_here(caller, own):
-            block = self._hand_record_made_in(caller, own)
+        if self._hand and self._hand_exit_here(caller):
+            block = self._hand_record_made_in(caller)
         if block is None and self._blocks:
             block = self._block_of(caller)
         if block is None and self._hand:
