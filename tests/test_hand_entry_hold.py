@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import logging
 import threading
 import time
@@ -1049,3 +1050,137 @@ def test_an_async_exit_through_a_shared_helper_takes_no_other_tasks_entry(
     for seen in asyncio.run(asyncio.wait_for(rounds(), 30)):
         assert seen == {"X's exit": "LockLost", "held on": 3, "rival got in": False,
                         "held on at the end": 0}
+
+
+def test_a_dispatcher_leaving_another_jobs_lapsed_entry_keeps_the_live_one(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """One dispatcher thread runs every queued call in one loop frame: job
+    A's ``__enter__`` (its lease runs out), job B's ``__enter__`` (a new
+    hold), then job A's ``__exit__``. Both entries were made in that frame
+    and by that thread, so nothing tells them apart: the exit takes the
+    lapsed one (``LockLost``), and B's hold is kept until B's exit."""
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("hand-dispatcher", ttl=_TTL, auto_renew=False)
+    rival = make_manager(nodes3).lock("hand-dispatcher", ttl=5)
+    seen: dict[str, Any] = {}
+
+    def a_stopped() -> None:
+        seen["held on"] = _holders(nodes3, lock.key)
+        seen["rival got in"] = rival.acquire(timeout=0)
+
+    calls: list[Callable[[], Any]] = [
+        lock.__enter__,
+        lambda: time.sleep(_TTL + 0.1),
+        lock.__enter__,
+        lambda: lock.extend(5),
+        functools.partial(lock.__exit__, None, None, None),  # job A's stop
+        a_stopped,
+        functools.partial(lock.__exit__, None, None, None),  # job B's stop
+    ]
+    outcomes = []
+    for call in calls:  # the dispatcher's one frame makes every call
+        try:
+            call()
+            outcomes.append("ok")
+        except LockLost:
+            outcomes.append("LockLost")
+    if seen.get("rival got in"):
+        rival.release()
+    assert outcomes[4] == "LockLost", outcomes
+    assert seen == {"held on": 3, "rival got in": False}
+    assert outcomes[6] == "ok"
+    assert _holders(nodes3, lock.key) == 0
+
+
+def test_an_exit_on_a_worker_with_a_live_entry_of_its_own_takes_the_lapsed_one(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """Job A enters on one worker (its lease runs out), job B enters on a
+    second worker (a new hold), and job A's stop lands on the second
+    worker, whose only entry is B's live one: the exit takes A's lapsed
+    entry (``LockLost``), and B's hold is kept."""
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("hand-worker-live", ttl=_TTL, auto_renew=False)
+    rival = make_manager(nodes3).lock("hand-worker-live", ttl=5)
+    seen: dict[str, Any] = {}
+    a_in, b_in, a_stop, a_stopped = (threading.Event(), threading.Event(), threading.Event(),
+                                     threading.Event())
+
+    def worker_1() -> None:
+        lock.__enter__()  # job A
+        a_in.set()
+
+    def worker_2() -> None:
+        assert a_in.wait(5)
+        time.sleep(_TTL + 0.1)
+        lock.__enter__()  # job B
+        lock.extend(5)
+        b_in.set()
+        assert a_stop.wait(5)
+        try:
+            lock.__exit__(None, None, None)  # job A's stop, run here
+            seen["A's stop"] = "quiet"
+        except LockLost:
+            seen["A's stop"] = "LockLost"
+        a_stopped.set()
+
+    def check() -> None:
+        assert b_in.wait(5)
+        a_stop.set()
+        assert a_stopped.wait(5)
+        seen["held on"] = _holders(nodes3, lock.key)
+        seen["rival got in"] = rival.acquire(timeout=0)
+
+    _run_threads(worker_1, worker_2, check)
+    if seen.get("rival got in"):
+        rival.release()
+    assert seen == {"A's stop": "LockLost", "held on": 3, "rival got in": False}
+    lock.__exit__(None, None, None)  # job B's stop
+    assert _holders(nodes3, lock.key) == 0
+
+
+@pytest.mark.parametrize("how", ["__del__", "a generator's finally"])
+def test_an_entry_by_hand_keeps_nothing_alive_that_would_make_its_exit(
+        how: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """An object entering by hand whose exit runs when it is collected
+    (``__del__``, or its generator's ``finally``) is collected, and its exit
+    runs: the record keeps no frame (a frame kept its locals, the object
+    among them, for as long as the lock lived: the exit never ran, and the
+    hold was renewed for good)."""
+    import gc
+    import weakref
+
+    mgr = make_manager(nodes3)
+    lock = mgr.lock(f"hand-kept-{how}", ttl=2)  # auto_renew on: a leak never ends
+    exits: list[str] = []
+
+    class Job:
+        def __init__(self) -> None:
+            self.lock = lock
+            if how == "__del__":
+                lock.__enter__()
+            else:
+                self.rows = self._rows()
+                next(self.rows)
+
+        def _rows(self) -> Iterator[None]:
+            self.lock.__enter__()
+            try:
+                yield
+            finally:
+                self.lock.__exit__(None, None, None)
+                exits.append("exited")
+
+        def __del__(self) -> None:
+            if how == "__del__":
+                self.lock.__exit__(None, None, None)
+                exits.append("exited")
+
+    job = Job()
+    alive = weakref.ref(job)
+    del job
+    for _ in range(3):
+        gc.collect()
+    assert alive() is None
+    assert exits == ["exited"]
+    assert not lock.owned()
+    assert _holders(nodes3, lock.key) == 0

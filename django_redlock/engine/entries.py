@@ -68,28 +68,32 @@ class _HandEntry:
 
 class _HandRecord(_Block):
     """The record of an entry by hand: a block's, with ``code`` None, the
-    frame that made the entry (``frame``, held: told by identity, never by
-    its address, which a returned frame hands on to the next frame of the
-    same code, in any thread: ``Job.start()`` entered and returned, another
-    thread's ``start()`` or a shared ``call(fn)`` helper then stood there),
-    and ``callers`` the statements that entered the ``@contextmanager``
-    helpers it runs in. Holding the frame keeps it, and its locals, until
-    the record goes (the exit, or the bound on records kept)."""
+    frame that made the entry as (id, code) in ``made_in`` ((0, None):
+    asyncio's own), ``callers`` the statements that entered the
+    ``@contextmanager`` helpers it runs in, and a weak reference to the
+    thread or task that entered (``entrant``).
 
-    __slots__ = ("frame",)
+    The frame is not held: a record holding it kept its locals alive, and
+    with them the object whose ``__del__`` or generator ``finally`` was to
+    make the exit (a leak, renewed for good). Its address alone may be a
+    later frame's, of the same code (``Job.start()`` returned, and another
+    thread's ``start()``, or a shared ``call(fn)`` helper, stands there), so
+    a match by address only ever chooses among entries the exit may take
+    anyway (:meth:`EntryRecords._least`), never makes one takeable."""
 
-    def __init__(self, hold: int, fence: int, frame: Any,
-                 callers: "tuple[tuple[int, Any], ...]") -> None:
+    __slots__ = ("made_in", "entrant")
+
+    def __init__(self, hold: int, fence: int, made_in: "tuple[int, Any]",
+                 callers: "tuple[tuple[int, Any], ...]", entrant: Any) -> None:
         super().__init__(None, hold, fence, callers)
-        self.frame = frame
+        self.made_in, self.entrant = made_in, entrant
 
 
-#: The most entries by hand kept whole for one entrant of one object: past
-#: it, the oldest released by hand goes (a loop that enters by hand and
-#: releases by hand keeps no more); with none, the oldest keeps its hold but
-#: no longer its frame (dropped, its exit took another entry for its own).
+#: Past this many entries by hand of one entrant of one object, the oldest
+#: released by hand goes (a loop that enters by hand and releases by hand
+#: keeps no more); an entry not released is kept (dropped, its exit took
+#: another entry for its own), up to HAND_ENTRIES_MAX, past which the oldest goes.
 HAND_ENTRIES_KEPT = 16
-#: The most entries by hand kept at all for one entrant (the oldest go).
 HAND_ENTRIES_MAX = 1024
 #: Past this many entrants recorded on one object, those gone are dropped
 #: when a new one comes (threads of a pool that ended, stacks collected).
@@ -183,100 +187,77 @@ class EntryRecords:
         # The statements that entered the @contextmanager helpers it runs in
         # (suspended while their callers run).
         callers = () if frame is None else helper_callers(frame)
-        entries.append(_HandRecord(self._hold_no, self.fence, frame, callers))
+        made_in = (0, None) if frame is None else (id(frame), frame.f_code)
+        entrant = self._entrant() if is_stack_key(entry.key) else entry.key
+        entries.append(_HandRecord(self._hold_no, self.fence, made_in, callers,
+                                   None if entrant is None else weakref.ref(entrant)))
         if len(entries) > HAND_ENTRIES_KEPT:
             released = [i for i, record in enumerate(entries) if record.hold == 0]
-            if released:
-                del entries[released[0]]
-            else:
-                framed = [record for record in entries if record.frame is not None]
-                if len(framed) > HAND_ENTRIES_KEPT:
-                    framed[0].frame, framed[0].callers = None, ()
-                if len(entries) > HAND_ENTRIES_MAX:
-                    del entries[0]
+            if released or len(entries) > HAND_ENTRIES_MAX:
+                del entries[released[0] if released else 0]
 
     def _hand_block_of(self, caller: Any, own: Any = None) -> "tuple[int, int] | None":
         """For an exit no statement's record claimed, run in frame
         ``caller`` (``own``: the frame of ``__exit__`` / ``__aexit__``):
         (the hold it ends, its fence), taken off a record, None when no
-        entry by hand is recorded at all (the exit ends the current hold, as
-        before entries were kept). In order:
-
-        - the innermost entry of its exit stack (if one entered it there:
-          an exit stack leaves its entries in the reverse order, exactly);
-        - the entry made in ``caller`` itself, by whichever entrant (a
-          generator that entered by hand and is closed out of order, or by
-          a garbage collection in another thread);
-        - otherwise the exit cannot tell which entry it is, and takes the
-          one that ends the least (:meth:`_least_of`): among its thread's
-          or task's entries if it made any, else among all.
-
-        Why the least: taking an entry on the current hold for a lapsed
-        one ends a holder's hold while it is inside (two holders); taking a
-        lapsed one for one on the current hold only leaves that hold held
-        until its own exit, or its lease, ends it::
-
-            job A   start(): L.__enter__() ... its lease runs out
-            job B   start(): L.__enter__(), a new hold (one thread, both)
-            job A   stop(): L.__exit__(), the thread's innermost entry: B's
-            rival   acquires: two holders, B still inside
-        """
+        entry by hand is recorded (the exit ends the current hold, as before
+        entries were kept). An exit stack's own exit takes the stack's
+        innermost entry (a stack leaves its entries in reverse, exactly);
+        any other exit, the entry whose exit ends the least
+        (:meth:`_least`)."""
         stack = hand_exit_stack(caller)
         if stack is not None:
             found = self._hand_record_of(stack)
             if found is not None:
                 return found
-        found = self._hand_record_made_in(caller)
-        if found is not None:
-            return found
-        entrant = self._entrant(own)
-        mine = self._hand_entries(entrant) if entrant is not None else None
-        if mine:
-            return self._least_of([(entrant, mine)])
-        # Not an exit stack's: those are left by the stack (an exit by hand
-        # taking one made the stack's own exit take another entry later).
-        everyone = list(self._hand.values()) if self._hand else []
-        return self._least_of([(owner, records) for owner, records in (
-            (ref(), records) for ref, records in everyone) if not is_stack_key(owner)])
+        return self._least(caller, self._entrant(own))
 
-    def _least_of(self, owners: "list[tuple[Any, list[_HandRecord]]]") -> "tuple[int, int] | None":
-        """Of the entries of ``owners`` (entrant, its records), the one whose
-        exit ends the least, taken off the record: the oldest whose lease ran
-        out (``LockLost``, nothing ended), else the oldest released by hand
-        (nothing to end), else the innermost on the current hold."""
+    def _least(self, caller: Any, entrant: Any) -> "tuple[int, int] | None":
+        """The entry by hand (not an exit stack's) that an exit run in frame
+        ``caller``, for ``entrant``, takes: the one whose exit ends the
+        least, taken off the record. First an entry whose lease ran out
+        (``LockLost``, nothing ended), then one released by hand (nothing
+        to end), and only then one on the current hold; within each, one
+        made in ``caller``, then one of ``entrant``'s, then any (the oldest;
+        the innermost on the current hold).
+
+        Why the least, before any match: an exit by hand says nothing of
+        the entry it is for, and a frame's address or a thread is a guess
+        (a worker of a pool leaves another worker's entry; a returned
+        frame's address is the next frame's). Taking an entry on the
+        current hold for a lapsed one ends a holder's hold while it is
+        inside (two holders); taking a lapsed one for the live one only
+        leaves the live hold held until the next exit, or its lease, ends
+        it::
+
+            worker 1   job A: L.__enter__() ... its lease runs out
+            worker 2   job B: L.__enter__(), a new hold
+            worker 2   job A's stop: L.__exit__(), worker 2's entry: B's
+            rival      acquires: two holders, B still inside
+        """
+        hand = list(self._hand.items()) if self._hand else []
         hold = self._hold_no
-        rank: "dict[str, tuple[Any, list[_HandRecord], int] | None]" = dict.fromkeys(
-            ("lapsed", "released", "held"))
-        for owner, records in owners:
+        here = (id(caller), caller.f_code) if caller is not None else None
+        best: "tuple[tuple[int, int, int], int, list[_HandRecord], int] | None" = None
+        for key, (ref, records) in hand:
+            owner = ref()  # None: gone (a child task done), its entries still open
+            if is_stack_key(owner):
+                continue
             for i, record in enumerate(records):
-                kind = ("released" if record.hold == 0 else
-                        "held" if record.hold == hold else "lapsed")
-                if rank[kind] is None or kind == "held":
-                    rank[kind] = (owner, records, i)
-        for kind in ("lapsed", "released", "held"):
-            found = rank[kind]
-            if found is not None:
-                owner, records, i = found
-                record = records.pop(i)
-                if not records and owner is not None and self._hand:
-                    self._hand.pop(id(owner), None)
-                return record.hold, record.fence
-        return None
-
-    def _hand_record_made_in(self, caller: Any) -> "tuple[int, int] | None":
-        """(hold, fence) of the innermost entry by hand made in frame
-        ``caller`` (by whichever entrant), taken off the record; None if
-        none."""
-        if caller is None or not self._hand:
+                made_here = record.made_in == here
+                kind = 2 if record.hold == hold else 0 if record.hold not in (0, hold) else 1
+                near = 0 if made_here else 1 if owner is not None and owner is entrant else 2
+                # The oldest of a kind, but the innermost on the current hold.
+                rank = (kind, near, -i if kind == 2 else i)
+                if best is None or rank < best[0]:
+                    best = (rank, key, records, i)
+        if best is None:
             return None
-        for key, (_, records) in list(self._hand.items()):
-            for i in range(len(records) - 1, -1, -1):
-                if records[i].frame is caller:
-                    record = records.pop(i)
-                    if not records:
-                        self._hand.pop(key, None)
-                    return record.hold, record.fence
-        return None
+        _, key, records, i = best
+        record = records.pop(i)
+        if not records and self._hand:
+            self._hand.pop(key, None)
+        return record.hold, record.fence
 
     def _hand_exit_here(self, caller: Any) -> bool:
         """Whether the exit run in frame ``caller`` is an ``__exit__`` called
@@ -285,14 +266,15 @@ class EntryRecords:
         own line, a call by hand at another (it took the block's record:
         ``L.__enter__()``, the lease ran out, ``with L:``, then
         ``L.__exit__()`` inside the body ended the block's hold)."""
-        if caller is None or not self._hand:
+        if caller is None or not self._hand or not self._blocks:
             return False
-        if not any(record.frame is caller
-                   for _, records in list(self._hand.values()) for record in records):
-            return False
-        entries = self._blocks.get(id(caller)) if self._blocks else None
-        return not (entries and entries[-1].code is caller.f_code
-                    and entries[-1].line == caller.f_lineno)
+        entries = self._blocks.get(id(caller))
+        if not entries or entries[-1].code is not caller.f_code \
+                or entries[-1].line == caller.f_lineno:
+            return False  # no block of this frame open, or its own exit
+        here = (id(caller), caller.f_code)
+        return any(record.made_in == here
+                   for _, records in list(self._hand.values()) for record in records)
 
     def _hand_record_of(self, key: Any) -> "tuple[int, int] | None":
         """(hold, fence) of ``key``'s innermost entry by hand (an exit
@@ -334,12 +316,21 @@ class EntryRecords:
                     continue
                 if runs(key, entry.code) or any(runs(at, code) for at, code in entry.callers):
                     entry.hold, entry.fence = hold, self.fence
-        for _, records in list(self._hand.values()) if self._hand else ():
-            for record in records:
-                if record.hold != hold and (
-                        (record.frame is not None and frames.get(id(record.frame)) is record.frame)
-                        or any(runs(at, code) for at, code in record.callers)):
+        hand = list(self._hand.values()) if self._hand else []
+        entrants = self._adopting_entrants() if hand else ()
+        for _, records in hand:
+            for record in records:  # made by this entrant, in a frame on the stack
+                if (record.hold != hold and record.entrant is not None
+                        and any(record.entrant() is e for e in entrants)
+                        and (runs(*record.made_in)
+                             or any(runs(at, code) for at, code in record.callers))):
                     record.hold, record.fence = hold, self.fence
+
+    def _adopting_entrants(self) -> "tuple[Any, ...]":
+        """Whose entries by hand may adopt a hold taken by ``acquire()`` now:
+        the acquiring thread or task (AsyncLock: also the tasks awaiting it
+        through ``wait_for`` / ``shield``)."""
+        return (self._entrant(),)
 
     def _unrecord_block(self, block: Any, hold: int) -> None:
         """Drop the record ``_record_block`` made for hold ``hold``, granted
@@ -398,7 +389,7 @@ class EntryRecords:
         hand for an entry by hand of the same frame."""
         block = None
         if self._hand and self._hand_exit_here(caller):
-            block = self._hand_record_made_in(caller)
+            block = self._least(caller, self._entrant(own))
         if block is None and self._blocks:
             block = self._block_of(caller)
         if block is None and self._hand:
