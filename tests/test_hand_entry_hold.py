@@ -221,21 +221,81 @@ def test_an_exit_stack_closed_in_another_thread_releases_what_it_entered(
 
 
 @pytest.mark.parametrize("how", ["exit stack", "by hand"])
-def test_an_entry_by_hand_ends_the_hold_taken_again_by_hand_inside_it(
+def test_an_entry_by_hand_leaves_a_hold_taken_by_acquire_inside_it_to_its_taker(
         how: str, nodes3: RedisNodes, make_manager: MakeManager) -> None:
     """``stack.enter_context(L)`` (``L.__enter__()``) in a
     ``@contextmanager`` helper, its lease runs out, then ``L.acquire()`` in
-    the helper's caller: that hold is the entry's to end (as a block's,
-    taken from inside it), so nothing stays held, or renewed, after the
-    exit."""
+    the helper's caller: the entry's exit raises ``LockLost`` (its own hold
+    lapsed) and leaves that hold, whole, to its taker, who releases it.
+    (Taken for the entry's, as a ``with`` block's is, such a hold was ended
+    under another job when a shared helper's frame stood where the entry
+    was made: an entry by hand cannot prove the acquire ran inside it.)"""
     mgr = make_manager(nodes3)
     lock = mgr.lock(f"hand-retake-{how}", ttl=_TTL, auto_renew=False)
-    with _entered(lock, how):
-        time.sleep(_TTL + 0.05)
-        assert not lock.owned()
-        assert lock.acquire(timeout=2)
-        lock.extend(5)  # the exit must find it whole, under load too
-    assert not lock.owned()
+    with pytest.raises(LockLost):
+        with _entered(lock, how):
+            time.sleep(_TTL + 0.05)
+            assert not lock.owned()
+            assert lock.acquire(timeout=2)
+            lock.extend(5)  # the exit must find it whole, under load too
+    assert lock.owned()
+    assert _holders(nodes3, lock.key) == 3
+    lock.release()
+    assert _holders(nodes3, lock.key) == 0
+
+
+def _enter_in_helper(lock: Any) -> None:
+    lock.__enter__()
+
+
+def test_an_exit_by_hand_inside_a_with_block_leaves_its_hold_for_an_entry_made_elsewhere(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """A helper enters by hand and returns; its lease runs out; ``with L:``
+    (a new hold); inside the body, ``L.__exit__()`` for the helper's entry:
+    it raises ``LockLost`` and leaves the block's hold (it took the block's
+    record, made in its frame, and ended the block's hold under its body)."""
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("hand-helper-inside-with", ttl=_TTL, auto_renew=False)
+    rival = make_manager(nodes3).lock("hand-helper-inside-with", ttl=5)
+    seen: dict[str, Any] = {}
+    _enter_in_helper(lock)
+    time.sleep(_TTL + 0.1)
+    with lock:
+        lock.extend(5)
+        with pytest.raises(LockLost):
+            lock.__exit__(None, None, None)
+        seen["held on"] = _holders(nodes3, lock.key)
+        seen["rival got in"] = rival.acquire(timeout=0)
+    if seen.get("rival got in"):
+        rival.release()
+    assert seen == {"held on": 3, "rival got in": False}
+    assert _holders(nodes3, lock.key) == 0
+
+
+def _call_acquire(lock: Any) -> bool:
+    return bool(lock.acquire(timeout=2))
+
+
+def test_a_hold_taken_through_a_shared_helper_is_not_a_lapsed_entrys(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """One thread: job 1 enters through a helper (``_call(L.__enter__)``),
+    its lease runs out; job 2 acquires through a helper of the same shape at
+    that frame's address; job 1's exit raises ``LockLost`` and leaves job 2's
+    hold, which job 2 releases. (Adopted by job 1's entry, the hold was
+    ended by job 1's exit under job 2.)"""
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("hand-adopt-helper", ttl=_TTL, auto_renew=False)
+    rival = make_manager(nodes3).lock("hand-adopt-helper", ttl=5)
+    _call(lock.__enter__)
+    time.sleep(_TTL + 0.1)
+    assert _call(_call_acquire, lock)
+    lock.extend(5)
+    with pytest.raises(LockLost):
+        lock.__exit__(None, None, None)
+    assert lock.owned()
+    assert _holders(nodes3, lock.key) == 3
+    assert rival.acquire(timeout=0) is False
+    lock.release()
     assert _holders(nodes3, lock.key) == 0
 
 

@@ -654,13 +654,6 @@ class AsyncLock(LockBase):
         return chain
 
 
-    def _adopting_entrants(self) -> "tuple[Any, ...]":
-        try:
-            task = asyncio.current_task()
-        except RuntimeError:
-            return ()
-        return () if task is None else tuple(self._awaiting_chain(task))
-
     def _adopt_blocks(self, frame: Any) -> None:
         """As a sync lock's (LockBase), and through a task that
         ``asyncio.wait_for`` (before 3.12) or ``asyncio.shield`` made for the

@@ -272,9 +272,11 @@ class EntryRecords:
         if not entries or entries[-1].code is not caller.f_code \
                 or entries[-1].line == caller.f_lineno:
             return False  # no block of this frame open, or its own exit
-        here = (id(caller), caller.f_code)
-        return any(record.made_in == here
-                   for _, records in list(self._hand.values()) for record in records)
+        # An entry by hand open anywhere (made in a helper that returned, in
+        # another thread): this exit is taken for one of them, never for the
+        # block (whose hold it ended while the body ran: two holders).
+        return any(records and not is_stack_key(ref())
+                   for ref, records in list(self._hand.values()))
 
     def _hand_record_of(self, key: Any) -> "tuple[int, int] | None":
         """(hold, fence) of ``key``'s innermost entry by hand (an exit
@@ -316,21 +318,12 @@ class EntryRecords:
                     continue
                 if runs(key, entry.code) or any(runs(at, code) for at, code in entry.callers):
                     entry.hold, entry.fence = hold, self.fence
-        hand = list(self._hand.values()) if self._hand else []
-        entrants = self._adopting_entrants() if hand else ()
-        for _, records in hand:
-            for record in records:  # made by this entrant, in a frame on the stack
-                if (record.hold != hold and record.entrant is not None
-                        and any(record.entrant() is e for e in entrants)
-                        and (runs(*record.made_in)
-                             or any(runs(at, code) for at, code in record.callers))):
-                    record.hold, record.fence = hold, self.fence
-
-    def _adopting_entrants(self) -> "tuple[Any, ...]":
-        """Whose entries by hand may adopt a hold taken by ``acquire()`` now:
-        the acquiring thread or task (AsyncLock: also the tasks awaiting it
-        through ``wait_for`` / ``shield``)."""
-        return (self._entrant(),)
+        # Entries by hand adopt nothing: the frame that made one may have
+        # returned, and a frame of the same code at its address (a shared
+        # ``call(fn)`` helper, in the same thread) is no proof that the
+        # acquire runs inside the entry; adopted, the hold was ended by the
+        # entry's exit under the job that took it. Such a hold is its
+        # taker's to release (its entry's exit raises LockLost if lapsed).
 
     def _unrecord_block(self, block: Any, hold: int) -> None:
         """Drop the record ``_record_block`` made for hold ``hold``, granted
