@@ -1244,3 +1244,107 @@ def test_an_entry_by_hand_keeps_nothing_alive_that_would_make_its_exit(
     assert exits == ["exited"]
     assert not lock.owned()
     assert _holders(nodes3, lock.key) == 0
+
+
+def test_an_entry_of_a_finished_task_stays_open_when_a_new_task_takes_its_address(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """A sync lock entered by hand in a child task that ends (its lease then
+    runs out); later child tasks run until one lands at the ended task's
+    address and enters (a new hold); the parent leaves the first entry:
+    ``LockLost``, and the new hold is kept. The new entrant's record
+    replaced the ended one's, whose entry was lost: the parent's exit took
+    the new one and ended it under its holder. Up to 25 rounds of 60 tasks
+    to meet the reuse (it comes in the first, on every version seen)."""
+    mgr = make_manager(nodes3)
+    rival_mgr = make_manager(nodes3)
+
+    async def scenario() -> dict[str, Any]:
+        seen: dict[str, Any] = {"reused": False}
+        for trial in range(25):
+            lock = mgr.lock(f"hand-task-address-{trial}", ttl=_TTL, auto_renew=False)
+
+            async def start_a(lock: Any = lock) -> int:
+                lock.__enter__()
+                return id(asyncio.current_task())
+
+            first = await asyncio.create_task(start_a())
+            await asyncio.sleep(_TTL + 0.1)
+
+            async def request(lock: Any = lock, first: int = first) -> None:
+                if id(asyncio.current_task()) == first:
+                    lock.__enter__()  # job B's start, at the ended task's address
+
+            for _ in range(60):
+                await asyncio.create_task(request())
+                if lock.owned():
+                    break
+            if not lock.owned():
+                continue
+            seen["reused"] = True
+            lock.extend(5)
+            try:
+                lock.__exit__(None, None, None)  # job A's stop, by the parent
+                seen["A's stop"] = "quiet"
+            except LockLost:
+                seen["A's stop"] = "LockLost"
+            seen["held on"] = _holders(nodes3, lock.key)
+            rival = rival_mgr.lock(f"hand-task-address-{trial}", ttl=5)
+            seen["rival got in"] = rival.acquire(timeout=0)
+            if seen["rival got in"]:
+                rival.release()
+            lock.release()
+            break
+        return seen
+
+    seen = asyncio.run(asyncio.wait_for(scenario(), 60))
+    if not seen["reused"]:
+        pytest.skip("no task landed at the ended task's address in 25 x 60 tries")
+    assert seen == {"reused": True, "A's stop": "LockLost", "held on": 3, "rival got in": False}
+
+
+def test_an_exit_by_hand_inside_its_own_with_block_leaves_the_blocks_record(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """Thread A, inside ``with L:`` whose lease ran out, calls
+    ``L.__exit__()`` by hand (no entry by hand open anywhere) while thread B
+    holds anew: that call raises ``LockLost`` and takes nothing, so the
+    statement's own exit still finds its record (``LockLost``) and leaves
+    B's hold. (Taken by the call, the record was missing at the statement's
+    exit, which then ended B's hold.)"""
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("hand-exit-own-with", ttl=_TTL, auto_renew=False)
+    rival = make_manager(nodes3).lock("hand-exit-own-with", ttl=5)
+    seen: dict[str, Any] = {}
+    a_in, b_in, a_left = threading.Event(), threading.Event(), threading.Event()
+
+    def thread_a() -> None:
+        try:
+            with lock:
+                a_in.set()
+                assert b_in.wait(5)
+                try:
+                    lock.__exit__(None, None, None)
+                    seen["A's call"] = "quiet"
+                except LockLost:
+                    seen["A's call"] = "LockLost"
+        except LockLost:
+            seen["A's with"] = "LockLost"
+        else:
+            seen["A's with"] = "quiet"
+        a_left.set()
+
+    def thread_b() -> None:
+        assert a_in.wait(5)
+        time.sleep(_TTL + 0.1)
+        with lock:
+            lock.extend(5)
+            b_in.set()
+            assert a_left.wait(5)
+            seen["held on"] = _holders(nodes3, lock.key)
+            seen["rival got in"] = rival.acquire(timeout=0)
+
+    _run_threads(thread_a, thread_b)
+    if seen.get("rival got in"):
+        rival.release()
+    assert seen == {"A's call": "LockLost", "A's with": "LockLost", "held on": 3,
+                    "rival got in": False}
+    assert _holders(nodes3, lock.key) == 0

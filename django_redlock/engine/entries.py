@@ -27,6 +27,7 @@ entry becomes that entry's to end.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import sys
 import threading
 import weakref
@@ -98,6 +99,19 @@ HAND_ENTRIES_MAX = 1024
 #: Past this many entrants recorded on one object, those gone are dropped
 #: when a new one comes (threads of a pool that ended, stacks collected).
 HAND_ENTRANTS_KEPT = 64
+
+
+def _nobody() -> None:
+    """The entrant of entries whose entrant is gone (see _record_hand)."""
+    return None
+
+
+_orphans = itertools.count(-1, -1)
+
+
+def _next_orphan() -> int:
+    """A key for a gone entrant's entries: negative, never an id()."""
+    return next(_orphans)
 
 
 class EntryRecords:
@@ -177,9 +191,15 @@ class EntryRecords:
             hand = self._hand = {}
         entries = self._hand_entries(entry.key)
         if entries is None:
-            if len(hand) >= HAND_ENTRANTS_KEPT:  # entrants gone (threads, stacks) go
-                for at, (ref, _) in list(hand.items()):
-                    if ref() is None:
+            earlier = hand.pop(id(entry.key), None)
+            if earlier is not None and earlier[1]:
+                # A gone entrant's address, reused: its entries stay open, kept
+                # apart (dropped, the exit of one of them found only the new
+                # entrant's entry to take, and ended it under its holder).
+                hand[_next_orphan()] = (_nobody, earlier[1])
+            if len(hand) >= HAND_ENTRANTS_KEPT:  # gone entrants with nothing open go
+                for at, (ref, records) in list(hand.items()):
+                    if ref() is None and all(record.hold == 0 for record in records):
                         hand.pop(at, None)
             entries = []
             hand[id(entry.key)] = (weakref.ref(entry.key), entries)
@@ -259,24 +279,20 @@ class EntryRecords:
             self._hand.pop(key, None)
         return record.hold, record.fence
 
-    def _hand_exit_here(self, caller: Any) -> bool:
+    def _exit_by_hand_in_block(self, caller: Any) -> bool:
         """Whether the exit run in frame ``caller`` is an ``__exit__`` called
-        by hand for an entry by hand made in that frame, while a ``with``
-        block of the same frame is open: the statement's exit runs at its
-        own line, a call by hand at another (it took the block's record:
-        ``L.__enter__()``, the lease ran out, ``with L:``, then
-        ``L.__exit__()`` inside the body ended the block's hold)."""
-        if caller is None or not self._hand or not self._blocks:
+        by hand while a ``with`` block of that frame is open: the
+        statement's own exit runs at its line (3.10 to 3.13), a call by
+        hand at another. Such an exit never takes the block's record: it
+        took it, the statement's own exit later found none and ended the
+        current hold, another's newer one (or, with an entry by hand open,
+        the call by hand ended the block's hold under its body)."""
+        if caller is None or not self._blocks:
             return False
         entries = self._blocks.get(id(caller))
-        if not entries or entries[-1].code is not caller.f_code \
-                or entries[-1].line == caller.f_lineno:
-            return False  # no block of this frame open, or its own exit
-        # An entry by hand open anywhere (made in a helper that returned, in
-        # another thread): this exit is taken for one of them, never for the
-        # block (whose hold it ended while the body ran: two holders).
-        return any(records and not is_stack_key(ref())
-                   for ref, records in list(self._hand.values()))
+        if not entries:
+            return False
+        return entries[-1].code is caller.f_code and entries[-1].line != caller.f_lineno
 
     def _hand_record_of(self, key: Any) -> "tuple[int, int] | None":
         """(hold, fence) of ``key``'s innermost entry by hand (an exit
@@ -381,9 +397,15 @@ class EntryRecords:
         A block's record first, unless the exit is an ``__exit__`` called by
         hand for an entry by hand of the same frame."""
         block = None
-        if self._hand and self._hand_exit_here(caller):
-            block = self._least(caller, self._entrant(own))
-        if block is None and self._blocks:
+        if self._blocks and self._exit_by_hand_in_block(caller):
+            # Never the block's own exit: its record stays for that exit.
+            if self._hand:
+                block = self._hand_block_of(caller, own)
+            if block is None:
+                entry = self._blocks[id(caller)][-1]
+                block = (entry.hold, entry.fence)  # read, not taken
+            return block
+        if self._blocks:
             block = self._block_of(caller)
         if block is None and self._hand:
             block = self._hand_block_of(caller, own)
