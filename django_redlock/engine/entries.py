@@ -68,11 +68,9 @@ class _HandEntry:
 
 
 class _HandRecord(_Block):
-    """The record of an entry by hand: a block's, with ``code`` None, the
-    frame that made the entry as (id, code) in ``made_in`` ((0, None):
-    asyncio's own), ``callers`` the statements that entered the
-    ``@contextmanager`` helpers it runs in, and a weak reference to the
-    thread or task that entered (``entrant``).
+    """The record of an entry by hand: a block's, with ``code`` None and no
+    ``callers`` (an entry by hand adopts nothing), and the frame that made
+    the entry as (id, code) in ``made_in`` ((0, None): asyncio's own).
 
     The frame is not held: a record holding it kept its locals alive, and
     with them the object whose ``__del__`` or generator ``finally`` was to
@@ -82,12 +80,11 @@ class _HandRecord(_Block):
     a match by address only ever chooses among entries the exit may take
     anyway (:meth:`EntryRecords._least`), never makes one takeable."""
 
-    __slots__ = ("made_in", "entrant")
+    __slots__ = ("made_in",)
 
-    def __init__(self, hold: int, fence: int, made_in: "tuple[int, Any]",
-                 callers: "tuple[tuple[int, Any], ...]", entrant: Any) -> None:
-        super().__init__(None, hold, fence, callers)
-        self.made_in, self.entrant = made_in, entrant
+    def __init__(self, hold: int, fence: int, made_in: "tuple[int, Any]") -> None:
+        super().__init__(None, hold, fence, ())
+        self.made_in = made_in
 
 
 #: Past this many entries by hand of one entrant of one object, the oldest
@@ -204,13 +201,8 @@ class EntryRecords:
             entries = []
             hand[id(entry.key)] = (weakref.ref(entry.key), entries)
         frame = entry.frame
-        # The statements that entered the @contextmanager helpers it runs in
-        # (suspended while their callers run).
-        callers = () if frame is None else helper_callers(frame)
         made_in = (0, None) if frame is None else (id(frame), frame.f_code)
-        entrant = self._entrant() if is_stack_key(entry.key) else entry.key
-        entries.append(_HandRecord(self._hold_no, self.fence, made_in, callers,
-                                   None if entrant is None else weakref.ref(entrant)))
+        entries.append(_HandRecord(self._hold_no, self.fence, made_in))
         if len(entries) > HAND_ENTRIES_KEPT:
             released = [i for i, record in enumerate(entries) if record.hold == 0]
             if released or len(entries) > HAND_ENTRIES_MAX:
