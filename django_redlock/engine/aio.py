@@ -653,7 +653,6 @@ class AsyncLock(LockBase):
             chain.append(outer)
         return chain
 
-
     def _adopt_blocks(self, frame: Any) -> None:
         """As a sync lock's (LockBase), and through a task that
         ``asyncio.wait_for`` (before 3.12) or ``asyncio.shield`` made for the
@@ -668,7 +667,7 @@ class AsyncLock(LockBase):
         except RuntimeError:
             return
         for _ in range(8):  # nested wait_for / shield, bounded
-            if task is None or not (self._blocks or self._hand):
+            if task is None or not self._blocks:
                 return
             # Only through wait_for / shield: a task awaited by gather, a
             # TaskGroup or a plain ``await task`` is a child, and a hold it

@@ -132,7 +132,7 @@ class EntryRecords:
         ``s2``'s hold)."""
         blocks = self._blocks
         if block is None:
-            if blocks or self._hand:
+            if blocks:  # (entries by hand adopt nothing: see _adopt_on)
                 self._adopt_blocks(sys._getframe(2))
         elif type(block) is _HandEntry:
             self._record_hand(block)
@@ -312,8 +312,7 @@ class EntryRecords:
 
     def _adopt_on(self, frames: "dict[int, Any]") -> None:
         """The current hold becomes the hold of the open blocks whose frame,
-        or whose helper's caller, is one of ``frames`` (id -> the frame),
-        and of the entries by hand made in one of them (that very frame)."""
+        or whose helper's caller, is one of ``frames`` (id -> the frame)."""
         hold = self._hold_no
 
         def runs(at: int, code: Any) -> bool:
