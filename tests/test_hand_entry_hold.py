@@ -971,8 +971,11 @@ def test_an_entry_left_from_another_pool_worker_leaves_a_hold_taken_since(
             return "LockLost"
         return "quiet"
 
+    first_busy = threading.Event()
+
     def occupy() -> None:
         if threading.get_ident() == first:
+            first_busy.set()
             assert release_worker.wait(10)
 
     def thread_b() -> None:
@@ -989,8 +992,12 @@ def test_an_entry_left_from_another_pool_worker_leaves_a_hold_taken_since(
         other.start()
         try:
             assert b_in.wait(5)
-            occupied = [pool.submit(occupy), pool.submit(occupy)]  # one of them holds `first`
-            time.sleep(0.05)
+            occupied = []
+            for _ in range(50):  # until one lands on `first` and holds it (bounded)
+                occupied.append(pool.submit(occupy))
+                if first_busy.wait(0.1):
+                    break
+            assert first_busy.is_set()
             seen["stop"] = pool.submit(stop).result(5)
             seen["held on"] = _holders(nodes3, lock.key)
             seen["rival got in"] = rival.acquire(timeout=0)
