@@ -16,9 +16,12 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable
 
+import redis
+
 from django_redlock.testing import FaultProxy, RedisNodes
-from django_redlock.transport.resp import Command
+from django_redlock.transport.resp import ACQUIRE, Command
 from django_redlock.transport.sync import NOT_AWAITED, Settle
+from tests.polling import wait_until
 
 
 def _never(reply: Any) -> bool:
@@ -70,3 +73,48 @@ def test_requests_sent_behind_one_reply_left_behind_are_read_in_turn(
         assert d == [b"slow-3", b"PONG", b"PONG"], d
 
     asyncio.run(scenario())
+
+
+def _lock_keys(url: str) -> list[bytes]:
+    client = redis.Redis.from_url(url)
+    try:
+        return [k for k in client.keys("redlock:*") if not k.endswith(b":waiters")]
+    finally:
+        client.close()
+
+
+def test_replies_left_behind_that_meet_a_flushed_script_cache_are_run_again(
+        nodes3: RedisNodes, make_manager: Callable[..., Any],
+        fault_proxy_factory: Callable[..., FaultProxy]) -> None:
+    """Node 0 is slow, so no round waits for it, and its scripts were
+    flushed; only the acquire script came back (another client loaded it).
+    Each acquire runs there; each release, read late, answers ``NOSCRIPT``,
+    and the next acquire was sent behind it on the same connection, so it
+    cannot be sent again there (it would be read as that acquire's reply).
+    It was dropped, which left the lock on node 0 for its whole lease: the
+    release now goes again in a round of its own (the sync transport sends
+    an owed release again too). Fences stay in order, and nothing is left
+    on any node."""
+    proxy = fault_proxy_factory(nodes3[0])
+    mgr = make_manager([proxy.url, nodes3[1].url, nodes3[2].url], node_timeout=2.0,
+                       auto_renew=False)
+    direct = nodes3[0].client()
+
+    async def scenario() -> list[int]:
+        async with mgr.alock("warm"):
+            pass
+        direct.script_flush()
+        direct.script_load(ACQUIRE.source)
+        proxy.set_latency(0.05)
+        fences = []
+        for _ in range(5):
+            async with mgr.alock("flushed", ttl=30) as held:
+                fences.append(held.fence)
+        proxy.set_latency(0.0)
+        await asyncio.sleep(0.3)  # node 0's late replies are in, and read
+        return fences
+
+    fences = asyncio.run(scenario())
+    assert fences == sorted(fences) and len(set(fences)) == 5, fences
+    assert wait_until(lambda: _lock_keys(nodes3[0].url) == [], timeout=3.0), \
+        f"a release never ran on node 0: {_lock_keys(nodes3[0].url)}"

@@ -1220,6 +1220,8 @@ class AsyncTransport:
                     reply = await _response(conn)
                 except NoScriptError:
                     if not may_resend():
+                        if getattr(request, "last_of_token", False):
+                            self._send_again(node, request)
                         raise
                     assert request.packed_eval is not None
                     await _write(conn, request.packed_eval)
@@ -1237,6 +1239,27 @@ class AsyncTransport:
         # A reply read as the deadline passed is an answer; its connection was
         # aborted with the deadline and goes.
         return reply, not watch.passed
+
+    def _send_again(self, node: NodeClient, request: Request) -> None:
+        """Send a release that met ``NOSCRIPT`` (the node lost its scripts)
+        to ``node`` again, in a round of its own, when it could not be sent
+        again on its connection (requests were sent behind it there): the
+        sync transport's rule. Nothing of its token follows a release, so it
+        may run after them; dropped, it would leave the lock on that node
+        for its whole lease (another holder's quorum short of that node)."""
+        if node not in self.nodes:  # a routed round's node (transport/nodekinds.py)
+            return
+        requests: list[Request] = [None] * len(self.nodes)
+        requests[self.nodes.index(node)] = request
+        task = asyncio.get_running_loop().create_task(self._again(requests))
+        _closing.add(task)
+        task.add_done_callback(_closing.discard)
+
+    async def _again(self, requests: Sequence[Request]) -> None:
+        try:
+            await self.round(requests)
+        except Exception:  # noqa: BLE001 - its lease ends it all the same
+            logger.debug("a release sent again after NOSCRIPT failed", exc_info=True)
 
     # -- closing -------------------------------------------------------------
     async def aclose(self) -> None:
