@@ -1355,3 +1355,265 @@ def test_an_exit_by_hand_inside_its_own_with_block_leaves_the_blocks_record(
     assert seen == {"A's call": "LockLost", "A's with": "LockLost", "held on": 3,
                     "rival got in": False}
     assert _holders(nodes3, lock.key) == 0
+
+
+# -- review 8: records dropped by their bounds, and exits that race ----------------------------
+def test_the_exits_of_entries_whose_released_records_were_dropped_end_nothing(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """Thread A makes more entries by hand than its records keep, each
+    released by hand, so the oldest records go; thread B enters ``with L``;
+    A's exits then come, one per entry. Each ends nothing: a dropped record
+    is counted, and its exit takes the count. Without the count, the last
+    exit found no record of its own, took B's, and ended B's hold while B
+    was inside: a rival got in."""
+    from django_redlock.engine.entries import HAND_ENTRIES_KEPT
+
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("hand-dropped-released", ttl=5)
+    rival = make_manager(nodes3).lock("hand-dropped-released", ttl=5)
+    count = HAND_ENTRIES_KEPT + 1
+    seen: dict[str, Any] = {}
+    a_ready, b_in, a_done = threading.Event(), threading.Event(), threading.Event()
+
+    def thread_a() -> None:
+        for _ in range(count):
+            lock.__enter__()
+            lock.release()
+        a_ready.set()
+        assert b_in.wait(10)
+        exits = []
+        for _ in range(count):
+            try:
+                lock.__exit__(None, None, None)
+                exits.append("quiet")
+            except LockLost:
+                exits.append("LockLost")
+        seen["A's exits"] = exits
+        a_done.set()
+
+    def thread_b() -> None:
+        assert a_ready.wait(10)
+        with lock:
+            b_in.set()
+            assert a_done.wait(10)
+            seen["B owns"] = lock.owned()
+            seen["held on"] = _holders(nodes3, lock.key)
+            seen["rival got in"] = rival.acquire(timeout=0)
+
+    _run_threads(thread_a, thread_b)
+    if seen.get("rival got in"):
+        rival.release()
+    assert seen == {"A's exits": ["quiet"] * count, "B owns": True, "held on": 3,
+                    "rival got in": False}
+    assert _holders(nodes3, lock.key) == 0
+
+
+def test_the_exits_of_entries_of_ended_threads_swept_from_the_records_end_nothing(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """As many threads as the records keep entrants each enter by hand,
+    release by hand and end; a new entrant (thread B, entering by hand)
+    sweeps their records away. Their exits, made later (a dispatcher
+    stopping their jobs), end nothing: the records swept are counted.
+    Without the count, the first of those exits took B's entry and ended
+    B's hold under it."""
+    from django_redlock.engine.entries import HAND_ENTRANTS_KEPT
+
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("hand-swept", ttl=5)
+    rival = make_manager(nodes3).lock("hand-swept", ttl=5)
+
+    def job() -> None:
+        lock.__enter__()
+        lock.release()
+
+    for _ in range(HAND_ENTRANTS_KEPT):
+        thread = threading.Thread(target=job)
+        thread.start()
+        thread.join(10)
+        assert not thread.is_alive()
+    seen: dict[str, Any] = {}
+    b_in, stopped = threading.Event(), threading.Event()
+
+    def thread_b() -> None:
+        lock.__enter__()
+        b_in.set()
+        assert stopped.wait(10)
+        seen["B owns"] = lock.owned()
+        seen["held on"] = _holders(nodes3, lock.key)
+        seen["rival got in"] = rival.acquire(timeout=0)
+        lock.__exit__(None, None, None)
+
+    def dispatcher() -> None:
+        assert b_in.wait(10)
+        exits = []
+        for _ in range(HAND_ENTRANTS_KEPT):
+            try:
+                lock.__exit__(None, None, None)
+                exits.append("quiet")
+            except LockLost:
+                exits.append("LockLost")
+        seen["stops"] = exits
+        stopped.set()
+
+    _run_threads(thread_b, dispatcher)
+    if seen.get("rival got in"):
+        rival.release()
+    assert seen == {"stops": ["quiet"] * HAND_ENTRANTS_KEPT, "B owns": True, "held on": 3,
+                    "rival got in": False}
+    assert _holders(nodes3, lock.key) == 0
+
+
+@contextlib.contextmanager
+def _walk_paused(monkeypatch: pytest.MonkeyPatch, pause_in: threading.Thread,
+                 until: threading.Event, at: int = 1) -> Iterator[threading.Event]:
+    """The walk of an exit by hand over the records (``EntryRecords._least``)
+    pauses in thread ``pause_in``, once, at its ``at``-th entrant, until
+    ``until`` is set or 1 s passed; the event yielded is set once it paused.
+    Another thread's work that the walk must not overlap (an exit, a grant)
+    sets ``until`` when it ran: with the records guarded, it cannot run
+    before the walk ends, and the pause ends after 1 s."""
+    from django_redlock.engine import entries
+
+    real = entries.is_stack_key
+    paused = threading.Event()
+    calls = 0
+
+    def is_stack_key(owner: Any) -> bool:
+        nonlocal calls
+        if threading.current_thread() is pause_in and not paused.is_set():
+            calls += 1
+            if calls == at:
+                paused.set()
+                until.wait(1.0)
+        return real(owner)
+
+    monkeypatch.setattr(entries, "is_stack_key", is_stack_key)
+    yield paused
+
+
+def test_two_exits_by_hand_at_once_take_two_records_not_the_live_one(
+        nodes3: RedisNodes, make_manager: MakeManager, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Thread A's first entry by hand lapsed, thread C's too, and A holds a
+    live entry (hold 3). Two pool workers leave the two lapsed entries at
+    the same moment. Each must get ``LockLost`` and A's live hold must stay.
+    The walks ran unguarded: both chose A's first record, the second took
+    what slid into its place, A's live entry, and ended hold 3 under A (a
+    rival got in; 5 of 216 runs in review 8). The first walk is paused here,
+    A's first record chosen, before it looks at C's, while the second exit
+    tries to run."""
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("hand-two-exits", ttl=_TTL, auto_renew=False)
+    rival = make_manager(nodes3).lock("hand-two-exits", ttl=5)
+    seen: dict[str, Any] = {}
+    a_first, c_in, a_live, stops_done = (threading.Event() for _ in range(4))
+
+    def thread_a() -> None:
+        lock.__enter__()  # job 1: its lease runs out
+        a_first.set()
+        assert c_in.wait(10)
+        time.sleep(_TTL + 0.1)
+        lock.__enter__()  # job 3: a new hold, kept
+        lock.extend(5)
+        a_live.set()
+        assert stops_done.wait(10)
+        seen["A owns"] = lock.owned()
+        seen["held on"] = _holders(nodes3, lock.key)
+        seen["rival got in"] = rival.acquire(timeout=0)
+
+    def thread_c() -> None:
+        assert a_first.wait(10)
+        time.sleep(_TTL + 0.1)
+        lock.__enter__()  # job 2: a new hold, whose lease runs out too
+        c_in.set()
+
+    def stop(name: str, after: threading.Event | None, done: threading.Event) -> None:
+        if after is not None:
+            assert after.wait(10)
+        try:
+            lock.__exit__(None, None, None)
+            seen[name] = "quiet"
+        except LockLost:
+            seen[name] = "LockLost"
+        done.set()
+
+    workers_go = threading.Event()
+    first_done, second_done = threading.Event(), threading.Event()
+    first = threading.Thread(target=lambda: (workers_go.wait(10),
+                                             stop("first stop", None, first_done)))
+    with _walk_paused(monkeypatch, first, second_done, at=2) as paused:
+        second = threading.Thread(target=lambda: stop("second stop", paused, second_done))
+        a = threading.Thread(target=thread_a)
+        c = threading.Thread(target=thread_c)
+        for thread in (a, c, first, second):
+            thread.start()
+        assert a_live.wait(10)
+        workers_go.set()
+        assert first_done.wait(10) and second_done.wait(10)
+        stops_done.set()
+        for thread in (a, c, first, second):
+            thread.join(20)
+        assert not any(thread.is_alive() for thread in (a, c, first, second))
+    if seen.get("rival got in"):
+        rival.release()
+    assert seen == {"first stop": "LockLost", "second stop": "LockLost", "A owns": True,
+                    "held on": 3, "rival got in": False}
+    lock.__exit__(None, None, None)
+    assert _holders(nodes3, lock.key) == 0
+
+
+def test_a_grant_during_an_exits_walk_is_not_taken_for_a_lapsed_entry(
+        nodes3: RedisNodes, make_manager: MakeManager, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Thread X leaves its own lapsed entry while thread B, which has a
+    record already (an entry released by hand), enters anew. The walk read
+    the hold number once: B's new record, granted during the walk, looked
+    lapsed (neither released nor the hold it read), the least to end, and
+    X's exit ended B's hold while B was inside (review 8, at the default
+    switch interval too). X's walk is paused here while B enters."""
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("hand-grant-in-walk", ttl=_TTL, auto_renew=False)
+    rival = make_manager(nodes3).lock("hand-grant-in-walk", ttl=5)
+    seen: dict[str, Any] = {}
+    b_ready, x_lapsed, b_granted, checked = (threading.Event() for _ in range(4))
+
+    def thread_x() -> None:
+        assert b_ready.wait(10)
+        lock.__enter__()
+        time.sleep(_TTL + 0.1)
+        x_lapsed.set()
+        try:
+            lock.__exit__(None, None, None)
+            seen["X's exit"] = "quiet"
+        except LockLost:
+            seen["X's exit"] = "LockLost"
+
+    x = threading.Thread(target=thread_x)
+    with _walk_paused(monkeypatch, x, b_granted) as paused:
+        def thread_b() -> None:
+            lock.__enter__()  # a record of B's: released by hand
+            lock.release()
+            b_ready.set()
+            assert x_lapsed.wait(10) and paused.wait(10)
+            lock.__enter__()  # a new hold, granted while X's walk runs (or after it)
+            lock.extend(5)
+            b_granted.set()
+            assert checked.wait(10)
+            for _ in range(2):  # two entries of B's, and X's lapsed one may be left
+                with contextlib.suppress(LockLost):  # (which exit gets it is a guess)
+                    lock.__exit__(None, None, None)
+
+        b = threading.Thread(target=thread_b)
+        x.start()
+        b.start()
+        x.join(20)
+        assert b_granted.wait(10)
+        seen["B owns"] = lock.owned()
+        seen["held on"] = _holders(nodes3, lock.key)
+        seen["rival got in"] = rival.acquire(timeout=0)
+        checked.set()
+        b.join(20)
+        assert not x.is_alive() and not b.is_alive()
+    if seen.get("rival got in"):
+        rival.release()
+    assert seen["B owns"] and seen["held on"] == 3 and not seen["rival got in"], seen
+    assert _holders(nodes3, lock.key) == 0
+

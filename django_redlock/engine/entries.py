@@ -119,6 +119,18 @@ class EntryRecords:
     _hand: "dict[int, tuple[Any, list[_HandRecord]]] | None"
     _hold_no: int
     fence: int
+    #: Entries by hand released by hand whose records were dropped (the
+    #: bounds below), their exits still to come: each such exit takes one,
+    #: as it took its record, and ends nothing. Dropped without a count,
+    #: such an exit found no record of its own and took the live hold's
+    #: (or, none left, ended the current hold): another holder's, while it
+    #: was inside (review 8)::
+    #:
+    #:     thread A   17 x (L.__enter__(); L.release())  -> the oldest record goes
+    #:     thread B   with L: a new hold
+    #:     thread A   17 x L.__exit__(): the last one ended B's hold
+    #:     rival      acquires: two holders, B still inside
+    _dropped_released = 0
 
     def _record_block(self, block: Any) -> None:
         """The hold just entered (``_enter_hold``, in the same critical
@@ -198,6 +210,7 @@ class EntryRecords:
                 for at, (ref, records) in list(hand.items()):
                     if ref() is None and all(record.hold == 0 for record in records):
                         hand.pop(at, None)
+                        self._count_dropped(len(records))
             entries = []
             hand[id(entry.key)] = (weakref.ref(entry.key), entries)
         frame = entry.frame
@@ -207,6 +220,13 @@ class EntryRecords:
             released = [i for i, record in enumerate(entries) if record.hold == 0]
             if released or len(entries) > HAND_ENTRIES_MAX:
                 del entries[released[0] if released else 0]
+                if released:
+                    self._count_dropped(1)
+
+    def _count_dropped(self, count: int) -> None:
+        """``count`` records of entries released by hand were dropped (see
+        ``_dropped_released``; bounded as the records are)."""
+        self._dropped_released = min(self._dropped_released + count, HAND_ENTRIES_MAX)
 
     def _hand_block_of(self, caller: Any, own: Any = None) -> "tuple[int, int] | None":
         """For an exit no statement's record claimed, run in frame
@@ -247,29 +267,45 @@ class EntryRecords:
             worker 2   job A's stop: L.__exit__(), worker 2's entry: B's
             rival      acquires: two holders, B still inside
         """
-        hand = list(self._hand.items()) if self._hand else []
-        hold = self._hold_no
         here = (id(caller), caller.f_code) if caller is not None else None
-        best: "tuple[tuple[int, int, int], int, list[_HandRecord], int] | None" = None
-        for key, (ref, records) in hand:
-            owner = ref()  # None: gone (a child task done), its entries still open
-            if is_stack_key(owner):
-                continue
-            for i, record in enumerate(records):
-                made_here = record.made_in == here
-                kind = 2 if record.hold == hold else 0 if record.hold not in (0, hold) else 1
-                near = 0 if made_here else 1 if owner is not None and owner is entrant else 2
-                # The oldest of a kind, but the innermost on the current hold.
-                rank = (kind, near, -i if kind == 2 else i)
-                if best is None or rank < best[0]:
-                    best = (rank, key, records, i)
-        if best is None:
-            return None
-        _, key, records, i = best
-        record = records.pop(i)
-        if not records and self._hand:
-            self._hand.pop(key, None)
-        return record.hold, record.fence
+        # Run under the lock's _io (Lock.__exit__): two exits of two threads
+        # chose the same record and the second popped the live one beside
+        # it, and a grant between the read of the hold number and the walk
+        # made the new hold's record look lapsed (review 8). A garbage
+        # collection inside the walk may run another exit of this object in
+        # this thread (_io is reentrant): the record chosen is taken by
+        # identity, and chosen again if that exit took it first.
+        for _ in range(8):
+            hold = self._hold_no
+            best: "tuple[tuple[int, int, int], int, list[_HandRecord], _HandRecord] | None" = None
+            for key, (ref, records) in list(self._hand.items()) if self._hand else ():
+                owner = ref()  # None: gone (a child task done), its entries still open
+                if is_stack_key(owner):
+                    continue
+                for i, record in enumerate(list(records)):
+                    made_here = record.made_in == here
+                    kind = 2 if record.hold == hold else 0 if record.hold not in (0, hold) else 1
+                    near = 0 if made_here else 1 if owner is not None and owner is entrant else 2
+                    # The oldest of a kind, but the innermost on the current hold.
+                    rank = (kind, near, -i if kind == 2 else i)
+                    if best is None or rank < best[0]:
+                        best = (rank, key, records, record)
+            if self._dropped_released and (best is None or best[0][0] == 2):
+                # A record dropped by the bounds, released by hand: after every
+                # record left of its kind, before the current hold's.
+                self._dropped_released -= 1
+                return 0, 0
+            if best is None:
+                return None
+            _, key, records, record = best
+            for at, kept in enumerate(records):
+                if kept is record:
+                    del records[at]
+                    if not records and self._hand and self._hand.get(key, (None, None))[1] \
+                            is records:
+                        del self._hand[key]
+                    return record.hold, record.fence
+        return None
 
     def _exit_by_hand_in_block(self, caller: Any) -> bool:
         """Whether the exit run in frame ``caller`` is an ``__exit__`` called
@@ -390,7 +426,7 @@ class EntryRecords:
         block = None
         if self._blocks and self._exit_by_hand_in_block(caller):
             # Never the block's own exit: its record stays for that exit.
-            if self._hand:
+            if self._hand or self._dropped_released:
                 block = self._hand_block_of(caller, own)
             if block is None:
                 entry = self._blocks[id(caller)][-1]
@@ -398,6 +434,6 @@ class EntryRecords:
             return block
         if self._blocks:
             block = self._block_of(caller)
-        if block is None and self._hand:
+        if block is None and (self._hand or self._dropped_released):
             block = self._hand_block_of(caller, own)
         return block

@@ -472,6 +472,20 @@ class Lock(LockBase):
                 self._drop_block_hold(block)
             raise
 
+    def _records_io(self) -> bool:
+        """Take ``_io`` for a look at the entry records and a change of them
+        (engine/entries.py), as the grant records its entry under it: two
+        exits by hand of two threads, or an exit and a grant, each read the
+        records the other was changing, and an exit took another holder's
+        entry (review 8). True when taken. Not waited for by an exit that a
+        garbage collection or put-off work runs (``finalizers.held_up``; see
+        :meth:`_release_later`): it looks without it when a renewal or an
+        ``extend()`` of this object holds it in another thread."""
+        if finalizers.held_up():
+            return self._io.acquire(blocking=False)
+        self._io.acquire()
+        return True
+
     def _drop_block_hold(self, block: Any) -> None:
         """Release the hold just granted to the block in frame ``block``,
         which the caller will never hold (an interrupt at the end of
@@ -485,7 +499,13 @@ class Lock(LockBase):
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
         try:
-            release, block = self._leaving(sys._getframe(1))
+            caller = sys._getframe(1)
+            guarded = self._records_io()
+            try:
+                release, block = self._leaving(caller)
+            finally:
+                if guarded:
+                    self._io.release()
             if release:
                 self._release(block)  # the hold this block entered
         except LockLost:
