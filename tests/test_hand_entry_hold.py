@@ -1617,3 +1617,100 @@ def test_a_grant_during_an_exits_walk_is_not_taken_for_a_lapsed_entry(
     assert seen["B owns"] and seen["held on"] == 3 and not seen["rival got in"], seen
     assert _holders(nodes3, lock.key) == 0
 
+
+# -- review 8: a reentrant lock's exit by hand -------------------------------------------------
+class _Job:
+    """A job that enters the lock when it starts and leaves it when it stops."""
+
+    def __init__(self, lock: Any) -> None:
+        self.lock = lock
+
+    def start(self) -> None:
+        self.lock.__enter__()
+
+    def stop(self) -> None:
+        self.lock.__exit__(None, None, None)
+
+
+def test_a_reentrant_exit_by_hand_leaves_a_with_blocks_new_hold_alone(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """One thread: a job's start enters a reentrant lock by hand (H1) and
+    its lease runs out; ``with R:`` takes H2 (a lapsed hold is not joined);
+    inside the block, the job's stop calls ``R.__exit__()``. It took the
+    thread's innermost hold, the block's H2, and ended it under the body (a
+    rival got in); it now takes H1, a hold no open block is on, and raises
+    ``LockLost`` for it."""
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("re-hand-exit", ttl=_TTL, auto_renew=False, reentrant=True)
+    rival = make_manager(nodes3).lock("re-hand-exit", ttl=5)
+    job = _Job(lock)
+    job.start()
+    time.sleep(_TTL + 0.1)
+    seen: dict[str, Any] = {}
+    with lock:
+        lock.extend(5)
+        try:
+            job.stop()
+            seen["stop"] = "quiet"
+        except LockLost:
+            seen["stop"] = "LockLost"
+        seen["held on"] = _holders(nodes3, lock.key)
+        seen["rival got in"] = rival.acquire(timeout=0)
+        if seen["rival got in"]:
+            rival.release()
+    assert seen == {"stop": "LockLost", "held on": 3, "rival got in": False}
+    assert _holders(nodes3, lock.key) == 0  # the block's exit released H2
+
+
+def test_an_async_reentrant_exit_by_hand_leaves_an_async_with_blocks_new_hold_alone(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """The asyncio twin: ``await R.__aenter__()`` by hand (H1), its lease
+    runs out, ``async with R:`` takes H2, and ``await R.__aexit__()`` by
+    hand inside the block ends H1 (``LockLost``), not H2."""
+    mgr = make_manager(nodes3)
+    rival = make_manager(nodes3).lock("re-hand-aexit", ttl=5)
+    seen: dict[str, Any] = {}
+
+    async def scenario() -> None:
+        lock = mgr.alock("re-hand-aexit", ttl=_TTL, auto_renew=False, reentrant=True)
+
+        async def start() -> None:
+            await lock.__aenter__()
+
+        async def stop() -> None:
+            await lock.__aexit__(None, None, None)
+
+        await start()
+        await asyncio.sleep(_TTL + 0.1)
+        async with lock:
+            await lock.extend(5)
+            try:
+                await stop()
+                seen["stop"] = "quiet"
+            except LockLost:
+                seen["stop"] = "LockLost"
+            seen["held on"] = _holders(nodes3, lock.key)
+            seen["rival got in"] = rival.acquire(timeout=0)
+            if seen["rival got in"]:
+                rival.release()
+
+    asyncio.run(scenario())
+    assert seen == {"stop": "LockLost", "held on": 3, "rival got in": False}
+    assert _holders(nodes3, mgr.key("re-hand-aexit")) == 0
+
+
+def test_a_reentrant_entry_by_hand_joined_by_a_with_block_is_released_by_the_last_exit(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """``R.__enter__()`` by hand, then ``with R:`` joins that hold; the exit
+    by hand, inside the block, ends the entry by hand's acquisition (the
+    hold has one more acquisition than open blocks), and the block's exit
+    the last: the hold is released, not left renewed."""
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("re-hand-joined", ttl=5, reentrant=True)
+    job = _Job(lock)
+    job.start()
+    with lock:
+        job.stop()
+        assert _holders(nodes3, lock.key) == 3  # the block's acquisition is left
+    assert _holders(nodes3, lock.key) == 0
+    assert not lock.owned()

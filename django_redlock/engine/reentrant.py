@@ -565,6 +565,37 @@ class ReentrantBase:
             return not any(entry[0]() is owner and entry[2]() is hold
                            for entries in list(self._enterers.values()) for entry in entries)
 
+    def _hand_hold(self, owner: object) -> Hold | None:
+        """For an exit no block's record claimed (``__exit__`` called by hand):
+        ``owner``'s innermost hold with an acquisition no open block of
+        ``owner``'s made (``__enter__()`` by hand, ``acquire()``); None when
+        each of its holds is only its open blocks' (the exit ends none).
+
+        It took the innermost hold, a block's, and ended it under the
+        block's body (review 8)::
+
+            job A      R.__enter__(): H1 ... its lease runs out
+            with R:    H2 (H1 lost: not joined), its block recorded
+                job A's stop: R.__exit__() ended H2 under the body
+            rival      acquires: two holders
+
+        Now it takes H1 (``LockLost``: lapsed), and H2 stays the block's."""
+        mine = self._mine(owner)
+        if not mine:
+            return None
+        with _enterers_guard:
+            blocks: dict[int, int] = {}
+            for entries in list(self._enterers.values()):
+                for entry in entries:
+                    hold = entry[2]()
+                    if hold is not None and entry[0]() is owner:
+                        blocks[id(hold)] = blocks.get(id(hold), 0) + 1
+        for at in range(len(mine) - 1, -1, -1):
+            hold = mine[at]
+            if sum(held is hold for held in mine) > blocks.get(id(hold), 0):
+                return hold
+        return None
+
     def _busy(self) -> LockNotAcquired:
         return LockNotAcquired(f"lock {self.name!r} is busy: not acquired within "
                                f"{'no' if self.timeout is None else format(self.timeout, 'g')} s",
@@ -700,7 +731,8 @@ class ReentrantLock(ReentrantBase):
                     return owner, None
                 return None, None
             return enterer, hold
-        return (owner, None) if self._mine(owner) else (None, None)
+        hand = self._hand_hold(owner)
+        return (owner, hand) if hand is not None else (None, None)
 
 
 class AsyncReentrantLock(ReentrantBase):
@@ -951,10 +983,14 @@ class AsyncReentrantLock(ReentrantBase):
         task = _task_owner()
         if task is None:
             return None, None
-        if self._entered.get(task):
-            return self._left(task), None
-        if self._mine(task):  # entered otherwise (``__aenter__`` called by hand)
-            return task, None
+        if self._entered.get(task) or self._mine(task):
+            # An ``__aexit__`` called by hand (or a block's whose record went):
+            # a hold of the task's that no open block of its is on, never
+            # a block's (see ReentrantLock._hand_hold).
+            hand = self._hand_hold(task)
+            if self._entered.get(task):
+                self._left(task)
+            return (task, hand) if hand is not None else (None, None)
         if task in self._acquirers:  # a task of its own (see :meth:`_releasing_owner`)
             return None, None
         holder, _ = self._awaited_by(task, _runs_alone(task, frame))
