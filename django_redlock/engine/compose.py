@@ -22,6 +22,7 @@ the driver holds that subscription for the call and closes it at its end.
 
 from __future__ import annotations
 
+import threading
 from types import EllipsisType, TracebackType
 from typing import Any, Generator, NamedTuple, Sequence, TypeVar, Union
 
@@ -271,14 +272,85 @@ SC = TypeVar("SC", bound="Composed")
 AC = TypeVar("AC", bound="AsyncComposed")
 
 
+#: Guards every composite's entry records (a few list operations, nothing
+#: else taken under it; reentrant: a collection inside may run an exit).
+_entries_guard = threading.RLock()
+#: Past this many open entries of one object, the oldest whose hold ended
+#: goes, counted (see Composite._take_entry).
+ENTRIES_KEPT = 1024
+
+
 class Composite:
     """A primitive made of plain locks: its rules, which each subclass states.
 
     :class:`Composed` and :class:`AsyncComposed` turn them into the public
     methods (``acquire``, ``release``, ``extend``, the context manager), so a
-    new composite writes its rules once and gets both flavours."""
+    new composite writes its rules once and gets both flavours.
+
+    An entry (a ``with`` block, ``__enter__()`` by hand) ends only the hold it
+    entered. Its exit released whatever the object held, and a hold released
+    by hand before the exit was another holder's by then (review 8)::
+
+        thread A   sem.__enter__(); sem.release()   (or: with sem: sem.release() ...)
+        thread B   with sem: a permit, anew
+        thread A   sem.__exit__(): released B's permit
+        rival      acquires: two holders, B still inside
+
+    So each entry records the object's generation (``_generation``: one
+    more at every ``release()``), and an exit whose entry's generation is
+    past ends nothing. An exit cannot tell which entry it is for; it takes
+    an entry whose hold ended before one on the current hold (taking the
+    current one for an ended one ended a holder's hold under it; the other
+    way round only leaves the current hold to the next exit). A composite
+    is never entered again while it holds, so at most one open entry is on
+    the current hold. A hold taken by ``acquire()`` inside an entry whose
+    hold was released is its taker's to release."""
 
     _locks: list[Any]
+    #: One more at every release(): the holds entries were made on.
+    _generation = 0
+    #: The open entries' generations, oldest first (None: none yet).
+    _entries: "list[int] | None" = None
+    #: Entries whose hold ended, dropped past ENTRIES_KEPT: their exits take these.
+    _entries_dropped = 0
+
+    def _hold_ends(self) -> None:
+        """A release begins: the entries on the hold it ends have nothing left to end."""
+        with _entries_guard:
+            self._generation += 1
+
+    def _push_entry(self) -> None:
+        """An entry was made on the hold just granted."""
+        with _entries_guard:
+            entries = self._entries
+            if entries is None:
+                entries = self._entries = []
+            entries.append(self._generation)
+            if len(entries) > ENTRIES_KEPT:
+                ended = [at for at, generation in enumerate(entries)
+                         if generation != self._generation]
+                if ended:
+                    del entries[ended[0]]
+                    self._entries_dropped += 1
+
+    def _take_entry(self) -> bool:
+        """For an exit: whether it ends the current hold (False: its entry's
+        hold ended already, nothing left to end). Takes an entry whose hold
+        ended first, the oldest; then the current hold's; with none recorded
+        (an exit with no entry), the current hold, as before."""
+        with _entries_guard:
+            entries = self._entries
+            current = self._generation
+            for at, generation in enumerate(entries or ()):
+                if generation != current:
+                    del entries[at]  # type: ignore[union-attr]
+                    return False
+            if self._entries_dropped:
+                self._entries_dropped -= 1
+                return False
+            if entries:
+                entries.pop()
+            return True
 
     @property
     def metrics_label(self) -> str | None:
@@ -326,6 +398,7 @@ class Composed(Composite):
 
     def release(self) -> None:
         """Release what is held; ``LockLost`` afterwards if a lock was lost."""
+        self._hold_ends()
         run(self._locks, self._release_plan())
 
     def extend(self, ttl: float | EllipsisType = ...) -> None:
@@ -336,11 +409,12 @@ class Composed(Composite):
     def __enter__(self: SC) -> SC:
         if not self.acquire():
             raise self._busy()
+        self._push_entry()
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if self._holding():
+        if self._take_entry() and self._holding():
             try:
                 self.release()
             except LockLost as lost:
@@ -357,6 +431,7 @@ class AsyncComposed(Composite):
         return bool(await arun(self._locks, self._acquire_plan(self._wait(blocking, timeout))))
 
     async def release(self) -> None:
+        self._hold_ends()
         await arun(self._locks, self._release_plan())
 
     async def extend(self, ttl: float | EllipsisType = ...) -> None:
@@ -366,11 +441,12 @@ class AsyncComposed(Composite):
     async def __aenter__(self: AC) -> AC:
         if not await self.acquire():
             raise self._busy()
+        self._push_entry()
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        if self._holding():
+        if self._take_entry() and self._holding():
             try:
                 await self.release()
             except LockLost as lost:

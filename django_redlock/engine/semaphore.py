@@ -519,6 +519,7 @@ class Semaphore(SemaphoreBase, compose.Composed):
 
     def release(self) -> None:
         """Release the permit held; ``LockLost`` afterwards if it was lost."""
+        self._hold_ends()
         self._run(self._release_plan())
 
     def extend(self, ttl: float | EllipsisType = ...) -> None:
@@ -595,6 +596,7 @@ class AsyncSemaphore(SemaphoreBase, compose.AsyncComposed):
         return bool(await self._arun(self._acquire_plan(self._wait(blocking, timeout))))
 
     async def release(self) -> None:
+        self._hold_ends()
         await self._arun(self._release_plan())
 
     async def extend(self, ttl: float | EllipsisType = ...) -> None:
