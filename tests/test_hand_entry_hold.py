@@ -1619,7 +1619,7 @@ def test_a_grant_during_an_exits_walk_is_not_taken_for_a_lapsed_entry(
 
 
 # -- review 8: a reentrant lock's exit by hand -------------------------------------------------
-class _Job:
+class _StartStop:
     """A job that enters the lock when it starts and leaves it when it stops."""
 
     def __init__(self, lock: Any) -> None:
@@ -1643,7 +1643,7 @@ def test_a_reentrant_exit_by_hand_leaves_a_with_blocks_new_hold_alone(
     mgr = make_manager(nodes3)
     lock = mgr.lock("re-hand-exit", ttl=_TTL, auto_renew=False, reentrant=True)
     rival = make_manager(nodes3).lock("re-hand-exit", ttl=5)
-    job = _Job(lock)
+    job = _StartStop(lock)
     job.start()
     time.sleep(_TTL + 0.1)
     seen: dict[str, Any] = {}
@@ -1707,7 +1707,7 @@ def test_a_reentrant_entry_by_hand_joined_by_a_with_block_is_released_by_the_las
     the last: the hold is released, not left renewed."""
     mgr = make_manager(nodes3)
     lock = mgr.lock("re-hand-joined", ttl=5, reentrant=True)
-    job = _Job(lock)
+    job = _StartStop(lock)
     job.start()
     with lock:
         job.stop()
