@@ -602,6 +602,41 @@ def test_uncontended_acquire_release_waits_once_per_round_trip(
     assert turns <= 20 * turns_per_op() + 2, turns / 20
 
 
+@pytest.mark.parametrize("count", [3, 5])
+def test_a_settled_round_reads_its_replies_without_a_task_per_node(
+        count: int, redis_nodes_factory: Callable[..., RedisNodes],
+        make_manager: MakeManager) -> None:
+    """Issue 23: a round over several nodes returns once its outcome is known
+    and reads the other replies after it; it read each reply in a task of
+    its own, 2 x ``count`` tasks per acquire + release (at 5 nodes, with
+    ``asyncio.wait`` over them, half of the instructions). The replies are
+    now read by steps run from the streams' own wake-ups. What is left is a
+    task for a release sent behind an acquire's reply still on its way
+    (timing: at most one per node), so the bound is ``count`` per operation,
+    under the ``2 x count`` a task per node made."""
+    mgr = make_manager(redis_nodes_factory(count), auto_renew=False)
+    made = 0
+
+    def counting(loop: asyncio.AbstractEventLoop, coro: Any, **kwargs: Any) -> Any:
+        nonlocal made
+        made += 1
+        return asyncio.Task(coro, loop=loop, **kwargs)
+
+    async def ops(times: int) -> None:
+        for _ in range(times):
+            lock = mgr.alock("task-count", ttl=5)
+            assert await lock.acquire(timeout=2)
+            await lock.release()
+
+    async def scenario() -> None:
+        await ops(5)  # connections opened, scripts loaded
+        asyncio.get_running_loop().set_task_factory(counting)
+        await ops(40)
+
+    asyncio.run(scenario())
+    assert made <= 40 * count, made / 40
+
+
 @pytest.mark.parametrize("count", [1, 3])
 def test_a_cancelled_release_ends_within_the_node_timeout(
         redis_nodes_factory: Callable[..., RedisNodes], make_manager: MakeManager,
