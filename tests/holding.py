@@ -6,12 +6,23 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
+import redis
+
 from django_redlock.testing import RedisNodes
 
 
 def holders(nodes: RedisNodes, key: str) -> int:
     """How many of ``nodes`` hold ``key``."""
     return sum(bool(server.client().exists(key)) for server in nodes)
+
+
+def lock_keys(url: str) -> list[bytes]:
+    """The lock keys on the node at ``url`` (not the waiter lines)."""
+    client = redis.Redis.from_url(url)
+    try:
+        return [k for k in client.keys("redlock:*") if not k.endswith(b":waiters")]
+    finally:
+        client.close()
 
 
 def run_threads(*targets: Callable[[], None]) -> None:

@@ -16,11 +16,10 @@ from __future__ import annotations
 import asyncio
 from typing import Any, Callable
 
-import redis
-
 from django_redlock.testing import FaultProxy, RedisNodes
 from django_redlock.transport.resp import ACQUIRE, Command
 from django_redlock.transport.sync import NOT_AWAITED, Settle
+from tests.holding import lock_keys
 from tests.polling import wait_until
 
 
@@ -80,12 +79,20 @@ def test_requests_sent_behind_one_reply_left_behind_are_read_in_turn(
     asyncio.run(scenario())
 
 
-def _lock_keys(url: str) -> list[bytes]:
-    client = redis.Redis.from_url(url)
-    try:
-        return [k for k in client.keys("redlock:*") if not k.endswith(b":waiters")]
-    finally:
-        client.close()
+def _slow_first(nodes3: RedisNodes, make_manager: Callable[..., Any],
+                fault_proxy_factory: Callable[..., FaultProxy]) -> tuple[FaultProxy, Any]:
+    """A manager on three nodes, the first behind a latency proxy (none yet)."""
+    proxy = fault_proxy_factory(nodes3[0])
+    return proxy, make_manager([proxy.url, nodes3[1].url, nodes3[2].url], node_timeout=2.0,
+                               auto_renew=False)
+
+
+async def _idle_then_slow(mgr: Any, proxy: FaultProxy, latency: float) -> None:
+    """Connections opened and idle on every node; then node 0 slow."""
+    async with mgr.alock("warm"):
+        pass
+    await asyncio.sleep(0.1)  # every reply read: each node's connection idle
+    proxy.set_latency(latency)
 
 
 def test_replies_left_behind_that_meet_a_flushed_script_cache_are_run_again(
@@ -100,9 +107,7 @@ def test_replies_left_behind_that_meet_a_flushed_script_cache_are_run_again(
     release now goes again in a round of its own (the sync transport sends
     an owed release again too). Fences stay in order, and nothing is left
     on any node."""
-    proxy = fault_proxy_factory(nodes3[0])
-    mgr = make_manager([proxy.url, nodes3[1].url, nodes3[2].url], node_timeout=2.0,
-                       auto_renew=False)
+    proxy, mgr = _slow_first(nodes3, make_manager, fault_proxy_factory)
     direct = nodes3[0].client()
 
     async def scenario() -> list[int]:
@@ -121,8 +126,8 @@ def test_replies_left_behind_that_meet_a_flushed_script_cache_are_run_again(
 
     fences = asyncio.run(scenario())
     assert fences == sorted(fences) and len(set(fences)) == 5, fences
-    assert wait_until(lambda: _lock_keys(nodes3[0].url) == [], timeout=3.0), \
-        f"a release never ran on node 0: {_lock_keys(nodes3[0].url)}"
+    assert wait_until(lambda: lock_keys(nodes3[0].url) == [], timeout=3.0), \
+        f"a release never ran on node 0: {lock_keys(nodes3[0].url)}"
 
 
 def test_a_reply_left_behind_whose_connection_a_loops_end_closed_says_nothing_of_its_node(
@@ -136,15 +141,10 @@ def test_a_reply_left_behind_whose_connection_a_loops_end_closed_says_nothing_of
     loop's rounds skipped it ("failed recently"), and a release there left
     the lock on node 0 for its whole lease (a multi-lock test saw it, 1 run
     in 9)."""
-    proxy = fault_proxy_factory(nodes3[0])
-    mgr = make_manager([proxy.url, nodes3[1].url, nodes3[2].url], node_timeout=2.0,
-                       auto_renew=False)
+    proxy, mgr = _slow_first(nodes3, make_manager, fault_proxy_factory)
 
     async def first_loop() -> None:
-        async with mgr.alock("warm"):
-            pass
-        await asyncio.sleep(0.1)  # every reply read: each node's connection idle
-        proxy.set_latency(0.3)
+        await _idle_then_slow(mgr, proxy, 0.3)
         lock = mgr.alock("left-behind", ttl=30)
         assert await lock.acquire(timeout=1)  # node 0's reply: left behind
         await lock.release()  # behind it on node 0, in a task
@@ -167,8 +167,8 @@ def test_a_reply_left_behind_whose_connection_a_loops_end_closed_says_nothing_of
         return [mgr.nodes[i].backing_off(mgr.clock()) for i in range(3)]
 
     assert asyncio.run(second_loop()) == [False, False, False]
-    assert wait_until(lambda: _lock_keys(nodes3[0].url) == [], timeout=3.0), \
-        _lock_keys(nodes3[0].url)
+    assert wait_until(lambda: lock_keys(nodes3[0].url) == [], timeout=3.0), \
+        lock_keys(nodes3[0].url)
 
 
 def test_a_connection_left_to_a_task_cancelled_before_it_ran_is_closed(
@@ -184,15 +184,10 @@ def test_a_connection_left_to_a_task_cancelled_before_it_ran_is_closed(
     import gc
     import warnings
 
-    proxy = fault_proxy_factory(nodes3[0])
-    mgr = make_manager([proxy.url, nodes3[1].url, nodes3[2].url], node_timeout=2.0,
-                       auto_renew=False)
+    proxy, mgr = _slow_first(nodes3, make_manager, fault_proxy_factory)
 
     async def scenario() -> None:
-        async with mgr.alock("warm"):
-            pass
-        await asyncio.sleep(0.1)  # every reply read: each node's connection idle
-        proxy.set_latency(0.2)
+        await _idle_then_slow(mgr, proxy, 0.2)
         lock = mgr.alock("orphan", ttl=30)
         assert await lock.acquire(timeout=1)  # node 0's reply: left behind
         release = asyncio.ensure_future(lock.release())

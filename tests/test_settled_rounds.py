@@ -18,6 +18,7 @@ import redis
 from django_redlock.core.keys import fence_key
 from django_redlock.testing import FaultProxy, RedisNodes
 from django_redlock.transport.resp import ACQUIRE, RELEASE
+from tests.holding import lock_keys
 from tests.polling import run_in_threads, wait_until
 
 MakeManager = Callable[..., Any]
@@ -60,14 +61,6 @@ def _our_connections(url: str) -> int:
         client.close()
 
 
-def _lock_keys(url: str) -> list[bytes]:
-    client = redis.Redis.from_url(url)
-    try:
-        return [k for k in client.keys("redlock:*") if not k.endswith(b":waiters")]
-    finally:
-        client.close()
-
-
 def test_a_paused_node_costs_an_acquire_nothing(
         redis_nodes_factory: Callable[..., RedisNodes], make_manager: MakeManager) -> None:
     nodes = redis_nodes_factory(3)
@@ -97,8 +90,8 @@ def test_a_paused_node_costs_an_acquire_nothing(
         nodes[2].resume()
     # The resumed node ran what it had received in order, each acquire before
     # its release: no copy of the lock is left behind on it.
-    assert wait_until(lambda: _lock_keys(nodes[2].url) == [], timeout=3.0), \
-        _lock_keys(nodes[2].url)
+    assert wait_until(lambda: lock_keys(nodes[2].url) == [], timeout=3.0), \
+        lock_keys(nodes[2].url)
     # And it serves again once its back-off is over.
     assert wait_until(lambda: not mgr.nodes[2].backing_off(time.monotonic()), timeout=3.0)
     with mgr.lock("paused") as held:
@@ -128,7 +121,7 @@ def test_a_slow_node_is_read_later_and_never_misread(
     proxy.set_latency(0.0)
     # Node 0 ran every request in the order sent: no lock is left on any node.
     for url in (nodes[0].url, nodes[1].url, nodes[2].url):
-        assert wait_until(lambda u=url: _lock_keys(u) == [], timeout=3.0), _lock_keys(url)
+        assert wait_until(lambda u=url: lock_keys(u) == [], timeout=3.0), lock_keys(url)
 
 
 def test_new_connections_load_the_scripts_first(
@@ -168,7 +161,7 @@ def test_a_flushed_script_cache_under_an_owed_reply(
                 break
     else:
         pytest.fail("node 0 never granted again after its scripts were flushed")
-    assert wait_until(lambda: _lock_keys(nodes[0].url) == [], timeout=3.0)
+    assert wait_until(lambda: lock_keys(nodes[0].url) == [], timeout=3.0)
     assert int(nodes[0].client().get(fence_key(mgr.key("flushed"))) or 0) >= fences[-1]
 
 
@@ -200,7 +193,7 @@ def test_threads_sharing_a_manager_with_a_slow_node(
     assert fences == sorted(fences) and len(set(fences)) == 240  # in holding order
     proxy.set_latency(0.0)
     for url in (nodes[0].url, nodes[1].url, nodes[2].url):
-        assert wait_until(lambda u=url: _lock_keys(u) == [], timeout=3.0), _lock_keys(url)
+        assert wait_until(lambda u=url: lock_keys(u) == [], timeout=3.0), lock_keys(url)
         assert _our_connections(url) <= 6 + 2  # a thread's worth each, plus listeners
 
 
