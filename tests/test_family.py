@@ -1996,18 +1996,23 @@ def test_a_generator_closed_in_another_thread_as_its_owner_ends_the_hold_raises_
         A   with L: L.release(); g = rows(); next(g)   # g's block on H2
         B   g.close(): claims g's entry, H2 is A's
         A   leaves its outer block: no open block on H2: ends H2
-        B   leaves H2: LockNotOwned out of close()"""
+        B   leaves H2: LockNotOwned out of close()
+
+    Since review 9 the claim and the leave are one section of the entries'
+    guard (a hand exit counted a claimed block as gone between them): A's
+    exit now waits for B's. B pauses inside that section here, while A
+    tries to leave; the outcome asked for is the same."""
     lock, _ = _reentrant_and_rival(nodes3, make_manager, "re-claim-race")
     claimed, a_done, go = threading.Event(), threading.Event(), threading.Event()
-    leave = lock._leave
+    leave = lock._leave_mine
 
     def slow_in_b(*args: Any) -> Any:
         if threading.current_thread().name == "B":
-            claimed.set()  # B decided to end A's H2; A's exit runs now
-            assert a_done.wait(5)
+            claimed.set()  # B decided to end A's H2; A's exit tries to run now
+            a_done.wait(0.5)  # it cannot end before B's leave: a bounded pause
         return leave(*args)
 
-    lock._leave = slow_in_b  # type: ignore[method-assign]
+    lock._leave_mine = slow_in_b  # type: ignore[method-assign]
     gens: list[Any] = []
     seen: dict[str, Any] = {}
 

@@ -1714,3 +1714,124 @@ def test_a_reentrant_entry_by_hand_joined_by_a_with_block_is_released_by_the_las
         assert _holders(nodes3, lock.key) == 3  # the block's acquisition is left
     assert _holders(nodes3, lock.key) == 0
     assert not lock.owned()
+
+
+def test_a_reentrant_exit_by_hand_in_a_with_blocks_own_frame_leaves_the_block_its_hold(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """As above, but the job's stop runs in the block's own frame: the
+    ``__exit__`` by hand found the block's record in its frame, claimed it,
+    and ended H2 under the body (review 9). The statement's own exit runs at
+    its line; a call by hand at another line claims no record."""
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("re-hand-same-frame", ttl=_TTL, auto_renew=False, reentrant=True)
+    rival = make_manager(nodes3).lock("re-hand-same-frame", ttl=5)
+    lock.__enter__()  # a job's start, by hand: H1
+    time.sleep(_TTL + 0.1)
+    seen: dict[str, Any] = {}
+    with lock:  # H2
+        lock.extend(5)
+        try:
+            lock.__exit__(None, None, None)  # the job's stop, in this frame
+            seen["stop"] = "quiet"
+        except LockLost:
+            seen["stop"] = "LockLost"
+        seen["held on"] = _holders(nodes3, lock.key)
+        seen["rival got in"] = rival.acquire(timeout=0)
+        if seen["rival got in"]:
+            rival.release()
+    assert seen == {"stop": "LockLost", "held on": 3, "rival got in": False}
+    assert _holders(nodes3, lock.key) == 0
+
+
+def test_an_async_reentrant_exit_by_hand_in_an_async_with_blocks_own_frame_leaves_its_hold(
+        nodes3: RedisNodes, make_manager: MakeManager) -> None:
+    """The asyncio twin of the test above."""
+    mgr = make_manager(nodes3)
+    rival = make_manager(nodes3).lock("re-hand-same-aframe", ttl=5)
+    seen: dict[str, Any] = {}
+
+    async def scenario() -> None:
+        lock = mgr.alock("re-hand-same-aframe", ttl=_TTL, auto_renew=False, reentrant=True)
+        await lock.__aenter__()
+        await asyncio.sleep(_TTL + 0.1)
+        async with lock:
+            await lock.extend(5)
+            try:
+                await lock.__aexit__(None, None, None)
+                seen["stop"] = "quiet"
+            except LockLost:
+                seen["stop"] = "LockLost"
+            seen["held on"] = _holders(nodes3, lock.key)
+            seen["rival got in"] = rival.acquire(timeout=0)
+            if seen["rival got in"]:
+                rival.release()
+
+    asyncio.run(scenario())
+    assert seen == {"stop": "LockLost", "held on": 3, "rival got in": False}
+    assert _holders(nodes3, mgr.key("re-hand-same-aframe")) == 0
+
+
+def test_a_reentrant_exit_by_hand_during_another_threads_claim_leaves_the_block_its_hold(
+        nodes3: RedisNodes, make_manager: MakeManager, monkeypatch: pytest.MonkeyPatch) -> None:
+    """H1 entered by hand lapses; a generator's ``with R:`` takes H2, and
+    this thread's ``with R:`` joins it. Thread B closes the generator: its
+    exit claims the generator's record, and before it ends that acquisition
+    this thread's job stop (``__exit__`` by hand) counts H2's blocks: one
+    claimed looked gone, so H2 looked to have an acquisition by hand, the
+    stop took it instead of the lapsed H1, and B's end then released H2
+    under this thread's open block (review 9). The claim and the end are one
+    section now; B pauses between them here."""
+    mgr = make_manager(nodes3)
+    lock = mgr.lock("re-claim-race", ttl=_TTL, auto_renew=False, reentrant=True)
+    rival = make_manager(nodes3).lock("re-claim-race", ttl=5)
+    claimed, close_now = threading.Event(), threading.Event()
+    real = lock._claim_entry_at
+
+    def claim_then_pause(*args: Any) -> Any:
+        found = real(*args)
+        if threading.current_thread().name == "closer" and found is not None:
+            claimed.set()
+            time.sleep(0.3)  # the stop below runs now, unless it waits for this exit
+        return found
+
+    monkeypatch.setattr(lock, "_claim_entry_at", claim_then_pause)
+
+    def rows() -> Iterator[int]:
+        with lock:
+            yield 1
+
+    def stop() -> str:  # the job's stop, from a helper frame
+        try:
+            lock.__exit__(None, None, None)
+            return "quiet"
+        except LockLost:
+            return "LockLost"
+
+    generator = rows()
+
+    def closer() -> None:
+        assert close_now.wait(10)
+        generator.close()
+
+    thread = threading.Thread(target=closer, name="closer")
+    thread.start()
+    seen: dict[str, Any] = {}
+    try:
+        lock.__enter__()  # H1, by hand
+        time.sleep(_TTL + 0.1)
+        next(generator)  # H2, the generator's block
+        lock.extend(5)
+        with lock:  # joins H2
+            close_now.set()
+            assert claimed.wait(10)
+            seen["stop"] = stop()
+            thread.join(20)
+            seen["held on"] = _holders(nodes3, lock.key)
+            seen["rival got in"] = rival.acquire(timeout=0)
+            if seen["rival got in"]:
+                rival.release()
+    finally:
+        close_now.set()
+        thread.join(20)
+    assert seen == {"stop": "LockLost", "held on": 3, "rival got in": False}
+    assert _holders(nodes3, lock.key) == 0

@@ -339,9 +339,11 @@ class ReentrantBase:
         #: entries, innermost last (``with L, L:``, or two nested in one
         #: frame, is two): (the entering owner, weakly; the frame's code,
         #: against a reused id; the hold it entered, weakly: kept, it kept its
-        #: plain lock, renewed after its owner ended). Whose exit an exit is,
-        #: whatever thread or task runs it (:meth:`_claim_entry`).
-        self._enterers: dict[int, list[tuple[weakref.ref[Any], Any, weakref.ref[Hold]]]] = {}
+        #: plain lock, renewed after its owner ended; the statement's line).
+        #: Whose exit an exit is, whatever thread or task runs it
+        #: (:meth:`_claim_entry`).
+        self._enterers: dict[int, list[tuple[weakref.ref[Any], Any, weakref.ref[Hold], int]]] \
+            = {}
         #: owner -> for each ``with`` it is entering (between the acquisition
         #: and the record of the block), how many holds it had before: a
         #: hold pushed past that is the block's, not one taken by hand
@@ -437,6 +439,13 @@ class ReentrantBase:
         on the nodes when it was the last."""
         if owner is ...:
             owner = self._owner()
+        left = self._leave_mine(owner, hold)
+        return left if left is not None and self.manager._reentrant.leave(
+            self.key, owner, left) else None
+
+    def _leave_mine(self, owner: object | None, hold: Hold | None) -> Hold | None:
+        """:meth:`_leave`'s part in this object: the acquisition taken off
+        ``owner``'s list; the hold it was of (None: nothing to leave)."""
         # Under the guard: a block's exit run by another thread (a generator
         # closed there) takes from the enterer's list while the enterer may
         # push or pop on it; between its look and its pop the enterer ended
@@ -454,7 +463,7 @@ class ReentrantBase:
                 if not places:
                     return None  # ended meanwhile by its owner's thread
                 del mine[places[-1]]
-        return hold if self.manager._reentrant.leave(self.key, owner, hold) else None
+        return hold
 
     def _record_entry(self, frame: Any, owner: object) -> None:
         """A ``with`` (``async with``) block was entered by ``owner``, whose
@@ -504,7 +513,7 @@ class ReentrantBase:
             #     thread B     with L: its record pruned the 33 entries
             #     gc (in B)    each rows' exit: no entry: B's hold ended
             #     rival        acquires while B is inside
-            entry = (weakref.ref(owner), caller.f_code, weakref.ref(mine[-1]))
+            entry = (weakref.ref(owner), caller.f_code, weakref.ref(mine[-1]), caller.f_lineno)
             self._enterers.setdefault(id(caller), []).append(entry)
 
     def _claim_entry(self, frame: Any) -> tuple[Any, Hold | None] | None:
@@ -517,12 +526,28 @@ class ReentrantBase:
         caller = frame.f_back if frame is not None else None
         if caller is None:
             return None
-        return self._claim_entry_at(id(caller), caller.f_code)
+        return self._claim_entry_at(id(caller), caller.f_code, caller.f_lineno)
 
-    def _claim_entry_at(self, frame_id: int, code: Any) -> tuple[Any, Hold | None] | None:
-        """:meth:`_claim_entry` for the block frame of id ``frame_id`` running ``code``."""
+    def _claim_entry_at(self, frame_id: int, code: Any,
+                        line: int | None = None) -> tuple[Any, Hold | None] | None:
+        """:meth:`_claim_entry` for the block frame of id ``frame_id`` running
+        ``code``, now at ``line``. An exit at another line than its
+        innermost block's statement is an ``__exit__`` called by hand in
+        that frame, never the statement's own (which runs at its line, 3.10
+        to 3.13, as a plain lock's record tells them apart): it claims
+        nothing, and the block's record stays for the block's exit. It took
+        the record, and ended the block's new hold under its body, while the
+        hand entry's own hold had lapsed (review 9)::
+
+            R.__enter__()           # a job's start, by hand: H1, which lapses
+            with R:                 # H2, recorded for this frame
+                R.__exit__(...)     # the job's stop, same frame: ended H2
+        """
         with _enterers_guard:
             entries = self._enterers.get(frame_id)
+            if entries and line is not None and entries[-1][1] is code \
+                    and entries[-1][3] != line:
+                return None
             entry = entries.pop() if entries else None
             if entries is not None and not entries:
                 self._enterers.pop(frame_id, None)
@@ -590,9 +615,11 @@ class ReentrantBase:
                     hold = entry[2]()
                     if hold is not None and entry[0]() is owner:
                         blocks[id(hold)] = blocks.get(id(hold), 0) + 1
-        for at in range(len(mine) - 1, -1, -1):
-            hold = mine[at]
-            if sum(held is hold for held in mine) > blocks.get(id(hold), 0):
+        acquisitions: dict[int, int] = {}
+        for held in mine:
+            acquisitions[id(held)] = acquisitions.get(id(held), 0) + 1
+        for hold in reversed(mine):
+            if acquisitions[id(hold)] > blocks.get(id(hold), 0):
                 return hold
         return None
 
@@ -658,11 +685,12 @@ class ReentrantLock(ReentrantBase):
         if caller is None:
             return self._exit_at(None, None, exc_type)
         if finalizers.inside():  # run by a collection inside a section: later
-            finalizers.put_off(functools.partial(self._exit_of, caller, exc_type))
+            finalizers.put_off(functools.partial(self._exit_of, caller, exc_type,
+                                                 caller.f_lineno))
             return None
-        return self._exit_at(id(caller), caller.f_code, exc_type)
+        return self._exit_at(id(caller), caller.f_code, exc_type, caller.f_lineno)
 
-    def _exit_of(self, frame: Any, exc_type: type[BaseException] | None) -> None:
+    def _exit_of(self, frame: Any, exc_type: type[BaseException] | None, line: int) -> None:
         """The exit of the ``with`` block in ``frame``, put off until the
         section ends: the frame is held until then, so its id is not another
         block's meanwhile (by id alone, a block entered since in a new frame
@@ -670,24 +698,34 @@ class ReentrantLock(ReentrantBase):
         outside any section runs the exit at once: the tables' counts stay in
         the thread's order (only the signals of the key's release,
         :meth:`Lock.release`, go to the library's thread)."""
-        self._exit_at(id(frame), frame.f_code, exc_type)
+        self._exit_at(id(frame), frame.f_code, exc_type, line)  # (its line at the exit)
 
     def _exit_at(self, frame_id: int | None, code: Any,
-                 exc_type: type[BaseException] | None) -> None:
+                 exc_type: type[BaseException] | None, line: int | None = None) -> None:
         """The exit of the ``with`` block in the frame of id ``frame_id``
-        running ``code`` (None: unknown)."""
-        owner, hold = self._exiting_at(frame_id, code)
-        if owner is None:
-            return  # released inside the block already (or its thread ended: its holds went)
+        running ``code``, now at ``line`` (None: unknown).
+
+        The record's claim and the acquisition's end are one section of the
+        guard: between them, another thread's exit by hand counted the
+        claimed block as gone (``_hand_hold``), took the block's hold for a
+        hand entry's, and the claim's own end then released it under the
+        block still open on it (review 9)."""
+        with _enterers_guard:
+            owner, hold = self._exiting_at(frame_id, code, line)
+            if owner is None:
+                return  # released inside the block already (or its thread ended: its holds went)
+            left = self._leave_mine(owner, hold)
+        # (The hold table's own guard outside this section: a collection
+        # inside the table runs exits that take this guard.)
         try:
-            released = self._leave(owner, hold)
-            if released is not None:
-                released.lock.release()
+            if left is not None and self.manager._reentrant.leave(self.key, owner, left):
+                left.lock.release()
         except LockLost:
             if exc_type is None:
                 raise
 
-    def _exiting_at(self, frame_id: int | None, code: Any) -> tuple[object | None, Hold | None]:
+    def _exiting_at(self, frame_id: int | None, code: Any,
+                    line: int | None = None) -> tuple[object | None, Hold | None]:
         """Whose ``with`` this exit ends, and its hold (the block's frame: of
         id ``frame_id``, running ``code``; None: unknown): the thread's that
         entered it in this very frame (recorded by ``__enter__``), whatever
@@ -710,7 +748,7 @@ class ReentrantLock(ReentrantBase):
 
         The asyncio twin is matched the same way
         (:meth:`AsyncReentrantLock._exiting_owner`)."""
-        claimed = self._claim_entry_at(frame_id, code) if frame_id is not None else None
+        claimed = self._claim_entry_at(frame_id, code, line) if frame_id is not None else None
         owner = self._owner()
         if claimed is not None:
             enterer, hold = claimed
