@@ -147,3 +147,70 @@ def test_a_with_block_still_releases_what_it_entered(
     assert obj.acquire()
     obj.__exit__(None, None, None)
     assert [holders(nodes3, key) for key in keys] == [0] * len(keys)
+
+
+@pytest.mark.parametrize("window", ["_push_entry", "_take_entry"])
+@pytest.mark.parametrize("kind", ["semaphore", "multi-lock", "segments"])
+def test_a_release_by_another_thread_around_an_entry_leaves_a_third_threads_hold_alone(
+        kind: str, window: str, nodes3: RedisNodes, make_manager: MakeManager,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Thread A's ``with obj:`` pauses between its grant and its record
+    (``_push_entry``), or between its exit's choice and its release
+    (``_take_entry``); meanwhile thread C releases A's hold by hand and
+    thread D enters. A's entry recorded D's grant, or A's exit found the
+    object held and released, and D's hold went under it (review 9). The
+    entry records the number its grant returned, and a release checks that
+    number with the held state, in one section."""
+    mgr = make_manager(nodes3)
+    name = f"composite-window-{kind}-{window}"
+    obj = _make(kind, mgr, name)
+    rival = _make(kind, make_manager(nodes3), name)
+    paused, go, d_in, a_left = (threading.Event() for _ in range(4))
+    real = getattr(obj, window)
+
+    def pausing(*args: Any) -> Any:
+        if threading.current_thread().name != "A":
+            return real(*args)
+        if window == "_push_entry":
+            paused.set()
+            assert go.wait(10)
+            return real(*args)
+        result = real(*args)
+        paused.set()
+        assert go.wait(10)
+        return result
+
+    monkeypatch.setattr(obj, window, pausing)
+    seen: dict[str, Any] = {}
+
+    def thread_a() -> None:
+        with obj:
+            pass
+        a_left.set()
+
+    def thread_d() -> None:
+        with obj:
+            d_in.set()
+            assert a_left.wait(10)
+            seen["D holds"] = obj._holding()
+            seen["held on"] = [holders(nodes3, key) for key in _keys(kind, mgr, name)]
+            seen["rival got in"] = rival.acquire(timeout=0)
+            if seen["rival got in"]:
+                rival.release()
+
+    a = threading.Thread(target=thread_a, name="A")
+    a.start()
+    try:
+        assert paused.wait(10)
+        obj.release()  # thread C (this one): A's hold, by hand
+        d = threading.Thread(target=thread_d, name="D")
+        d.start()
+        assert d_in.wait(10)
+    finally:
+        go.set()
+    a.join(20)
+    d.join(20)
+    assert not a.is_alive() and not d.is_alive()
+    keys = _keys(kind, mgr, name)
+    assert seen == {"D holds": True, "held on": [3] * len(keys), "rival got in": False}
+    assert [holders(nodes3, key) for key in keys] == [0] * len(keys)

@@ -296,61 +296,89 @@ class Composite:
         thread A   sem.__exit__(): released B's permit
         rival      acquires: two holders, B still inside
 
-    So each entry records the object's generation (``_generation``: one
-    more at every ``release()``), and an exit whose entry's generation is
-    past ends nothing. An exit cannot tell which entry it is for; it takes
-    an entry whose hold ended before one on the current hold (taking the
-    current one for an ended one ended a holder's hold under it; the other
-    way round only leaves the current hold to the next exit). A composite
-    is never entered again while it holds, so at most one open entry is on
-    the current hold. A hold taken by ``acquire()`` inside an entry whose
-    hold was released is its taker's to release."""
+    So every grant has a number (``_grant_no``), taken with the held state
+    in one section of the guard (``_grant``, called by the acquire plans),
+    and every release that begins marks the current one ended
+    (``_ended_no``, with the state, in the release plans: ``_release_begins``).
+    An entry records its grant's number, from the acquire plan's own return;
+    its exit ends that grant or nothing. Review 9 showed why both ends must
+    be one section each: read after the acquire returned, or checked before
+    the release began, another thread's release and a third thread's grant
+    fitted between, and the exit ended the third thread's hold::
+
+        thread A   with obj: granted ... (C's release, D's with: granted) ... recorded D's
+        thread A   leaves: released D's hold while D was inside
+
+    An exit cannot tell which entry it is for: it takes an entry whose hold
+    ended before one on the current hold (taking the current one for an
+    ended one ended a holder's hold under it; the other way round only
+    leaves the current hold to the next exit). A composite is never entered
+    again while it holds, so at most one open entry is on the current hold.
+    A hold taken by ``acquire()`` inside an entry whose hold was released is
+    its taker's to release."""
 
     _locks: list[Any]
-    #: One more at every release(): the holds entries were made on.
-    _generation = 0
-    #: The open entries' generations, oldest first (None: none yet).
+    #: The number of the latest grant (taken with the held state: _grant).
+    _grant_no = 0
+    #: The latest grant whose release began (with the state: _release_begins).
+    _ended_no = 0
+    #: The open entries' grant numbers, oldest first (None: none yet).
     _entries: "list[int] | None" = None
     #: Entries whose hold ended, dropped past ENTRIES_KEPT: their exits take these.
     _entries_dropped = 0
 
-    def _hold_ends(self) -> None:
-        """A release begins: the entries on the hold it ends have nothing left to end."""
+    def _grant(self, attr: str, value: Any) -> int:
+        """Hold: set ``attr`` (the acquire plan's held state) to ``value``,
+        and number the grant, in one section; the plan returns the number
+        (truthy: ``acquire()`` returns it as True)."""
         with _entries_guard:
-            self._generation += 1
+            setattr(self, attr, value)
+            self._grant_no += 1
+            return self._grant_no
 
-    def _push_entry(self) -> None:
-        """An entry was made on the hold just granted."""
+    def _release_begins(self, grant: int | None) -> bool:
+        """Called by a release plan under the guard, with its check of the
+        held state and its change of it: whether this release may end the
+        current hold (``grant`` None: ``release()``; else the exit's entry's
+        grant, which must be the current one, not ended yet)."""
+        if grant is not None and (grant != self._grant_no or grant <= self._ended_no):
+            return False
+        self._ended_no = self._grant_no
+        return True
+
+    def _live(self, grant: int) -> bool:
+        return grant == self._grant_no and grant > self._ended_no
+
+    def _push_entry(self, grant: int) -> None:
+        """An entry was made on grant number ``grant``."""
         with _entries_guard:
             entries = self._entries
             if entries is None:
                 entries = self._entries = []
-            entries.append(self._generation)
+            entries.append(grant)
             if len(entries) > ENTRIES_KEPT:
-                ended = [at for at, generation in enumerate(entries)
-                         if generation != self._generation]
+                ended = [at for at, made in enumerate(entries) if not self._live(made)]
                 if ended:
                     del entries[ended[0]]
                     self._entries_dropped += 1
 
-    def _take_entry(self) -> bool:
-        """For an exit: whether it ends the current hold (False: its entry's
-        hold ended already, nothing left to end). Takes an entry whose hold
-        ended first, the oldest; then the current hold's; with none recorded
-        (an exit with no entry), the current hold, as before."""
+    def _take_entry(self) -> "int | None | bool":
+        """For an exit: the grant it ends (False: its entry's hold ended
+        already, nothing to end; None: no entry recorded, an exit with no
+        entry: the current hold, as before). Takes an entry whose hold ended
+        first, the oldest; then the current hold's."""
         with _entries_guard:
             entries = self._entries
-            current = self._generation
-            for at, generation in enumerate(entries or ()):
-                if generation != current:
+            for at, made in enumerate(entries or ()):
+                if not self._live(made):
                     del entries[at]  # type: ignore[union-attr]
                     return False
             if self._entries_dropped:
                 self._entries_dropped -= 1
                 return False
             if entries:
-                entries.pop()
-            return True
+                return entries.pop()
+            return None
 
     @property
     def metrics_label(self) -> str | None:
@@ -374,7 +402,9 @@ class Composite:
     def _acquire_plan(self, wait: float | None) -> Plan:
         raise NotImplementedError
 
-    def _release_plan(self) -> Plan:
+    def _release_plan(self, grant: int | None = None) -> Plan:
+        """Its first step checks the held state, ``_release_begins(grant)``
+        and changes the state, in one section of ``_entries_guard``."""
         raise NotImplementedError
 
     def _holding(self) -> bool:
@@ -394,12 +424,21 @@ class Composed(Composite):
 
     def acquire(self, blocking: bool = True, timeout: float | None | EllipsisType = ...) -> bool:
         """True when held within ``timeout``; False (nothing held) when the wait ran out."""
-        return bool(run(self._locks, self._acquire_plan(self._wait(blocking, timeout))))
+        return bool(self._acquire_grant(blocking, timeout))
 
     def release(self) -> None:
         """Release what is held; ``LockLost`` afterwards if a lock was lost."""
-        self._hold_ends()
-        run(self._locks, self._release_plan())
+        self._release_grant(None)
+
+    def _acquire_grant(self, blocking: bool = True,
+                       timeout: float | None | EllipsisType = ...) -> Any:
+        """The grant's number (see Composite), or False."""
+        return run(self._locks, self._acquire_plan(self._wait(blocking, timeout)))
+
+    def _release_grant(self, grant: int | None) -> None:
+        """Release grant ``grant`` (None: what is held); ``LockNotOwned``
+        when it is not the current one."""
+        run(self._locks, self._release_plan(grant))
 
     def extend(self, ttl: float | EllipsisType = ...) -> None:
         """Extend what is held (see :meth:`Lock.extend`)."""
@@ -407,20 +446,25 @@ class Composed(Composite):
             lock.extend(ttl)
 
     def __enter__(self: SC) -> SC:
-        if not self.acquire():
+        grant = self._acquire_grant()
+        if not grant:
             raise self._busy()
-        self._push_entry()
+        self._push_entry(grant)
         return self
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                  tb: TracebackType | None) -> None:
-        if self._take_entry() and self._holding():
-            try:
-                self.release()
-            except LockLost as lost:
-                if exc_type is None:
-                    raise
-                _lost_in_failed_body(lost, exc_type)
+        grant = self._take_entry()
+        if grant is False:
+            return  # its hold ended already (released by hand): nothing to end
+        try:
+            self._release_grant(grant)
+        except LockNotOwned:
+            pass  # not held, or its hold ended meanwhile: nothing to end
+        except LockLost as lost:
+            if exc_type is None:
+                raise
+            _lost_in_failed_body(lost, exc_type)
 
 
 class AsyncComposed(Composite):
@@ -428,28 +472,39 @@ class AsyncComposed(Composite):
 
     async def acquire(self, blocking: bool = True,
                       timeout: float | None | EllipsisType = ...) -> bool:
-        return bool(await arun(self._locks, self._acquire_plan(self._wait(blocking, timeout))))
+        return bool(await self._acquire_grant(blocking, timeout))
 
     async def release(self) -> None:
-        self._hold_ends()
-        await arun(self._locks, self._release_plan())
+        await self._release_grant(None)
+
+    async def _acquire_grant(self, blocking: bool = True,
+                             timeout: float | None | EllipsisType = ...) -> Any:
+        return await arun(self._locks, self._acquire_plan(self._wait(blocking, timeout)))
+
+    async def _release_grant(self, grant: int | None) -> None:
+        await arun(self._locks, self._release_plan(grant))
 
     async def extend(self, ttl: float | EllipsisType = ...) -> None:
         for lock in self._extend_targets():
             await lock.extend(ttl)
 
     async def __aenter__(self: AC) -> AC:
-        if not await self.acquire():
+        grant = await self._acquire_grant()
+        if not grant:
             raise self._busy()
-        self._push_entry()
+        self._push_entry(grant)
         return self
 
     async def __aexit__(self, exc_type: type[BaseException] | None, exc: BaseException | None,
                         tb: TracebackType | None) -> None:
-        if self._take_entry() and self._holding():
-            try:
-                await self.release()
-            except LockLost as lost:
-                if exc_type is None:
-                    raise
-                _lost_in_failed_body(lost, exc_type)
+        grant = self._take_entry()
+        if grant is False:
+            return
+        try:
+            await self._release_grant(grant)
+        except LockNotOwned:
+            pass
+        except LockLost as lost:
+            if exc_type is None:
+                raise
+            _lost_in_failed_body(lost, exc_type)

@@ -122,18 +122,18 @@ class MultiLockBase(compose.Composite):
                 yield from compose.give_back(taken)
                 raise
             if all(lock.owned() for lock in self._locks):
-                self._held = True
-                return True
+                return self._grant("_held", True)
             yield from compose.give_back(taken)
             if deadline is not None and clock() >= deadline:
                 self.retry_after = 0.0
                 return False
 
-    def _release_plan(self) -> Plan:
-        if not self._held:
-            raise LockNotOwned(f"multi-lock {self.names!r} is not held by this object",
-                               lock_name=self.names[0])
-        self._held = False
+    def _release_plan(self, grant: int | None = None) -> Plan:
+        with compose._entries_guard:
+            if not self._held or not self._release_begins(grant):
+                raise LockNotOwned(f"multi-lock {self.names!r} is not held by this object",
+                                   lock_name=self.names[0])
+            self._held = False
         yield from compose.release_all(len(self._locks), "multi-lock", repr(self.names))
 
     def _holding(self) -> bool:

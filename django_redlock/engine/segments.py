@@ -126,14 +126,12 @@ class SegmentsBase(compose.Composite):
                 # The segment a notice named: tried alone first (one round
                 # trip); lost to another waiter, the others are tried too.
                 if (yield Take(freed, 0)):
-                    self.index = freed
-                    return True
+                    return self._grant("index", freed)
             candidates = [i for i in order if i != freed]
             self._rng.shuffle(candidates)
             for index in candidates:
                 if (yield Take(index, 0)):
-                    self.index = index
-                    return True
+                    return self._grant("index", index)
             left = None if deadline is None else deadline - clock()
             if left is not None and left <= 0:
                 self.retry_after = min(self._locks[i].retry_after for i in order)
@@ -163,11 +161,12 @@ class SegmentsBase(compose.Composite):
                     return index
         return None
 
-    def _release_plan(self) -> Plan:
-        if self.index is None:
-            raise LockNotOwned(f"segments {self.name!r}: no segment held by this object",
-                               lock_name=self.name)
-        index, self.index = self.index, None
+    def _release_plan(self, grant: int | None = None) -> Plan:
+        with compose._entries_guard:
+            if self.index is None or not self._release_begins(grant):
+                raise LockNotOwned(f"segments {self.name!r}: no segment held by this object",
+                                   lock_name=self.name)
+            index, self.index = self.index, None
         lost = yield Drop(index)
         if lost is not None:
             raise lost

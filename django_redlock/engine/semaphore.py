@@ -358,8 +358,7 @@ class SemaphoreBase(compose.Composite):
                 if asked == COUNT_RETRIES or (deadline is not None and clock() >= deadline):
                     raise
         if got:  # nobody in line, and this permit was free: one round trip in all
-            self.index = order[0]
-            return True
+            return self._grant("index", order[0])
         self._check_count(refusal)
         if wait == 0:
             # A try (timeout 0, blocking=False) does not queue: it takes a free
@@ -368,8 +367,7 @@ class SemaphoreBase(compose.Composite):
             for index in order[1:]:
                 got, refusal = yield TryPermit(index, aside=False)
                 if got:
-                    self.index = index
-                    return True
+                    return self._grant("index", index)
                 self._check_count(refusal)
             self.retry_after = min(lock.retry_after for lock in self._locks[:line])
             return False
@@ -424,9 +422,9 @@ class SemaphoreBase(compose.Composite):
                         continue
                     missed = 0
                     if got:
-                        self.index = index
+                        grant = self._grant("index", index)
                         yield HandOn(line)  # the next in line becomes the head
-                        return True
+                        return grant
                     self._check_count(refusal)
                 left = None if deadline is None else deadline - clock()
                 if left is not None and left <= 0:
@@ -479,11 +477,12 @@ class SemaphoreBase(compose.Composite):
                     return index
         return None
 
-    def _release_plan(self) -> Plan:  # type: ignore[override]
-        if self.index is None:
-            raise LockNotOwned(f"semaphore {self.name!r}: no permit held by this object",
-                               lock_name=self.name)
-        index, self.index = self.index, None
+    def _release_plan(self, grant: int | None = None) -> Plan:  # type: ignore[override]
+        with compose._entries_guard:
+            if self.index is None or not self._release_begins(grant):
+                raise LockNotOwned(f"semaphore {self.name!r}: no permit held by this object",
+                                   lock_name=self.name)
+            index, self.index = self.index, None
         lost = yield Drop(index)  # its script publishes the free notice
         if lost is not None:
             raise lost
@@ -515,12 +514,18 @@ class Semaphore(SemaphoreBase, compose.Composed):
 
     def acquire(self, blocking: bool = True, timeout: float | None | EllipsisType = ...) -> bool:
         """True when a permit is held within ``timeout``; False when the wait ran out."""
-        return bool(self._run(self._acquire_plan(self._wait(blocking, timeout))))
+        return bool(self._acquire_grant(blocking, timeout))
 
     def release(self) -> None:
         """Release the permit held; ``LockLost`` afterwards if it was lost."""
-        self._hold_ends()
-        self._run(self._release_plan())
+        self._release_grant(None)
+
+    def _acquire_grant(self, blocking: bool = True,
+                       timeout: float | None | EllipsisType = ...) -> Any:
+        return self._run(self._acquire_plan(self._wait(blocking, timeout)))
+
+    def _release_grant(self, grant: int | None) -> None:
+        self._run(self._release_plan(grant))
 
     def extend(self, ttl: float | EllipsisType = ...) -> None:
         """Extend the permit held (see :meth:`Lock.extend`); ``LockLost`` when
@@ -593,11 +598,17 @@ class AsyncSemaphore(SemaphoreBase, compose.AsyncComposed):
 
     async def acquire(self, blocking: bool = True,
                       timeout: float | None | EllipsisType = ...) -> bool:
-        return bool(await self._arun(self._acquire_plan(self._wait(blocking, timeout))))
+        return bool(await self._acquire_grant(blocking, timeout))
 
     async def release(self) -> None:
-        self._hold_ends()
-        await self._arun(self._release_plan())
+        await self._release_grant(None)
+
+    async def _acquire_grant(self, blocking: bool = True,
+                             timeout: float | None | EllipsisType = ...) -> Any:
+        return await self._arun(self._acquire_plan(self._wait(blocking, timeout)))
+
+    async def _release_grant(self, grant: int | None) -> None:
+        await self._arun(self._release_plan(grant))
 
     async def extend(self, ttl: float | EllipsisType = ...) -> None:
         lock = self._extend_targets()[0]
