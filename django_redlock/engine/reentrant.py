@@ -1,6 +1,6 @@
 """``lock(name, reentrant=True)``: the same thread (or asyncio task) may take it again.
 
-(Why one module of 960 lines: who owns a hold (a thread, a task, the task
+(Why one module of 1,040 lines: who owns a hold (a thread, a task, the task
 that awaits a release run by ``shield``), how long the hold lives (weakly
 kept, ended with its owner) and the sync and asyncio objects that share both
 are one model of ownership; split, each half would reach into the other.)
