@@ -466,6 +466,7 @@ with RedisNodes(3) as nodes:
     print("collected" if fired else "no collection", "hung" if hung else "done",
           out.get("acquired"), flush=True)
     import os
+    nodes.stop()  # os._exit skips the with block's exit: the servers outlived the script
     os._exit(3 if hung else 0)
 """
 
