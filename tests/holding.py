@@ -4,7 +4,7 @@ entries at once (tests/test_block_exit_hold.py, tests/test_hand_entry_hold.py)."
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 import redis
 
@@ -14,6 +14,17 @@ from django_redlock.testing import RedisNodes
 def holders(nodes: RedisNodes, key: str) -> int:
     """How many of ``nodes`` hold ``key``."""
     return sum(bool(server.client().exists(key)) for server in nodes)
+
+
+def look_from_inside(nodes: RedisNodes, key: str, rival: Any) -> dict[str, Any]:
+    """What a holder inside its block sees: on how many of ``nodes`` its
+    ``key`` is (``"held on"``), and whether ``rival``, another client's lock
+    of the same name, gets in (``"rival got in"``; released again if so)."""
+    held_on = holders(nodes, key)
+    got = rival.acquire(timeout=0)
+    if got:
+        rival.release()
+    return {"held on": held_on, "rival got in": got}
 
 
 def lock_keys(url: str) -> list[bytes]:

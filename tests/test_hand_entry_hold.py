@@ -32,6 +32,7 @@ import pytest
 from django_redlock import LockLost
 from django_redlock.testing import RedisNodes
 from tests.holding import holders as _holders
+from tests.holding import look_from_inside
 from tests.holding import run_threads as _run_threads
 
 MakeManager = Callable[..., Any]
@@ -1654,10 +1655,7 @@ def test_a_reentrant_exit_by_hand_leaves_a_with_blocks_new_hold_alone(
             seen["stop"] = "quiet"
         except LockLost:
             seen["stop"] = "LockLost"
-        seen["held on"] = _holders(nodes3, lock.key)
-        seen["rival got in"] = rival.acquire(timeout=0)
-        if seen["rival got in"]:
-            rival.release()
+        seen.update(look_from_inside(nodes3, lock.key, rival))
     assert seen == {"stop": "LockLost", "held on": 3, "rival got in": False}
     assert _holders(nodes3, lock.key) == 0  # the block's exit released H2
 
@@ -1689,10 +1687,7 @@ def test_an_async_reentrant_exit_by_hand_leaves_an_async_with_blocks_new_hold_al
                 seen["stop"] = "quiet"
             except LockLost:
                 seen["stop"] = "LockLost"
-            seen["held on"] = _holders(nodes3, lock.key)
-            seen["rival got in"] = rival.acquire(timeout=0)
-            if seen["rival got in"]:
-                rival.release()
+            seen.update(look_from_inside(nodes3, lock.key, rival))
 
     asyncio.run(scenario())
     assert seen == {"stop": "LockLost", "held on": 3, "rival got in": False}
@@ -1735,10 +1730,7 @@ def test_a_reentrant_exit_by_hand_in_a_with_blocks_own_frame_leaves_the_block_it
             seen["stop"] = "quiet"
         except LockLost:
             seen["stop"] = "LockLost"
-        seen["held on"] = _holders(nodes3, lock.key)
-        seen["rival got in"] = rival.acquire(timeout=0)
-        if seen["rival got in"]:
-            rival.release()
+        seen.update(look_from_inside(nodes3, lock.key, rival))
     assert seen == {"stop": "LockLost", "held on": 3, "rival got in": False}
     assert _holders(nodes3, lock.key) == 0
 
@@ -1761,10 +1753,7 @@ def test_an_async_reentrant_exit_by_hand_in_an_async_with_blocks_own_frame_leave
                 seen["stop"] = "quiet"
             except LockLost:
                 seen["stop"] = "LockLost"
-            seen["held on"] = _holders(nodes3, lock.key)
-            seen["rival got in"] = rival.acquire(timeout=0)
-            if seen["rival got in"]:
-                rival.release()
+            seen.update(look_from_inside(nodes3, lock.key, rival))
 
     asyncio.run(scenario())
     assert seen == {"stop": "LockLost", "held on": 3, "rival got in": False}
@@ -1826,10 +1815,7 @@ def test_a_reentrant_exit_by_hand_during_another_threads_claim_leaves_the_block_
             assert claimed.wait(10)
             seen["stop"] = stop()
             thread.join(20)
-            seen["held on"] = _holders(nodes3, lock.key)
-            seen["rival got in"] = rival.acquire(timeout=0)
-            if seen["rival got in"]:
-                rival.release()
+            seen.update(look_from_inside(nodes3, lock.key, rival))
     finally:
         close_now.set()
         thread.join(20)
